@@ -1,0 +1,200 @@
+/* nvshare_proto.h: the one wire format between libnvshare.so, nvshare-scheduler and its tools.
+ *
+ * Every frame is a struct nvshare_hdr followed by `length` payload bytes. A frame whose magic,
+ * version or length is wrong is refused and that connection is closed; nothing else is disturbed.
+ * Python (nvshare_slurm/proto.py) hands the text between NVSHARE_CDEF_BEGIN and NVSHARE_CDEF_END to
+ * cffi, so that block holds only integer #defines, enums and structs of fixed-width fields with
+ * literal array sizes. Fields are laid out naturally aligned, so there is no padding to disagree on;
+ * tests check sizes and offsets from C and from Python.
+ * All integers are in host byte order: both ends always run on the same node.
+ */
+#ifndef NVSHARE_PROTO_H
+#define NVSHARE_PROTO_H
+
+#include <stdint.h>
+
+/* NVSHARE_CDEF_BEGIN */
+#define NVSHARE_MAGIC 0x4E565348
+#define NVSHARE_PROTO_VERSION 1
+#define NVSHARE_HDR_SIZE 16
+#define NVSHARE_MAX_PAYLOAD 1048576
+#define NVSHARE_UUID_LEN 64
+#define NVSHARE_MAX_GPUS 16
+#define NVSHARE_TEXT_LEN 256
+#define NVSHARE_NAME_LEN 128
+#define NVSHARE_USER_LEN 32
+
+/* Slurm's step id of the batch script, used when SLURM_STEP_ID is not set. */
+#define NVSHARE_STEP_BATCH 4294967291
+
+enum nvshare_msg_type {
+    /* libnvshare.so <-> daemon */
+    NVSHARE_MSG_CLIENT_REGISTER = 1,        /* c->d  struct nvshare_client_register */
+    NVSHARE_MSG_CLIENT_REGISTER_REPLY = 2,  /* d->c  struct nvshare_client_register_reply */
+    NVSHARE_MSG_LOCK_REQUEST = 3,           /* c->d  struct nvshare_gpu_event */
+    NVSHARE_MSG_LOCK_GRANT = 4,             /* d->c  struct nvshare_gpu_event (flags: NVSHARE_GRANT_*) */
+    NVSHARE_MSG_LOCK_CONTENDED = 5,         /* d->c  struct nvshare_gpu_event: others wait; give the lock back once idle */
+    NVSHARE_MSG_DROP_LOCK = 6,              /* d->c  struct nvshare_gpu_event (switch_ms: NVSHARE_DROP_* reason) */
+    NVSHARE_MSG_LOCK_RELEASED = 7,          /* c->d  struct nvshare_gpu_event (flags: NVSHARE_RELEASE_*, bytes: swapped out) */
+    NVSHARE_MSG_MEM_UPDATE = 8,             /* c->d  struct nvshare_mem_update; request != 0 expects MEM_REPLY */
+    NVSHARE_MSG_MEM_REPLY = 9,              /* d->c  struct nvshare_mem_reply */
+    NVSHARE_MSG_WAIT_FOR_MEM = 10,          /* d->c  struct nvshare_gpu_event: the GPU is over-committed, wait */
+    NVSHARE_MSG_MEM_AVAILABLE = 11,         /* d->c  struct nvshare_gpu_event: memory is free again */
+    NVSHARE_MSG_PREPARE_SWAP_OUT = 12,      /* d->c  struct nvshare_gpu_event: swap out when the lock is dropped */
+    /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
+    NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
+    NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
+    NVSHARE_MSG_JOB_QUERY = 22,             /* any->d   struct nvshare_job_id -> JOB_REPLY (own jobs, or root) */
+    NVSHARE_MSG_JOB_REPLY = 23,             /* d->any   struct nvshare_job_reply */
+    NVSHARE_MSG_STATUS_QUERY = 24,          /* any->d   struct nvshare_status_query -> STATUS_REPLY */
+    NVSHARE_MSG_STATUS_REPLY = 25,          /* d->any   struct nvshare_status_reply, then json_length bytes of UTF-8 JSON */
+    NVSHARE_MSG_ADMIN_UPDATE = 26,          /* root/SlurmUser->d  struct nvshare_admin_update -> REPLY */
+    NVSHARE_MSG_REPLY = 27,                 /* d->any   struct nvshare_reply */
+    NVSHARE_MSG_HEARTBEAT = 28              /* either way  struct nvshare_heartbeat; the daemon echoes it */
+};
+
+enum nvshare_status {
+    NVSHARE_OK = 0,
+    NVSHARE_ERR_PERM = 1,       /* peer credentials do not allow this */
+    NVSHARE_ERR_NOJOB = 2,      /* job not registered on this node */
+    NVSHARE_ERR_INVAL = 3,      /* a field is out of range */
+    NVSHARE_ERR_NOGPU = 4,      /* no such GPU, or not one this job was placed on */
+    NVSHARE_ERR_NOMEM = 5,      /* can never fit, or over the job's NVSHARE_MEM_LIMIT */
+    NVSHARE_ERR_PROTO = 6,      /* malformed frame */
+    NVSHARE_ERR_INTERNAL = 7
+};
+
+/* nvshare_gpu_event.flags in LOCK_GRANT */
+#define NVSHARE_GRANT_EXCLUSIVE 0
+#define NVSHARE_GRANT_SHARED 1      /* co-running with other holders (auto mode, memory fits) */
+/* nvshare_gpu_event.flags in LOCK_RELEASED */
+#define NVSHARE_RELEASE_DROPPED 0   /* answer to DROP_LOCK */
+#define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */
+#define NVSHARE_RELEASE_SWAPPED 2   /* memory was swapped out (bytes says how much) */
+/* nvshare_gpu_event.switch_ms in DROP_LOCK: why */
+#define NVSHARE_DROP_TIMESLICE 1
+#define NVSHARE_DROP_MAX_RUNTIME 2
+#define NVSHARE_DROP_ADMIN 3
+#define NVSHARE_DROP_MEMORY 4
+
+/* nvshare_job_register.flags */
+#define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */
+
+/* nvshare_status_query.what */
+#define NVSHARE_STATUS_GPUS 1
+#define NVSHARE_STATUS_JOBS 2
+#define NVSHARE_STATUS_JOB 3
+#define NVSHARE_STATUS_CONFIG 4
+
+/* nvshare_admin_update: a field set to NVSHARE_KEEP is left as it is */
+#define NVSHARE_KEEP -1
+#define NVSHARE_MODE_AUTO 0
+#define NVSHARE_MODE_CONCURRENT 1
+#define NVSHARE_MODE_SERIAL 2
+#define NVSHARE_SWITCH_AUTO 0
+#define NVSHARE_SWITCH_FIXED 1
+
+struct nvshare_hdr {
+    uint32_t magic;             /* NVSHARE_MAGIC */
+    uint16_t version;           /* NVSHARE_PROTO_VERSION */
+    uint16_t type;              /* enum nvshare_msg_type */
+    uint32_t length;            /* payload bytes after the header, <= NVSHARE_MAX_PAYLOAD */
+    uint32_t seq;               /* chosen by the requester; a reply echoes it */
+};
+
+struct nvshare_client_register {
+    uint32_t job_id;
+    uint32_t step_id;           /* SLURM_STEP_ID, or NVSHARE_STEP_BATCH */
+    int32_t pid;                /* must equal the peer's SO_PEERCRED pid */
+    uint32_t flags;             /* reserved, 0 */
+    uint64_t mem_limit;         /* NVSHARE_MEM_LIMIT in bytes, 0 = none */
+};
+
+struct nvshare_client_register_reply {
+    int32_t status;             /* enum nvshare_status */
+    uint32_t idle_release_us;   /* starting idle threshold for early release */
+    uint64_t client_id;
+    char message[256];          /* NVSHARE_TEXT_LEN, NUL-terminated */
+};
+
+struct nvshare_gpu_event {
+    char gpu_uuid[64];          /* NVSHARE_UUID_LEN, "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NUL-padded */
+    uint32_t flags;
+    uint32_t switch_ms;         /* GRANT: switch interval in force; DROP_LOCK: NVSHARE_DROP_* */
+    uint64_t bytes;
+};
+
+struct nvshare_mem_update {
+    char gpu_uuid[64];
+    uint64_t allocated;         /* device memory this process holds on that GPU now */
+    uint64_t fixed;             /* the part of allocated that can never be swapped */
+    uint64_t swapped;           /* bytes of this process now held in host memory */
+    uint64_t request;           /* an allocation about to be made; 0 = report only, no reply */
+};
+
+struct nvshare_mem_reply {
+    char gpu_uuid[64];
+    int32_t status;             /* NVSHARE_OK, or NVSHARE_ERR_NOMEM */
+    uint32_t reserved;
+    uint64_t available;         /* what this process may still allocate there (the job's view) */
+    uint64_t total;             /* what cuMemGetInfo should report as total */
+};
+
+struct nvshare_job_register {
+    uint32_t job_id;
+    uint32_t uid;
+    uint32_t gid;
+    uint32_t slots;             /* --gres=nvshare:N on this node; 0 when gpu_index[] is given */
+    uint32_t flags;             /* NVSHARE_JOB_* */
+    uint32_t n_gpus;            /* entries used in gpu_index[] */
+    int32_t gpu_index[16];      /* NVML indices chosen by Slurm (NVSHARE_MAX_GPUS) */
+    uint64_t mem_limit;         /* bytes per GPU, 0 = none */
+    char name[128];             /* job name, for status only (NVSHARE_NAME_LEN) */
+    char user[32];              /* NVSHARE_USER_LEN */
+};
+
+struct nvshare_job_id {
+    uint32_t job_id;
+    uint32_t flags;             /* reserved, 0 */
+};
+
+struct nvshare_job_reply {
+    int32_t status;
+    uint32_t n_gpus;
+    char gpu_uuid[16][64];      /* [NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN] the placed GPUs */
+    int32_t gpu_index[16];
+    char message[256];
+};
+
+struct nvshare_status_query {
+    uint32_t what;              /* NVSHARE_STATUS_* */
+    uint32_t job_id;            /* with NVSHARE_STATUS_JOB */
+};
+
+struct nvshare_status_reply {
+    int32_t status;
+    uint32_t json_length;       /* UTF-8 JSON follows the struct in the same frame */
+};
+
+struct nvshare_admin_update {
+    char gpu[64];               /* UUID, NVML index or "all" */
+    int32_t mode;               /* NVSHARE_MODE_* or NVSHARE_KEEP */
+    int32_t switch_mode;        /* NVSHARE_SWITCH_* or NVSHARE_KEEP */
+    int32_t switch_time_ms;     /* fixed interval, or NVSHARE_KEEP */
+    int32_t memory_reserve_percent;
+    int32_t max_runtime_sec;
+    uint32_t reserved;
+};
+
+struct nvshare_reply {
+    int32_t status;
+    uint32_t reserved;
+    char message[256];
+};
+
+struct nvshare_heartbeat {
+    uint64_t timestamp_ns;
+};
+/* NVSHARE_CDEF_END */
+
+#endif

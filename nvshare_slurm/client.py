@@ -1,0 +1,112 @@
+"""A small synchronous client of nvshare-scheduler: prolog, epilog, taskprolog, nvshare-status, tests.
+
+Each call opens one connection, sends one request and reads its one reply.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from . import proto
+from .proto import C
+
+
+class DaemonUnavailable(Exception):
+    """The daemon's socket cannot be reached (not running, or wrong path)."""
+
+
+class RequestFailed(Exception):
+    """The daemon answered with a non-zero status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{proto.status_name(status)}: {message}")
+        self.status = status
+        self.message = message
+
+
+class Client:
+    def __init__(self, socket_path: str, timeout: float = 10.0):
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._seq = 0
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise DaemonUnavailable(
+                f"cannot reach nvshare-scheduler at {self.socket_path}: {exc.strerror or exc}"
+            ) from None
+        return sock
+
+    def request(self, msg_type: int, fields: dict[str, Any] | None = None) -> proto.Frame:
+        self._seq += 1
+        with self._connect() as sock:
+            try:
+                sock.sendall(proto.encode(msg_type, fields, seq=self._seq))
+                return proto.recv_frame(sock)
+            except (OSError, ConnectionError) as exc:
+                raise DaemonUnavailable(f"nvshare-scheduler at {self.socket_path}: {exc}") from None
+
+    @staticmethod
+    def _check(status: int, message: Any) -> None:
+        if status != C.NVSHARE_OK:
+            raise RequestFailed(status, proto.text(message))
+
+    def register_job(self, job_id: int, uid: int, gid: int, slots: int = 0,
+                     gpu_index: list[int] | None = None, name: str = "", user: str = "",
+                     mem_limit: int = 0) -> dict[str, Any]:
+        """Register a job (root only); returns the placement {gpu_uuid: [...], gpu_index: [...]}."""
+        gpus = list(gpu_index or [])
+        fields = {"job_id": job_id, "uid": uid, "gid": gid, "slots": slots, "n_gpus": len(gpus),
+                  "gpu_index": gpus, "flags": C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0,
+                  "mem_limit": mem_limit, "name": _fit(name, C.NVSHARE_NAME_LEN),
+                  "user": _fit(user, C.NVSHARE_USER_LEN)}
+        return self._job_reply(self.request(C.NVSHARE_MSG_JOB_REGISTER, fields))
+
+    def query_job(self, job_id: int) -> dict[str, Any]:
+        return self._job_reply(self.request(C.NVSHARE_MSG_JOB_QUERY, {"job_id": job_id}))
+
+    def _job_reply(self, frame: proto.Frame) -> dict[str, Any]:
+        if frame.type == C.NVSHARE_MSG_REPLY:
+            body = frame.body()
+            self._check(body.status, body.message)
+            raise RequestFailed(C.NVSHARE_ERR_PROTO, "REPLY where JOB_REPLY was expected")
+        body = frame.body()
+        self._check(body.status, body.message)
+        n = body.n_gpus
+        return {"gpu_uuid": [proto.text(body.gpu_uuid[i]) for i in range(n)],
+                "gpu_index": [int(body.gpu_index[i]) for i in range(n)]}
+
+    def unregister_job(self, job_id: int) -> str:
+        body = self.request(C.NVSHARE_MSG_JOB_UNREGISTER, {"job_id": job_id}).body()
+        self._check(body.status, body.message)
+        return proto.text(body.message)
+
+    def status(self, what: int = C.NVSHARE_STATUS_GPUS, job_id: int = 0) -> Any:
+        frame = self.request(C.NVSHARE_MSG_STATUS_QUERY, {"what": what, "job_id": job_id})
+        body = frame.body()
+        if frame.type == C.NVSHARE_MSG_REPLY:
+            self._check(body.status, body.message)
+        if body.status != C.NVSHARE_OK:
+            raise RequestFailed(body.status, proto.status_tail(frame.payload))
+        return json.loads(proto.status_tail(frame.payload))
+
+    def admin_update(self, gpu: str, **changes: int) -> str:
+        fields: dict[str, Any] = {"gpu": gpu}
+        for key in ("mode", "switch_mode", "switch_time_ms", "memory_reserve_percent",
+                    "max_runtime_sec"):
+            fields[key] = changes.get(key, C.NVSHARE_KEEP)
+        body = self.request(C.NVSHARE_MSG_ADMIN_UPDATE, fields).body()
+        self._check(body.status, body.message)
+        return proto.text(body.message)
+
+
+def _fit(value: str, size: int) -> str:
+    """Cut a string to fit a NUL-terminated char[size] without splitting a UTF-8 sequence."""
+    raw = value.encode("utf-8", "replace")[: size - 1]
+    return raw.decode("utf-8", "ignore")

@@ -1,0 +1,205 @@
+"""nvshare.yaml: every key, its default, its check. Environment NVSHARE_<KEY> overrides the file.
+
+Unknown keys and bad values raise ConfigError naming the key, so a typo never silently falls back
+to a default. slurm/nvshare.yaml.example lists the same keys; a test keeps the two in step.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+DEFAULT_PATH = "/etc/nvshare/nvshare.yaml"
+ENV_PREFIX = "NVSHARE_"
+
+MODES = ("auto", "concurrent", "serial")
+SWITCH_MODES = ("auto", "fixed")
+DAEMON_LOSS_POLICIES = ("wait", "run")
+ROGUE_POLICIES = ("warn", "kill")
+
+
+class ConfigError(ValueError):
+    """A config key or value that cannot be used; the message names the key and the source."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def parse_size(value: Any, key: str = "size") -> int:
+    """Bytes from an int or a string like '80G', '512M', '1.5T' (binary units)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size such as 80G or 512M, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: size must not be negative, got {value}")
+        return value
+    match = _SIZE_RE.match(str(value))
+    if not match:
+        raise ConfigError(f"{key}: expected a size such as 80G or 512M, got {value!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def format_size(value: int) -> str:
+    for unit in ("P", "T", "G", "M", "K"):
+        if value >= _UNITS[unit] and value % _UNITS[unit] == 0:
+            return f"{value // _UNITS[unit]}{unit}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU given in the config instead of NVML (machines without an NVIDIA GPU: demo, tests)."""
+    uuid: str
+    memory: int
+    index: int
+
+
+@dataclass(frozen=True)
+class Config:
+    scheduling_mode: str = "auto"
+    switch_time_mode: str = "auto"
+    switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
+    switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
+    switch_time_min: float = 2.0           # auto: floor of the interval, seconds
+    swap_bandwidth: int = 10 << 30         # bytes/s assumed for a switch's copies before one is measured
+    memory_reserve_percent: int = 5
+    max_runtime_sec: int = 300             # serial: longest turn while others wait
+    idle_release_ms: float = 5.0           # starting idle threshold for early release (adapts)
+    drop_grace_sec: float = 30.0           # a holder that ignores DROP_LOCK this long is unresponsive
+    unresponsive_holder: str = "warn"      # warn | kill
+    socket: str = "/run/nvshare/scheduler.sock"
+    state_dir: str = "/var/lib/nvshare"
+    slurm_user: str = "slurm"
+    slurm_bin_dir: str = "/usr/bin"        # scontrol lives here; Prolog/Epilog run with no PATH
+    on_daemon_loss: str = "wait"           # wait | run
+    rogue_process: str = "warn"            # warn | kill
+    rogue_check_sec: float = 10.0
+    log_level: str = "info"
+    gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["gpus"] = [{"uuid": g.uuid, "memory": g.memory, "index": g.index} for g in self.gpus]
+        return out
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(Config)}
+_CHOICES = {
+    "scheduling_mode": MODES,
+    "switch_time_mode": SWITCH_MODES,
+    "on_daemon_loss": DAEMON_LOSS_POLICIES,
+    "rogue_process": ROGUE_POLICIES,
+    "unresponsive_holder": ROGUE_POLICIES,
+    "log_level": ("debug", "info", "warning", "error"),
+}
+_RANGES: dict[str, tuple[float, float]] = {
+    "switch_time_fixed": (0.01, 86400),
+    "switch_time_multiplier": (1, 10000),
+    "switch_time_min": (0.01, 86400),
+    "swap_bandwidth": (1 << 20, 1 << 50),
+    "memory_reserve_percent": (0, 90),
+    "max_runtime_sec": (1, 10 ** 9),
+    "idle_release_ms": (0.1, 60000),
+    "drop_grace_sec": (0.1, 86400),
+    "rogue_check_sec": (0.5, 86400),
+}
+_UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+
+def _convert(key: str, value: Any, source: str) -> Any:
+    kind = _FIELD_TYPES[key]
+    where = f"{key} (from {source})"
+    if key == "gpus":
+        return _convert_gpus(value, where)
+    if key == "swap_bandwidth":
+        value = parse_size(value, where)
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            value = int(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            value = float(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        value = value.strip()
+        if key in _CHOICES:
+            value = value.lower()
+            if value not in _CHOICES[key]:
+                raise ConfigError(f"{where}: {value!r} is not one of {', '.join(_CHOICES[key])}")
+    if key in _RANGES:
+        low, high = _RANGES[key]
+        if not low <= value <= high:
+            raise ConfigError(f"{where}: {value} is outside {low}..{high}")
+    if key in ("socket", "state_dir", "slurm_bin_dir") and not str(value).startswith("/"):
+        raise ConfigError(f"{where}: must be an absolute path, got {value!r}")
+    return value
+
+
+def _convert_gpus(value: Any, where: str) -> tuple[GpuSpec, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of {{uuid, memory}}, got {value!r}")
+    specs = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) - {"uuid", "memory"} or "uuid" not in item \
+                or "memory" not in item:
+            raise ConfigError(f"{where}[{index}]: expected {{uuid: ..., memory: ...}}, got {item!r}")
+        uuid = str(item["uuid"])
+        if not _UUID_RE.match(uuid):
+            raise ConfigError(f"{where}[{index}].uuid: {uuid!r} is not a usable GPU UUID")
+        memory = parse_size(item["memory"], f"{where}[{index}].memory")
+        if memory <= 0:
+            raise ConfigError(f"{where}[{index}].memory: must be positive")
+        specs.append(GpuSpec(uuid=uuid, memory=memory, index=index))
+    if len({s.uuid for s in specs}) != len(specs):
+        raise ConfigError(f"{where}: the same uuid is listed twice")
+    return tuple(specs)
+
+
+def config_path(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(env.get("NVSHARE_CONFIG", DEFAULT_PATH))
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
+         require_file: bool = False) -> Config:
+    """The config: defaults, then the file (if it exists), then NVSHARE_<KEY> variables."""
+    env = os.environ if environ is None else environ
+    file = Path(path) if path is not None else config_path(env)
+    values: dict[str, Any] = {}
+    if file.exists():
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{file}: cannot be read as YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file}: expected a mapping of key: value at the top level")
+        for key, value in raw.items():
+            if key not in _FIELD_TYPES:
+                raise ConfigError(f"{file}: unknown key {key!r}")
+            values[key] = _convert(key, value, str(file))
+    elif require_file:
+        raise ConfigError(f"{file}: no such config file")
+    for key in _FIELD_TYPES:
+        name = ENV_PREFIX + key.upper()
+        if name in env and env[name] != "":
+            values[key] = _convert(key, env[name], f"environment {name}")
+    return replace(Config(), **values)
+
