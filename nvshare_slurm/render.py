@@ -1,0 +1,268 @@
+"""Status JSON (docs/protocol.md "Status JSON") as scontrol-style text: pure functions, no I/O.
+
+A record is lines of Key=Value pairs: the first line flush left, the rest indented three spaces,
+records separated by a blank line (`scontrol show node`). One-liner mode puts a record on one line.
+Everything a user controls (job names, user names, GPU names from a config) goes through `safe`, so
+no newline, escape sequence or other control character from the daemon's JSON reaches a terminal.
+"""
+from __future__ import annotations
+
+import json
+import time
+import unicodedata
+from typing import Any, Iterable, Sequence
+
+# A record: lines, each a list of (key, rendered value).
+Pair = tuple[str, str]
+Record = list[list[Pair]]
+
+NULL = "(null)"
+MAX_TEXT = 128  # characters of user text shown; --json has the rest
+
+# Slurm's special step ids (slurm.h): shown by name as Slurm does ("1234.batch").
+STEP_NAMES = {
+    0xFFFFFFFA: "interactive",
+    0xFFFFFFFB: "batch",
+    0xFFFFFFFC: "extern",
+    0xFFFFFFFD: "pending",
+}
+
+# Unicode categories that move the cursor, reorder text or are not characters at all.
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if ch == "\n":
+        return "\\n"
+    if ch == "\r":
+        return "\\r"
+    if ch == "\t":
+        return "\\t"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def safe(value: Any, limit: int | None = MAX_TEXT) -> str:
+    """Text fit for a terminal: control and format characters escaped, backslash doubled (so an
+    escape in the output is never ambiguous), cut to `limit` characters with a trailing '...'."""
+    if value is None:
+        return NULL
+    text = value if isinstance(value, str) else str(value)
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            out.append(_escape_char(ch))
+        else:
+            out.append(ch)
+    escaped = "".join(out)
+    if limit is not None and len(escaped) > limit:
+        # Cut between escapes, never inside one.
+        shown, length = [], 0
+        for piece in out:
+            if length + len(piece) > limit:
+                break
+            shown.append(piece)
+            length += len(piece)
+        escaped = "".join(shown) + "..."
+    return escaped
+
+
+def human_size(value: Any) -> str:
+    """Bytes as 16.0G, 512.0M, 1.5K, 100B (binary units); exact numbers are in --json."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return NULL if value is None else safe(value)
+    size = float(value)
+    for unit, scale in (("P", 1 << 50), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20),
+                        ("K", 1 << 10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f}{unit}"
+    return f"{int(size)}B"
+
+
+def duration(seconds: Any) -> str:
+    """Seconds as Slurm prints times: [days-]HH:MM:SS."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return NULL if seconds is None else safe(seconds)
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def interval(seconds: Any) -> str:
+    """A switch interval: short, fractional, so seconds with one decimal."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return NULL if seconds is None else safe(seconds)
+    return f"{float(seconds):.1f}s"
+
+
+def timestamp(epoch: Any) -> str:
+    """Local time as scontrol prints it: 2024-05-01T12:00:00."""
+    if not isinstance(epoch, (int, float)) or isinstance(epoch, bool):
+        return NULL if epoch is None else safe(epoch)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
+
+
+def step_name(job_id: Any, step_id: Any) -> str:
+    step = STEP_NAMES.get(step_id, step_id) if isinstance(step_id, int) else step_id
+    return f"{safe(job_id)}.{safe(step)}"
+
+
+def number(value: Any) -> str:
+    if value is None:
+        return NULL
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return safe(value)
+
+
+def _join(items: Iterable[str]) -> str:
+    items = list(items)
+    return ",".join(items) if items else NULL
+
+
+def user_label(user: Any, uid: Any = None) -> str:
+    name = safe(user) if user not in (None, "") else NULL
+    return f"{name}({safe(uid)})" if uid is not None else name
+
+
+# --- records ------------------------------------------------------------------------------------
+
+def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
+    holders = []
+    for h in gpu.get("holders") or []:
+        mode = ",shared" if h.get("shared") else ""
+        holders.append(f"{step_name(h.get('job_id'), h.get('step_id'))}(pid={safe(h.get('pid'))},"
+                       f"user={user_label(h.get('user'))},held={duration(h.get('held_sec'))}{mode})")
+    waiting = []
+    for w in gpu.get("waiting") or []:
+        waiting.append(f"{step_name(w.get('job_id'), w.get('step_id'))}(pid={safe(w.get('pid'))},"
+                       f"user={user_label(w.get('user'))},"
+                       f"waiting={duration(w.get('waiting_sec'))})")
+    rogue = [f"{safe(r.get('pid'))}({human_size(r.get('memory'))})" for r in gpu.get("rogue") or []]
+    switch_time = gpu.get("switch_time")
+    first = [("Index", number(gpu.get("index"))), ("UUID", safe(gpu.get("uuid"), None))]
+    if node is not None:
+        first.append(("Node", safe(node)))
+    first.append(("Name", safe(gpu.get("name")) if gpu.get("name") else NULL))
+    return [
+        first,
+        [("MemoryTotal", human_size(gpu.get("memory_total"))),
+         ("MemoryUsed", human_size(gpu.get("memory_used"))),
+         ("MemoryReserved", human_size(gpu.get("memory_reserved"))),
+         ("MemoryUsable", human_size(gpu.get("memory_usable")))],
+        [("MemoryFixed", human_size(gpu.get("memory_fixed"))),
+         ("MemorySwapped", human_size(gpu.get("memory_swapped"))),
+         ("MemoryReservePercent", number(gpu.get("memory_reserve_percent")))],
+        [("Mode", safe(gpu.get("mode")) if gpu.get("mode") is not None else NULL),
+         ("SwitchTime", "auto" if switch_time == "auto" else interval(switch_time)),
+         ("SwitchInterval", interval(gpu.get("switch_interval_sec"))),
+         ("MaxRuntime", duration(gpu.get("max_runtime_sec"))),
+         ("CoRunning", number(bool(gpu.get("co_running"))))],
+        [("Holders", _join(holders))],
+        [("Waiting", _join(waiting))],
+        [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
+    ]
+
+
+def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record:
+    uuids = list(job.get("gpus") or [])
+    indices = list(job.get("gpu_index") or [])
+    index_of = {u: i for u, i in zip(uuids, indices)}
+
+    def gpu_label(uuid: Any) -> str:
+        return safe(index_of[uuid]) if uuid in index_of else safe(uuid, None)
+
+    registered = job.get("registered")
+    run_time = (now - registered if isinstance(now, (int, float)) and
+                isinstance(registered, (int, float)) else None)
+    first = [("JobId", number(job.get("job_id"))),
+             ("JobName", safe(job.get("name")) if job.get("name") else NULL),
+             ("User", user_label(job.get("user"), job.get("uid")))]
+    if node is not None:
+        first.append(("Node", safe(node)))
+    record: Record = [
+        first,
+        [("Slots", number(job.get("slots"))),
+         ("GPUs", _join(safe(i) for i in indices)),
+         ("GPU_UUIDs", _join(safe(u, None) for u in uuids))],
+        [("Registered", timestamp(registered)), ("RunTime", duration(run_time))],
+    ]
+    clients = job.get("clients") or []
+    if not clients:
+        record.append([("Clients", NULL)])
+    for client in clients:
+        states = []
+        for uuid, usage in (client.get("gpus") or {}).items():
+            usage = usage if isinstance(usage, dict) else {}
+            state = safe(usage.get("state")) if usage.get("state") else NULL
+            states.append(f"{gpu_label(uuid)}:{state}:{human_size(usage.get('allocated'))}")
+        record.append([("Client", number(client.get("pid"))),
+                       ("Step", step_name(job.get("job_id"), client.get("step_id"))),
+                       ("GpuState", _join(states))])
+    return record
+
+
+def config_value(key: str, value: Any) -> str:
+    if key == "gpus" and isinstance(value, list):
+        return _join(f"{safe(g.get('uuid'), None)}({human_size(g.get('memory'))})"
+                     if isinstance(g, dict) else safe(g) for g in value)
+    if isinstance(value, (dict, list)):
+        return safe(json.dumps(value, sort_keys=True), None)
+    return number(value)
+
+
+def config_record(config: dict[str, Any]) -> Record:
+    return [[(safe(key), config_value(key, value))] for key, value in config.items()]
+
+
+# --- layout -------------------------------------------------------------------------------------
+
+def format_record(record: Record, oneliner: bool = False) -> str:
+    if oneliner:
+        return " ".join(f"{k}={v}" for line in record for k, v in line)
+    lines = [" ".join(f"{k}={v}" for k, v in line) for line in record]
+    return "\n".join([lines[0]] + ["   " + line for line in lines[1:]]) if lines else ""
+
+
+def format_records(records: Sequence[Record], oneliner: bool = False) -> str:
+    """Records one per block (blank line between) or one per line; ends with a newline."""
+    texts = [format_record(r, oneliner) for r in records]
+    if not texts:
+        return ""
+    return ("\n" if oneliner else "\n\n").join(texts) + "\n"
+
+
+def render_gpus(status: dict[str, Any], oneliner: bool = False) -> str:
+    gpus = status.get("gpus") or []
+    if not gpus:
+        return f"No GPUs managed by nvshare-scheduler on {safe(status.get('node') or 'this node')}\n"
+    return format_records([gpu_record(g, status.get("node")) for g in gpus], oneliner)
+
+
+def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
+    jobs = status.get("jobs") or []
+    if not jobs:
+        return f"No nvshare jobs on {safe(status.get('node') or 'this node')}\n"
+    return format_records([job_record(j, status.get("time"), status.get("node")) for j in jobs],
+                          oneliner)
+
+
+def render_config(status: dict[str, Any], oneliner: bool = False) -> str:
+    """`show config`: one `key = value` per line, aligned as scontrol show config; -o: one line."""
+    config = status.get("config") or {}
+    if oneliner:
+        return format_records([config_record(config)], oneliner=True)
+    rows = [(safe(k), config_value(k, v)) for k, v in config.items()]
+    width = max((len(k) for k, _ in rows), default=0)
+    header = (f"Configuration of nvshare-scheduler {safe(status.get('version'))} on "
+              f"{safe(status.get('node'))} (pid {safe(status.get('daemon_pid'))})")
+    return "\n".join([header] + [f"{k.ljust(width)} = {v}" for k, v in rows]) + "\n"
