@@ -1,0 +1,162 @@
+"""nvshare-prolog: Slurm Prolog (root, once per job per node). Registers nvshare jobs with the daemon.
+
+Jobs that hold no nvshare GRES on this node (and no Slurm gpu/shard GPUs) exit 0 doing nothing.
+Exit non-zero only when this node cannot serve nvshare jobs: Slurm then requeues the job and drains
+the node, and our last stderr line says why (it is also set as the drain reason).
+
+Daemon down at job start: retry for DAEMON_WAIT_SEC (a restart takes a second or two), then fail.
+Starting the job anyway would run it ungated on a shared GPU, and the next nvshare job would fail
+the same way; draining makes the problem visible at once and the requeued job runs elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import yaml
+
+from . import config as config_mod
+from . import slurm
+from .client import Client, DaemonUnavailable, RequestFailed
+from .proto import C
+
+DAEMON_WAIT_SEC = 5.0
+T = TypeVar("T")
+
+
+def say(component: str, job_id: int | None, message: str) -> None:
+    """One stderr line for slurmd's log: 'nvshare-prolog: job 12: ...' (never more than one line)."""
+    where = f"job {job_id}: " if job_id is not None else ""
+    text = " ".join(message.split())
+    print(f"{component}: {where}{text}", file=sys.stderr, flush=True)
+
+
+def node_name(environ: dict[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def with_daemon(call: Callable[[], T], wait_sec: float) -> T:
+    """Run call(); while the daemon is unreachable, retry with backoff for wait_sec."""
+    deadline = time.monotonic() + wait_sec
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except DaemonUnavailable:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def drain(cfg: config_mod.Config, node: str, reason: str, environ: dict[str, str]) -> None:
+    """Set our reason on the node; slurmd drains it anyway, but with a generic 'Prolog error'."""
+    scontrol = Path(cfg.slurm_bin_dir) / "scontrol"
+    env = dict(environ)
+    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    try:
+        subprocess.run([str(scontrol), "update", f"nodename={node}", "state=drain",
+                        f"reason={reason[:200]}"], capture_output=True, timeout=10, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def load_config(environ: dict[str, str]) -> tuple[config_mod.Config, str]:
+    """The config, and an error text ('' when fine). A bad file still yields slurm_bin_dir's default."""
+    try:
+        return config_mod.load(environ=environ), ""
+    except config_mod.ConfigError as exc:
+        # Still find scontrol, to tell whether this job is affected by the bad config at all.
+        fallback = config_mod.Config()
+        try:
+            raw = yaml.safe_load(config_mod.config_path(environ).read_text()) or {}
+            bin_dir = raw.get("slurm_bin_dir") if isinstance(raw, dict) else None
+            if isinstance(bin_dir, str) and bin_dir.startswith("/"):
+                fallback = config_mod.Config(slurm_bin_dir=bin_dir)
+        except (OSError, yaml.YAMLError):
+            pass
+        return fallback, str(exc)
+
+
+def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
+    me = "nvshare-prolog"
+    job_id = slurm.valid_job_id(environ.get("SLURM_JOB_ID"))
+    if job_id is None:
+        say(me, None, f"no usable SLURM_JOB_ID ({environ.get('SLURM_JOB_ID')!r}): not run by slurmd?")
+        return 0
+    node = node_name(environ)
+    cfg, config_error = load_config(environ)
+    try:
+        env_gpus = slurm.job_gpus_from_env(environ.get("SLURM_JOB_GPUS"))
+    except slurm.SlurmError as exc:
+        say(me, job_id, f"ignoring SLURM_JOB_GPUS: {exc}")
+        env_gpus = []
+
+    def fail(reason: str) -> int:
+        say(me, job_id, reason)
+        drain(cfg, node, reason, environ)
+        return 1
+
+    try:
+        record = slurm.show_job(job_id, cfg.slurm_bin_dir, environ=environ)
+    except slurm.SlurmError as exc:
+        if not env_gpus:
+            return fail(f"nvshare: cannot read job {job_id} from slurmctld: {exc}")
+        record = slurm.JobRecord(job_id)
+    gres = record.on_node(node)
+    if not gres.holds_nvshare and not env_gpus:
+        return 0
+    if config_error:
+        return fail(f"nvshare: bad config: {config_error}")
+
+    uid = _int(environ.get("SLURM_JOB_UID"), record.uid)
+    gid = _int(environ.get("SLURM_JOB_GID"), record.gid)
+    if uid is None or gid is None:
+        return fail(f"nvshare: job {job_id} has no SLURM_JOB_UID/SLURM_JOB_GID")
+    user = environ.get("SLURM_JOB_USER") or record.user
+    gpu_index = list(gres.nvshare_gpus) or (env_gpus if not gres.holds_nvshare else [])
+    slots = gres.nvshare_slots
+    if len(gpu_index) > C.NVSHARE_MAX_GPUS:
+        return fail(f"nvshare: job {job_id} holds {len(gpu_index)} GPUs, at most "
+                    f"{C.NVSHARE_MAX_GPUS} per node are supported")
+
+    client = Client(cfg.socket, timeout=10.0)
+    try:
+        placement = with_daemon(lambda: client.register_job(
+            job_id, uid, gid, slots=slots, gpu_index=gpu_index, name=record.name, user=user),
+            wait_sec)
+    except DaemonUnavailable:
+        return fail("nvshare: scheduler not running")
+    except RequestFailed as exc:
+        if not gres.holds_nvshare and exc.status == C.NVSHARE_ERR_NOGPU:
+            say(me, job_id, f"GPUs {env_gpus} are not managed by nvshare: job runs unshared")
+            return 0
+        return fail(f"nvshare: scheduler refused job {job_id}: {exc}")
+    where = ", ".join(f"GPU {i} ({u})" for i, u in zip(placement["gpu_index"], placement["gpu_uuid"]))
+    kind = f"{slots} nvshare slot(s)" if gres.holds_nvshare else f"Slurm GPUs {env_gpus}"
+    say(me, job_id, f"registered on {node}: {kind} on {where}")
+    return 0
+
+
+def _int(value: str | None, fallback: int | None) -> int | None:
+    if value is not None and value.strip().isdigit():
+        return int(value.strip())
+    return fallback
+
+
+def main() -> int:
+    try:
+        return run(dict(os.environ))
+    except Exception as exc:  # one line for slurmd's log, never a traceback as the drain reason
+        say("nvshare-prolog", slurm.valid_job_id(os.environ.get("SLURM_JOB_ID")),
+            f"nvshare: internal error: {type(exc).__name__}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Everything nvshare asks Slurm: one `scontrol show job -d <id>` per job, parsed per node.
+
+Slurm runs Prolog/Epilog with no PATH, so scontrol is called by absolute path (config slurm_bin_dir).
+A GRES without a plugin (nvshare) is only counted: the prolog environment says nothing about it, but
+the detailed job record lists per node what the job holds, e.g.
+
+    Nodes=n1 CPU_IDs=0 Mem=0 GRES=nvshare(CNT:1)
+    Nodes=gpu[01-02] CPU_IDs=0-3 Mem=0 GRES=nvshare:gpu1(CNT:2),gpu:a100(IDX:0-1)
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GRES_NAME = "nvshare"
+_TYPED_GPU = re.compile(r"^gpu(\d{1,2})$")
+_JOB_ID = re.compile(r"^[1-9]\d{0,9}$")
+
+
+class SlurmError(Exception):
+    """scontrol could not be run or did not describe the job."""
+
+
+@dataclass(frozen=True)
+class NodeGres:
+    """What one job holds on one node."""
+    nvshare_slots: int = 0                        # sum of nvshare counts, typed or not
+    nvshare_gpus: tuple[int, ...] = ()            # typed nvshare:gpuK -> K (Slurm chose the GPUs)
+    gpu_index: tuple[int, ...] = ()               # Slurm's own gpu/shard GRES indices on this node
+
+    @property
+    def holds_nvshare(self) -> bool:
+        return self.nvshare_slots > 0
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: int
+    name: str = ""
+    user: str = ""
+    uid: int | None = None
+    gid: int | None = None
+    nodes: dict[str, NodeGres] = field(default_factory=dict)   # per node name
+
+    def on_node(self, node: str) -> NodeGres:
+        return self.nodes.get(node, NodeGres())
+
+
+def valid_job_id(value: str | None) -> int | None:
+    """A Slurm job id from the environment, or None when it is not a plain positive number."""
+    if value is None or not _JOB_ID.match(value.strip()):
+        return None
+    return int(value.strip())
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm hostlist expression to names: 'n[1-3,5],gpu[01-02]x' -> n1 n2 n3 n5 gpu01x gpu02x."""
+    names: list[str] = []
+    for part in _split_top(expr, ","):
+        part = part.strip()
+        if not part:
+            continue
+        names.extend(_expand_one(part))
+    return names
+
+
+def _expand_one(part: str) -> list[str]:
+    match = re.search(r"\[([^\[\]]*)\]", part)
+    if not match:
+        return [part]
+    head, tail = part[: match.start()], part[match.end():]
+    out: list[str] = []
+    for rng in match.group(1).split(","):
+        if "-" in rng:
+            low, high = rng.split("-", 1)
+            if not (low.isdigit() and high.isdigit()) or int(high) - int(low) > 100000:
+                raise SlurmError(f"bad hostlist range {rng!r} in {part!r}")
+            width = len(low)
+            values = [str(i).zfill(width) for i in range(int(low), int(high) + 1)]
+        elif rng.isdigit():
+            values = [rng]
+        else:
+            raise SlurmError(f"bad hostlist element {rng!r} in {part!r}")
+        for value in values:
+            out.extend(_expand_one(head + value + tail))
+    return out
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split at sep outside (...) and [...]: 'gpu(IDX:0,2),nvshare(CNT:1)' has two items."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _index_list(text: str) -> list[int]:
+    """'0-1,3' -> [0, 1, 3] (GRES IDX lists and SLURM_JOB_GPUS)."""
+    out: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item or item.upper() == "N/A":
+            continue
+        if "-" in item:
+            low, high = item.split("-", 1)
+            if not (low.isdigit() and high.isdigit()) or int(high) - int(low) > 1024:
+                raise SlurmError(f"bad GPU index range {item!r}")
+            out.extend(range(int(low), int(high) + 1))
+        elif item.isdigit():
+            out.append(int(item))
+        else:
+            raise SlurmError(f"bad GPU index {item!r}")
+    return out
+
+
+def parse_gres(value: str) -> NodeGres:
+    """One node's GRES= value, e.g. 'nvshare:gpu0(CNT:2),gpu:a100:1(IDX:3)'."""
+    slots = 0
+    typed: list[int] = []
+    gpu_index: list[int] = []
+    for item in _split_top(value.strip(), ","):
+        item = item.strip()
+        if not item or item == "(null)":
+            continue
+        match = re.match(r"^([^():]+)((?::[^():]*)*)(?:\(([^()]*)\))?$", item)
+        if not match:
+            raise SlurmError(f"cannot read GRES item {item!r}")
+        name = match.group(1)
+        qualifiers = [q for q in match.group(2).split(":") if q]
+        detail = match.group(3) or ""
+        info = dict(kv.split(":", 1) for kv in _split_top(detail, " ") if ":" in kv) if detail else {}
+        if name == GRES_NAME:
+            count = _count(info, qualifiers, item)
+            slots += count
+            gpu_type = qualifiers[0] if qualifiers and not qualifiers[0].isdigit() else ""
+            typed_match = _TYPED_GPU.match(gpu_type)
+            if typed_match and count > 0:
+                typed.append(int(typed_match.group(1)))
+        elif name in ("gpu", "shard") and "IDX" in info:
+            for index in _index_list(info["IDX"]):
+                if index not in gpu_index:
+                    gpu_index.append(index)
+    return NodeGres(slots, tuple(sorted(set(typed))), tuple(gpu_index))
+
+
+def _count(info: dict[str, str], qualifiers: list[str], item: str) -> int:
+    if "CNT" in info:
+        text = info["CNT"]
+    elif qualifiers and qualifiers[-1].isdigit():
+        text = qualifiers[-1]
+    else:
+        text = "1"
+    if not text.isdigit():
+        raise SlurmError(f"bad count in GRES item {item!r}")
+    return int(text)
+
+
+def parse_show_job(text: str, job_id: int) -> JobRecord:
+    """The output of `scontrol show job -d <id>` (one job; array/het jobs print one record each)."""
+    records = [r for r in re.split(r"\n(?=JobId=)", text.strip()) if r.strip()]
+    for record in records:
+        first = record.splitlines()[0]
+        match = re.match(r"^JobId=(\d+)\b", first)
+        if match and int(match.group(1)) == job_id:
+            return _parse_record(record, job_id)
+    raise SlurmError(f"scontrol did not describe job {job_id}")
+
+
+def _parse_record(record: str, job_id: int) -> JobRecord:
+    lines = record.splitlines()
+    # JobName ends the first line in the multi-line format; a name may hold spaces and '='.
+    name = lines[0].split(" JobName=", 1)[1] if " JobName=" in lines[0] else ""
+    user, uid, gid = "", None, None
+    nodes: dict[str, NodeGres] = {}
+    for line in lines[1:]:
+        stripped = line.strip()
+        match = re.match(r"^UserId=(.*)\((\d+)\) GroupId=.*\((\d+)\)", stripped)
+        if match:
+            user, uid, gid = match.group(1), int(match.group(2)), int(match.group(3))
+            continue
+        match = re.match(r"^Nodes=(\S+) .*?\bGRES=(\S*)", stripped)
+        if match and not stripped.startswith("NodeList="):
+            gres = parse_gres(match.group(2))
+            for node in expand_hostlist(match.group(1)):
+                nodes[node] = gres
+    return JobRecord(job_id, name, user, uid, gid, nodes)
+
+
+def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: int = 3,
+             environ: dict[str, str] | None = None) -> JobRecord:
+    """Ask slurmctld once (retrying a transient failure) for the job's detailed record."""
+    scontrol = Path(slurm_bin_dir) / "scontrol"
+    if not os.access(scontrol, os.X_OK):
+        raise SlurmError(f"{scontrol} is not an executable (config slurm_bin_dir)")
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    last = ""
+    for attempt in range(attempts):
+        try:
+            result = subprocess.run([str(scontrol), "show", "job", "-d", str(job_id)],
+                                    capture_output=True, text=True, errors="replace",
+                                    timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            last = f"{scontrol} show job timed out after {timeout:g}s"
+        except OSError as exc:
+            raise SlurmError(f"cannot run {scontrol}: {exc}") from None
+        else:
+            if result.returncode == 0:
+                return parse_show_job(result.stdout, job_id)
+            last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            if "Invalid job id" in last:
+                break
+        time.sleep(0.5 * (attempt + 1))
+    raise SlurmError(f"scontrol show job {job_id}: {last}")
+
+
+def job_gpus_from_env(value: str | None) -> list[int]:
+    """SLURM_JOB_GPUS ('0,2' or '0-1') as indices; empty when unset."""
+    if not value:
+        return []
+    return _index_list(value)

@@ -1,0 +1,113 @@
+"""nvshare-taskprolog: Slurm TaskProlog (the job's user, before every task of every step).
+
+Prints `export NAME=value` lines that slurmstepd puts in the task's environment: the hook
+(LD_PRELOAD), the placed GPUs (CUDA_VISIBLE_DEVICES, NVSHARE_MANAGED_GPUS), the daemon's socket,
+the job id and the daemon-loss policy. Jobs the daemon does not know print nothing.
+
+Slurm reads each stdout line literally up to the newline, with no quoting: every value printed here
+is checked to be one line of plain characters, and user-controlled text (an existing LD_PRELOAD) is
+only passed on when it is safe. The config comes from the node's file (NVSHARE_CONFIG or
+/etc/nvshare/nvshare.yaml) only, never from NVSHARE_* overrides in the job's environment.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from . import config as config_mod
+from . import libnvshare_path, slurm
+from .client import Client, DaemonUnavailable, RequestFailed
+from .prolog import say, with_daemon
+from .proto import C
+
+ME = "nvshare-taskprolog"
+DAEMON_WAIT_SEC = 2.0
+_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class UnsafeValue(ValueError):
+    pass
+
+
+def export_line(name: str, value: str) -> str:
+    """`export NAME=value` for Slurm's TaskProlog parser; refuses what it cannot carry literally."""
+    if not _NAME.match(name):
+        raise UnsafeValue(f"bad variable name {name!r}")
+    if _UNSAFE.search(value):
+        raise UnsafeValue(f"{name}: value holds control characters")
+    return f"export {name}={value}"
+
+
+def ld_preload(hook: str, existing: str | None) -> str:
+    """The hook first, then the existing entries (minus the hook itself: steps inherit the job's)."""
+    entries = [hook]
+    for entry in re.split(r"[: ]+", existing or ""):
+        if not entry or entry == hook or _UNSAFE.search(entry):
+            continue
+        entries.append(entry)
+    return ":".join(entries)
+
+
+def export_lines(job_id: int, placement: dict, cfg: config_mod.Config, hook: str,
+                 existing_preload: str | None) -> list[str]:
+    uuids = placement["gpu_uuid"]
+    for uuid in uuids:
+        if not _UUID.match(uuid):
+            raise UnsafeValue(f"the daemon placed the job on a GPU with an unusable UUID {uuid!r}")
+    if not uuids:
+        raise UnsafeValue("the daemon placed the job on no GPU")
+    gpus = ",".join(uuids)
+    return [export_line("LD_PRELOAD", ld_preload(hook, existing_preload)),
+            export_line("CUDA_VISIBLE_DEVICES", gpus),
+            export_line("NVSHARE_MANAGED_GPUS", gpus),
+            export_line("NVSHARE_SOCKET", cfg.socket),
+            export_line("NVSHARE_JOB_ID", str(job_id)),
+            export_line("NVSHARE_ON_DAEMON_LOSS", cfg.on_daemon_loss)]
+
+
+def run(environ: dict[str, str], out=sys.stdout, wait_sec: float = DAEMON_WAIT_SEC) -> int:
+    job_id = slurm.valid_job_id(environ.get("SLURM_JOB_ID"))
+    if job_id is None:
+        return 0
+    file_only = {"NVSHARE_CONFIG": environ["NVSHARE_CONFIG"]} if "NVSHARE_CONFIG" in environ else {}
+    try:
+        cfg = config_mod.load(environ=file_only)
+    except config_mod.ConfigError as exc:
+        say(ME, job_id, f"bad config, job runs without nvshare: {exc}")
+        return 0
+    client = Client(cfg.socket, timeout=5.0)
+    try:
+        placement = with_daemon(lambda: client.query_job(job_id), wait_sec)
+    except DaemonUnavailable:
+        # The prolog registered the job (or failed it), so the daemon died since: nothing to place on.
+        say(ME, job_id, "scheduler not running: task starts without nvshare")
+        return 0
+    except RequestFailed as exc:
+        if exc.status != C.NVSHARE_ERR_NOJOB:
+            say(ME, job_id, f"scheduler refused the placement query: {exc}")
+        return 0
+    try:
+        lines = export_lines(job_id, placement, cfg, str(libnvshare_path()),
+                             environ.get("LD_PRELOAD"))
+    except UnsafeValue as exc:
+        say(ME, job_id, f"task starts without nvshare: {exc}")
+        return 0
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
+    return 0
+
+
+def main() -> int:
+    try:
+        return run(dict(os.environ))
+    except Exception as exc:   # a TaskProlog failure would fail the task; say why and let it run
+        say(ME, slurm.valid_job_id(os.environ.get("SLURM_JOB_ID")),
+            f"internal error, task starts without nvshare: {type(exc).__name__}: {exc}")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

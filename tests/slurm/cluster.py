@@ -1,0 +1,317 @@
+"""A real Slurm 22.05 cluster in a temp dir: its own munged, slurmctld and one slurmd per node.
+
+Every node runs on this machine (`slurmd -N <node>`, one port each). Each node gets its own
+nvshare-scheduler config (socket, state dir, fake GPUs); Slurm's Prolog/Epilog/TaskProlog point at
+small wrappers that choose the node's NVSHARE_CONFIG from SLURMD_NODENAME (slurmd passes no other
+environment) and exec the installed entry points.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SBIN = Path("/usr/sbin")
+BIN = Path("/usr/bin")
+FAKE_GPUS = [
+    {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000000", "memory": "16G"},
+    {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000001", "memory": "16G"},
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def entry_point(name: str) -> str:
+    """The installed console script beside this interpreter (not a pyenv shim, which needs PATH)."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise RuntimeError(f"{name} is not installed (pip install -e .)")
+    return found
+
+
+@dataclass
+class Node:
+    name: str
+    port: int
+    gres: str                      # the NodeName Gres= value
+    gres_conf: list[str]           # gres.conf lines for this node
+    workdir: Path
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "nvshare.yaml"
+
+    @property
+    def socket(self) -> str:
+        return str(self.workdir / "sched.sock")
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "scheduler.log"
+
+
+class SlurmCluster:
+    def __init__(self, base: Path, nodes: list[tuple[str, str, list[str]]]):
+        self.base = base
+        self.host = socket.gethostname().split(".")[0]
+        self.ctld_port = free_port()
+        self.nodes: dict[str, Node] = {}
+        for name, gres, gres_conf in nodes:
+            workdir = base / name
+            workdir.mkdir(parents=True)
+            self.nodes[name] = Node(name, free_port(), gres, gres_conf, workdir)
+        self.conf = base / "slurm.conf"
+        self.munge_socket = base / "munge" / "munge.sock"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.schedulers: dict[str, subprocess.Popen] = {}
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SLURM_", "NVSHARE_", "SBATCH_", "SRUN_"))}
+        self.env["SLURM_CONF"] = str(self.conf)
+
+    # ---- configuration -------------------------------------------------------------------------
+    def write(self) -> None:
+        b = self.base
+        for sub in ("state", "spool", "jobs", "munge"):
+            (b / sub).mkdir(exist_ok=True)
+        os.chmod(b / "jobs", 0o1777)
+        self._write_wrappers()
+        node_lines = "\n".join(
+            f"NodeName={n.name} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={n.port} "
+            f"CPUs=8 RealMemory=2000 Gres={n.gres} State=UNKNOWN" for n in self.nodes.values())
+        self.conf.write_text(f"""\
+ClusterName=nvstest
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={self.ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+StateSaveLocation={b}/state
+SlurmdSpoolDir={b}/spool/%n
+SlurmctldPidFile={b}/slurmctld.pid
+SlurmdPidFile={b}/slurmd-%n.pid
+SlurmctldLogFile={b}/slurmctld.log
+SlurmdLogFile={b}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=2
+MinJobAge=600
+MessageTimeout=10
+SlurmdTimeout=30
+InactiveLimit=0
+GresTypes=nvshare
+PrologFlags=Alloc
+Prolog={b}/prolog.sh
+Epilog={b}/epilog.sh
+TaskProlog={b}/taskprolog.sh
+{node_lines}
+PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+""")
+        (b / "gres.conf").write_text(
+            "".join(line + "\n" for n in self.nodes.values() for line in n.gres_conf))
+        for node in self.nodes.values():
+            config = {"socket": node.socket, "state_dir": str(node.workdir / "state"),
+                      "gpus": FAKE_GPUS, "log_level": "debug", "slurm_bin_dir": str(BIN)}
+            config.update(node.settings)
+            node.config_path.write_text(yaml.safe_dump(config))
+            os.chmod(node.workdir, 0o755)
+        os.chmod(b, 0o755)
+
+    def _write_wrappers(self) -> None:
+        # slurmd gives Prolog/Epilog only SLURM_* variables: the wrapper names the config and Slurm's
+        # config for scontrol. TaskProlog runs as the user; it needs the node's config too.
+        for kind in ("prolog", "epilog", "taskprolog"):
+            path = self.base / f"{kind}.sh"
+            path.write_text(
+                "#!/bin/sh\n"
+                f"export NVSHARE_CONFIG={self.base}/$SLURMD_NODENAME/nvshare.yaml\n"
+                f"export SLURM_CONF={self.conf}\n"
+                f"exec {entry_point('nvshare-' + kind)}\n")
+            path.chmod(0o755)
+
+    # ---- processes -----------------------------------------------------------------------------
+    def start(self, schedulers: bool = True) -> "SlurmCluster":
+        self.write()
+        key = self.base / "munge" / "munge.key"
+        shutil.copy("/etc/munge/munge.key", key)
+        os.chmod(key, 0o600)
+        os.chmod(self.base / "munge", 0o700)
+        self._spawn("munged", [str(SBIN / "munged"), "-F", "--force",
+                               f"--socket={self.munge_socket}", f"--key-file={key}",
+                               f"--log-file={self.base}/munge/munged.log",
+                               f"--pid-file={self.base}/munge/munged.pid",
+                               f"--seed-file={self.base}/munge/munged.seed"])
+        self._wait_for(lambda: self.munge_socket.exists(), 10, "munged socket")
+        os.chmod(self.base / "munge", 0o755)
+        for node in self.nodes.values():
+            if schedulers:
+                self.start_scheduler(node.name)
+        self._spawn("slurmctld", [str(SBIN / "slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self._wait_for(lambda: self.scontrol("ping").returncode == 0
+                       and "UP" in self.scontrol("ping").stdout, 30, "slurmctld ping")
+        for node in self.nodes.values():
+            self._spawn(f"slurmd-{node.name}",
+                        [str(SBIN / "slurmd"), "-D", "-N", node.name, "-f", str(self.conf)])
+        self._wait_for(self._nodes_idle, 60, "nodes idle")
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.base / f"{name}.out", "ab")
+        self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def _wait_for(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited {proc.returncode} while waiting for {what}:\n"
+                                       f"{self.tail(name)}")
+            if cond():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}:\n{self.diagnostics()}")
+
+    def _nodes_idle(self) -> bool:
+        out = self.run([BIN / "sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split()
+        states = dict(zip(out[::2], out[1::2]))
+        return all(states.get(n, "").startswith(("idle", "mix", "alloc")) for n in self.nodes)
+
+    def start_scheduler(self, node: str) -> None:
+        n = self.nodes[node]
+        if os.path.exists(n.socket):
+            os.unlink(n.socket)
+        env = {k: v for k, v in self.env.items()}
+        env["NVSHARE_CONFIG"] = str(n.config_path)
+        log = open(n.log_path, "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.schedulers[node] = proc
+        deadline = time.monotonic() + 15
+        while not os.path.exists(n.socket):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nvshare-scheduler for {node} did not start:\n"
+                                   f"{n.log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.05)
+
+    def stop_scheduler(self, node: str) -> None:
+        proc = self.schedulers.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop(self) -> None:
+        # Cancel what is left so no job process outlives the cluster.
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            self.run([BIN / "scancel", "--full", "-u", "root"], timeout=10)
+            time.sleep(1)
+        for name in [n for n in self.procs if n.startswith("slurmd-")] + ["slurmctld", "munged"]:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for node in list(self.schedulers):
+            self.stop_scheduler(node)
+
+    # ---- commands ------------------------------------------------------------------------------
+    def run(self, argv, timeout: float = 30, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run([str(a) for a in argv], env=env or self.env, capture_output=True,
+                                  text=True, timeout=timeout, **kw)
+        except subprocess.TimeoutExpired as exc:
+            return subprocess.CompletedProcess(exc.cmd, 124, exc.stdout or "", f"timeout: {exc}")
+
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run([BIN / "scontrol", *args], timeout=15)
+
+    def sbatch(self, script: str, *args: str, cwd: str | None = None, env: dict | None = None) -> int:
+        path = Path(tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.base / "jobs")[1])
+        path.write_text(script)
+        path.chmod(0o755)
+        result = self.run([BIN / "sbatch", "--parsable", *args, str(path)],
+                          cwd=cwd or str(self.base / "jobs"), env=env)
+        if result.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {result.stderr}")
+        return int(result.stdout.strip().split(";")[0])
+
+    def job_field(self, job_id: int, key: str) -> str:
+        out = self.scontrol("show", "job", "-o", str(job_id)).stdout
+        for word in out.split():
+            if word.startswith(key + "="):
+                return word.split("=", 1)[1]
+        return ""
+
+    def wait_job(self, job_id: int, timeout: float = 60) -> str:
+        """Wait until the job has left the queue and its epilog has run; returns its final state."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.job_field(job_id, "JobState")
+            if state and state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED"):
+                # COMPLETING ends after the epilog; also require no COMPLETING flag.
+                return state
+            time.sleep(0.2)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout}s\n{self.diagnostics()}")
+
+    def wait_state(self, job_id: int, states: tuple[str, ...], timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.job_field(job_id, "JobState")
+            if state in states:
+                return state
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id} is {state}, not {states} after {timeout}s\n"
+                           f"{self.diagnostics()}")
+
+    def tail(self, name: str, chars: int = 3000) -> str:
+        for path in (self.base / f"{name}.log", self.base / f"{name}.out"):
+            if path.exists():
+                return f"--- {path}\n" + path.read_text(errors="replace")[-chars:]
+        return ""
+
+    def diagnostics(self) -> str:
+        parts = [self.run([BIN / "sinfo", "-R"]).stdout, self.run([BIN / "squeue"]).stdout,
+                 self.tail("slurmctld")]
+        parts += [self.tail(f"slurmd-{n}") for n in self.nodes]
+        parts += [f"--- {n.log_path}\n" + n.log_path.read_text(errors="replace")[-3000:]
+                  for n in self.nodes.values() if n.log_path.exists()]
+        return "\n".join(parts)

@@ -1,0 +1,250 @@
+"""Slurm glue without a cluster: scontrol parsing (recorded outputs), TaskProlog lines, prolog/epilog
+decisions with a recorded-output scontrol stand-in, hostile inputs."""
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskprolog
+from nvshare_slurm.config import Config
+
+DATA = Path(__file__).parent / "data" / "scontrol"
+
+
+def recorded(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# ---- scontrol show job -d ----------------------------------------------------------------------
+def test_count_only_job_holds_its_slots_on_its_node_only():
+    job = slurm.parse_show_job(recorded("count_only_3.txt"), 2)
+    assert job.on_node("n1") == slurm.NodeGres(nvshare_slots=3)
+    assert not job.on_node("n2").holds_nvshare
+    assert (job.user, job.uid, job.gid) == ("root", 0, 0)
+
+
+def test_typed_request_names_the_gpu_slurm_chose():
+    job = slurm.parse_show_job(recorded("typed_gpu1_2.txt"), 3)
+    assert job.on_node("n2") == slurm.NodeGres(nvshare_slots=2, nvshare_gpus=(1,))
+
+
+def test_untyped_request_on_typed_node_follows_slurms_choice():
+    # JOB_GRES lists gpu1:0; only the per-node line says where the slots are.
+    job = slurm.parse_show_job(recorded("typed_untyped_request.txt"), 4)
+    assert job.on_node("n2") == slurm.NodeGres(nvshare_slots=2, nvshare_gpus=(0,))
+
+
+def test_two_node_job_is_read_per_node():
+    job = slurm.parse_show_job(recorded("two_nodes_mixed.txt"), 5)
+    assert job.on_node("n1") == slurm.NodeGres(nvshare_slots=1)
+    assert job.on_node("n2") == slurm.NodeGres(nvshare_slots=1, nvshare_gpus=(0,))
+
+
+def test_job_without_nvshare_and_hostile_name():
+    job = slurm.parse_show_job(recorded("no_nvshare_hostile_name.txt"), 6)
+    assert job.name == "we'ird $(x) \"q\" name"
+    assert job.nodes == {} or not job.on_node("n1").holds_nvshare
+
+
+def test_other_job_id_in_output_is_an_error():
+    with pytest.raises(slurm.SlurmError, match="did not describe job 7"):
+        slurm.parse_show_job(recorded("count_only_1.txt"), 7)
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("nvshare(CNT:1)", slurm.NodeGres(1)),
+    ("nvshare:gpu0(CNT:2),nvshare:gpu3(CNT:1)", slurm.NodeGres(3, (0, 3))),
+    ("gpu:a100:2(IDX:0,2),nvshare(CNT:1)", slurm.NodeGres(1, (), (0, 2))),
+    ("gpu(IDX:0-1)", slurm.NodeGres(0, (), (0, 1))),
+    ("shard:4(IDX:1)", slurm.NodeGres(0, (), (1,))),
+    ("nvshare:a100(CNT:2)", slurm.NodeGres(2)),          # a type that is not gpuK: daemon places
+    ("nvshare:gpu1(CNT:0)", slurm.NodeGres(0)),
+    ("", slurm.NodeGres()),
+    ("(null)", slurm.NodeGres()),
+])
+def test_gres_values(value, expected):
+    assert slurm.parse_gres(value) == expected
+
+
+@pytest.mark.parametrize("value", ["nvshare(CNT:x)", "gpu(IDX:0-a)", "nvshare((CNT:1)"])
+def test_malformed_gres_is_an_error_not_a_guess(value):
+    with pytest.raises(slurm.SlurmError):
+        slurm.parse_gres(value)
+
+
+def test_hostlists():
+    assert slurm.expand_hostlist("n[1-3,5],gpu[08-10]x,login") == [
+        "n1", "n2", "n3", "n5", "gpu08x", "gpu09x", "gpu10x", "login"]
+    assert slurm.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    with pytest.raises(slurm.SlurmError):
+        slurm.expand_hostlist("n[a-b]")
+
+
+def test_per_node_lines_with_hostlists():
+    text = ("JobId=9 JobName=x y=z\n   UserId=al ice(1000) GroupId=users(100) MCS_label=N/A\n"
+            "     Nodes=g[01-02] CPU_IDs=0-3 Mem=0 GRES=nvshare(CNT:2)\n"
+            "     Nodes=g03 CPU_IDs=0 Mem=0 GRES=gpu(IDX:1)\n")
+    job = slurm.parse_show_job(text, 9)
+    assert job.name == "x y=z" and job.uid == 1000 and job.gid == 100
+    assert job.on_node("g02").nvshare_slots == 2 and job.on_node("g03").gpu_index == (1,)
+
+
+@pytest.mark.parametrize("value, expected", [("12", 12), (" 7 ", 7), ("0", None), ("", None),
+                                             (None, None), ("12; rm -rf /", None), ("1e3", None)])
+def test_job_ids_from_environment(value, expected):
+    assert slurm.valid_job_id(value) == expected
+
+
+# ---- TaskProlog lines --------------------------------------------------------------------------
+PLACEMENT = {"gpu_uuid": ["GPU-fa4e0000-0000-0000-0000-000000000001",
+                          "GPU-fa4e0000-0000-0000-0000-000000000000"], "gpu_index": [1, 0]}
+
+
+def test_export_lines_name_placement_socket_job_policy():
+    cfg = Config(socket="/run/nvshare/scheduler.sock", on_daemon_loss="run")
+    lines = taskprolog.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", "/usr/lib/a.so")
+    gpus = ",".join(PLACEMENT["gpu_uuid"])
+    assert lines == [
+        "export LD_PRELOAD=/opt/nvshare/libnvshare.so:/usr/lib/a.so",
+        f"export CUDA_VISIBLE_DEVICES={gpus}",
+        f"export NVSHARE_MANAGED_GPUS={gpus}",
+        "export NVSHARE_SOCKET=/run/nvshare/scheduler.sock",
+        "export NVSHARE_JOB_ID=42",
+        "export NVSHARE_ON_DAEMON_LOSS=run",
+    ]
+
+
+@pytest.mark.parametrize("existing, expected", [
+    (None, "/h.so"),
+    ("", "/h.so"),
+    ("/h.so", "/h.so"),                              # a step inherits the batch script's value
+    ("/a.so /h.so:/b.so", "/h.so:/a.so:/b.so"),
+    ("/a.so\nexport EVIL=1", "/h.so:EVIL=1"),  # an entry with a newline is dropped
+])
+def test_ld_preload_is_prepended_once_and_stays_one_line(existing, expected):
+    assert taskprolog.ld_preload("/h.so", existing) == expected
+
+
+def test_unsafe_values_are_refused():
+    with pytest.raises(taskprolog.UnsafeValue):
+        taskprolog.export_line("NVSHARE_SOCKET", "/tmp/a\nexport X=1")
+    with pytest.raises(taskprolog.UnsafeValue):
+        taskprolog.export_lines(1, {"gpu_uuid": ["GPU-1 $(id)"], "gpu_index": [0]}, Config(),
+                                "/h.so", None)
+    # Spaces and quotes pass literally: Slurm does not interpret the value.
+    assert taskprolog.export_line("NVSHARE_SOCKET", "/tmp/a b'c/s.sock") == \
+        "export NVSHARE_SOCKET=/tmp/a b'c/s.sock"
+
+
+def test_hook_path_is_the_packaged_library():
+    assert libnvshare_path().name == "libnvshare.so"
+    assert libnvshare_path().parent.name == "nvshare_slurm"
+
+
+# ---- prolog / epilog / taskprolog decisions ----------------------------------------------------
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+
+    def setup(record_file: str | None, exit_code: int = 0) -> Path:
+        script = bindir / "scontrol"
+        body = f"cat {DATA / record_file}\n" if record_file else ""
+        script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                          f"case \"$1\" in show) {body}exit {exit_code};; esac\nexit 0\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        return calls
+    setup.bindir = bindir
+    return setup
+
+
+def slurm_env(tmp_path, bindir, job_id, socket_path=None, **extra):
+    cfg = tmp_path / "nvshare.yaml"
+    cfg.write_text(yaml.safe_dump({"socket": socket_path or str(tmp_path / "none.sock"),
+                                   "slurm_bin_dir": str(bindir)}))
+    env = {"SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
+           "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "NVSHARE_CONFIG": str(cfg)}
+    env.update(extra)
+    return env
+
+
+def test_prolog_ignores_job_without_nvshare(tmp_path, fake_slurm, capsys):
+    calls = fake_slurm("no_nvshare_hostile_name.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, 6)
+    assert prolog.run(env, wait_sec=0.2) == 0
+    assert capsys.readouterr().err == ""
+    assert calls.read_text().split("\n")[0] == "show job -d 6"     # one call, no drain
+
+
+def test_prolog_fails_and_drains_when_daemon_is_down(tmp_path, fake_slurm, capsys):
+    calls = fake_slurm("count_only_1.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, 1)
+    assert prolog.run(env, wait_sec=0.3) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["nvshare-prolog: job 1: nvshare: scheduler not running"]
+    assert "update nodename=n1 state=drain reason=nvshare: scheduler not running" in calls.read_text()
+
+
+def test_prolog_fails_when_slurmctld_cannot_describe_the_job(tmp_path, fake_slurm, capsys):
+    fake_slurm(None, exit_code=1)
+    assert prolog.run(slurm_env(tmp_path, fake_slurm.bindir, 1), wait_sec=0.1) == 1
+    assert "cannot read job 1 from slurmctld" in capsys.readouterr().err
+
+
+def test_prolog_bad_config_only_matters_for_nvshare_jobs(tmp_path, fake_slurm, capsys):
+    fake_slurm("no_nvshare_hostile_name.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, 6)
+    Path(env["NVSHARE_CONFIG"]).write_text(
+        f"slurm_bin_dir: {fake_slurm.bindir}\nscheduling_mode: sometimes\n")
+    assert prolog.run(env, wait_sec=0.1) == 0
+    fake_slurm("count_only_1.txt")
+    env["SLURM_JOB_ID"] = "1"
+    capsys.readouterr()
+    assert prolog.run(env, wait_sec=0.1) == 1
+    err = capsys.readouterr().err
+    assert "bad config" in err and "scheduling_mode" in err
+
+
+@pytest.mark.parametrize("job_id", ["", "abc", "1;id"])
+def test_entry_points_ignore_a_missing_or_odd_job_id(tmp_path, fake_slurm, job_id):
+    calls = fake_slurm("count_only_1.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, job_id)
+    assert prolog.run(env) == 0 and epilog.run(env) == 0
+    out = io.StringIO()
+    assert taskprolog.run(env, out=out) == 0 and out.getvalue() == ""
+    assert not calls.exists()
+
+
+def test_epilog_daemon_down_for_non_nvshare_job_is_not_a_failure(tmp_path, fake_slurm):
+    calls = fake_slurm("no_nvshare_hostile_name.txt")
+    assert epilog.run(slurm_env(tmp_path, fake_slurm.bindir, 6), wait_sec=0.2) == 0
+    assert "drain" not in calls.read_text()
+
+
+def test_epilog_daemon_down_for_nvshare_job_drains(tmp_path, fake_slurm, capsys):
+    calls = fake_slurm("count_only_1.txt")
+    assert epilog.run(slurm_env(tmp_path, fake_slurm.bindir, 1), wait_sec=0.2) == 1
+    assert capsys.readouterr().err.strip() == "nvshare-epilog: job 1: nvshare: scheduler not running"
+    assert "state=drain" in calls.read_text()
+
+
+def test_taskprolog_prints_nothing_when_daemon_is_down(tmp_path, fake_slurm, capsys):
+    fake_slurm("count_only_1.txt")
+    out = io.StringIO()
+    assert taskprolog.run(slurm_env(tmp_path, fake_slurm.bindir, 1), out=out, wait_sec=0.2) == 0
+    assert out.getvalue() == ""
+    assert "scheduler not running" in capsys.readouterr().err
+
+
+def test_taskprolog_ignores_nvshare_overrides_in_the_job_environment(tmp_path, fake_slurm):
+    fake_slurm("count_only_1.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, 1, NVSHARE_SCHEDULING_MODE="bogus")
+    out = io.StringIO()
+    assert taskprolog.run(env, out=out, wait_sec=0.1) == 0   # no ConfigError from the user's env
