@@ -1,0 +1,668 @@
+"""nvshare-scheduler: the per-node daemon. One asyncio loop, one Unix socket, every GPU on its own.
+
+This module is the wiring: connections, peer credentials, message dispatch, timers, signals.
+The policy is gpustate.py, placement is placement.py, jobs and persistence are registry.py.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pwd
+import signal
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__, config, log, proto
+from .gpustate import (CONTENDED, DROP, GRANT, UNRESPONSIVE, Action, ClientInfo, GpuSettings,
+                       GpuState)
+from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
+from .placement import GpuLoad, PlacementError, place_job
+from .proto import C
+from .registry import Client, Job, Registry
+from .rogue import RogueTracker
+
+# A client that does not read its socket is cut off before its backlog costs the daemon memory.
+MAX_WRITE_BACKLOG = 1 << 20
+
+_DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
+               "max runtime reached", C.NVSHARE_DROP_ADMIN: "admin update",
+               C.NVSHARE_DROP_MEMORY: "memory no longer fits"}
+_MODE_BY_CODE = {C.NVSHARE_MODE_AUTO: "auto", C.NVSHARE_MODE_CONCURRENT: "concurrent",
+                 C.NVSHARE_MODE_SERIAL: "serial"}
+_SWITCH_BY_CODE = {C.NVSHARE_SWITCH_AUTO: "auto", C.NVSHARE_SWITCH_FIXED: "fixed"}
+_CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
+                    C.NVSHARE_MSG_MEM_UPDATE}
+# Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
+_RESTART_ONLY = ("socket", "state_dir", "gpus")
+
+
+class Connection:
+    """One accepted socket: its peer's credentials and, after CLIENT_REGISTER, its client."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        self.pid, self.uid, self.gid = proto.peer_credentials(writer.get_extra_info("socket"))
+        self.client: Client | None = None
+        self.info: ClientInfo | None = None
+        self.closed = False
+
+    def who(self) -> str:
+        if self.info is not None:
+            return self.info.label()
+        return f"pid {self.pid} uid {self.uid}"
+
+    def send(self, msg_type: int, fields: dict[str, Any] | None = None, seq: int = 0,
+             tail: bytes = b"") -> None:
+        if self.closed:
+            return
+        self.writer.write(proto.encode(msg_type, fields, seq, tail))
+        if self.writer.transport.get_write_buffer_size() > MAX_WRITE_BACKLOG:
+            log.get().warning(f"{self.who()}: does not read its socket; closing the connection")
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+
+
+class Violation(Exception):
+    """A message that is not allowed from this peer or in this state: close the connection."""
+
+
+class Daemon:
+    def __init__(self, cfg: config.Config, config_file: str | None = None,
+                 inventory: Inventory | None = None):
+        self.cfg = cfg
+        self.config_file = config_file
+        self.logger = log.get()
+        self.inventory = inventory if inventory is not None else from_config(cfg)
+        self.registry = Registry(cfg.state_dir)
+        self.gpus: dict[str, GpuState] = {}
+        for info in sorted(self.inventory.gpus(), key=lambda g: g.index):
+            self.gpus[info.uuid] = GpuState(info.uuid, info.index, info.memory_total,
+                                            GpuSettings.from_config(cfg), name=info.name)
+        self.by_index = {g.index: g for g in self.gpus.values()}
+        self.rogues = RogueTracker()
+        self._rogue_reported: set[tuple[str, int]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._connections: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._stop: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._handlers: dict[int, Callable[[Connection, proto.Frame], None]] = {
+            C.NVSHARE_MSG_CLIENT_REGISTER: self._on_client_register,
+            C.NVSHARE_MSG_LOCK_REQUEST: self._on_lock_request,
+            C.NVSHARE_MSG_LOCK_RELEASED: self._on_lock_released,
+            C.NVSHARE_MSG_MEM_UPDATE: self._on_mem_update,
+            C.NVSHARE_MSG_JOB_REGISTER: self._on_job_register,
+            C.NVSHARE_MSG_JOB_UNREGISTER: self._on_job_unregister,
+            C.NVSHARE_MSG_JOB_QUERY: self._on_job_query,
+            C.NVSHARE_MSG_STATUS_QUERY: self._on_status_query,
+            C.NVSHARE_MSG_ADMIN_UPDATE: self._on_admin_update,
+            C.NVSHARE_MSG_HEARTBEAT: self._on_heartbeat,
+        }
+
+    # --- time and GPU settings ---------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.loop.time() if self.loop is not None else time.monotonic()
+
+    def restore_state(self) -> None:
+        self.registry.load(set(self.gpus))
+        for uuid, gpu in self.gpus.items():
+            gpu.settings = GpuSettings.from_config(self.cfg, self.registry.gpu_overrides.get(uuid))
+        for job in self.registry.jobs.values():
+            job.gpu_index = [self.gpus[u].index for u in job.gpus]
+        if self.registry.jobs:
+            self.logger.info(f"state: restored {len(self.registry.jobs)} registered jobs from "
+                             f"{self.registry.path}; their clients re-register when they reconnect")
+
+    def _save(self) -> None:
+        try:
+            self.registry.save()
+        except OSError as exc:
+            self.logger.error(f"state: cannot write {self.registry.path}: {exc}")
+
+    # --- actions from the policy ---------------------------------------------------------------
+
+    def apply(self, gpu: GpuState, actions: list[Action]) -> None:
+        for action in actions:
+            client = self.registry.clients.get(action.client.client_id)
+            conn = client.connection if client is not None else None
+            where = f"gpu {gpu.uuid}: {action.client.label()}"
+            if action.kind == GRANT:
+                if conn is not None:
+                    conn.send(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": gpu.uuid,
+                                                         "flags": action.flags,
+                                                         "switch_ms": action.value})
+                kind = "shared" if action.flags == C.NVSHARE_GRANT_SHARED else "exclusive"
+                self.logger.debug(f"{where}: lock granted ({kind})")
+            elif action.kind == CONTENDED:
+                if conn is not None:
+                    conn.send(C.NVSHARE_MSG_LOCK_CONTENDED, {"gpu_uuid": gpu.uuid})
+                self.logger.debug(f"{where}: others wait, asked to release when idle")
+            elif action.kind == DROP:
+                if conn is not None:
+                    conn.send(C.NVSHARE_MSG_DROP_LOCK, {"gpu_uuid": gpu.uuid,
+                                                        "switch_ms": action.value})
+                self.logger.info(f"{where}: lock dropped ({_DROP_NAMES.get(action.value, '?')})")
+            elif action.kind == UNRESPONSIVE:
+                self._unresponsive(gpu, action.client)
+        self._arm(gpu)
+
+    def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> None:
+        grace = self.cfg.drop_grace_sec
+        if self.cfg.unresponsive_holder == "kill":
+            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
+                                f"{grace:g}s after DROP_LOCK; killing it (unresponsive_holder=kill)")
+            try:
+                os.kill(info.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except OSError as exc:
+                self.logger.error(f"gpu {gpu.uuid}: {info.label()}: cannot kill: {exc}")
+        else:
+            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
+                                f"{grace:g}s after DROP_LOCK (unresponsive; policy warn)")
+
+    def _arm(self, gpu: GpuState) -> None:
+        handle = self._timers.pop(gpu.uuid, None)
+        if handle is not None:
+            handle.cancel()
+        deadline = gpu.next_deadline()
+        if deadline is not None and self.loop is not None:
+            self._timers[gpu.uuid] = self.loop.call_at(deadline, self._on_timer, gpu.uuid,
+                                                       deadline)
+
+    def _on_timer(self, uuid: str, deadline: float) -> None:
+        self._timers.pop(uuid, None)
+        gpu = self.gpus[uuid]
+        self.apply(gpu, gpu.tick(max(self.now(), deadline)))
+
+    # --- connections ---------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            conn = Connection(reader, writer)
+        except OSError as exc:
+            self.logger.warning(f"connection: cannot read peer credentials ({exc}); closing it")
+            writer.close()
+            return
+        self._connections.add(conn)
+        try:
+            while not conn.closed:
+                frame = await proto.read_frame(reader)
+                if frame is None:
+                    break
+                handler = self._handlers.get(frame.type)
+                if handler is None:
+                    raise Violation(f"{frame.name} is not a message a peer may send")
+                handler(conn, frame)
+        except (proto.ProtocolError, Violation) as exc:
+            self.logger.warning(f"connection from {conn.who()}: {exc}; closing it")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._connections.discard(conn)
+            self._drop_client(conn)
+            conn.close()
+
+    def _drop_client(self, conn: Connection) -> None:
+        client = conn.client
+        if client is None:
+            return
+        conn.client = None
+        self.registry.remove_client(client.client_id)
+        now = self.now()
+        for uuid in client.gpus:
+            gpu = self.gpus[uuid]
+            self.apply(gpu, gpu.remove_client(client.client_id, now))
+        self.logger.debug(f"{conn.who()}: client disconnected")
+
+    def _reply(self, conn: Connection, frame: proto.Frame, status: int, message: str) -> None:
+        conn.send(C.NVSHARE_MSG_REPLY, {"status": status, "message": _fit(message)}, frame.seq)
+
+    # --- client messages -----------------------------------------------------------------------
+
+    def _on_client_register(self, conn: Connection, frame: proto.Frame) -> None:
+        if conn.client is not None:
+            raise Violation("CLIENT_REGISTER on a connection that is already registered")
+        body = frame.body()
+        job = self.registry.jobs.get(body.job_id)
+
+        def refuse(status: int, message: str) -> None:
+            self.logger.warning(f"job {body.job_id} pid {conn.pid} uid {conn.uid}: client "
+                                f"refused: {message}")
+            conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
+                      {"status": status, "message": _fit(message)}, frame.seq)
+            conn.close()
+
+        if job is None:
+            return refuse(C.NVSHARE_ERR_NOJOB, f"job {body.job_id} is not registered on this node")
+        if conn.uid != 0 and conn.uid != job.uid:
+            return refuse(C.NVSHARE_ERR_PERM, f"uid {conn.uid} may not attach to job "
+                                              f"{job.job_id} of uid {job.uid}")
+        if body.pid != conn.pid:
+            return refuse(C.NVSHARE_ERR_PERM, f"pid {body.pid} in the message is not the "
+                                              f"connecting process {conn.pid}")
+        client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
+                                          body.mem_limit or job.mem_limit, conn)
+        conn.client = client
+        conn.info = ClientInfo(client.client_id, job.job_id, body.step_id, conn.pid, job.user,
+                               client.mem_limit)
+        conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
+                  {"status": C.NVSHARE_OK, "client_id": client.client_id,
+                   "idle_release_us": int(self.cfg.idle_release_ms * 1000),
+                   "message": "registered"}, frame.seq)
+        self.logger.debug(f"{conn.who()}: client registered (client {client.client_id})")
+
+    def _client_gpu(self, conn: Connection, frame: proto.Frame, body: Any) -> GpuState | None:
+        """The GPU a client message names, if it is managed and placed for the client's job."""
+        if conn.client is None or conn.info is None:
+            raise Violation(f"{frame.name} before CLIENT_REGISTER")
+        uuid = proto.text(body.gpu_uuid)
+        job = self.registry.jobs.get(conn.client.job_id)
+        gpu = self.gpus.get(uuid)
+        if gpu is None or job is None or uuid not in job.gpus:
+            if uuid not in conn.client.ungated:
+                conn.client.ungated.add(uuid)
+                self.logger.warning(f"gpu {uuid or '?'}: {conn.who()}: not a GPU placed for this "
+                                    f"job; its work there is not gated")
+            return None
+        conn.client.gpus.add(uuid)
+        return gpu
+
+    def _on_lock_request(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is None:
+            return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
+                               f"GPU {proto.text(body.gpu_uuid)} is not managed for this job")
+        self.apply(gpu, gpu.request(conn.info, self.now()))
+
+    def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is not None:
+            self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: lock released"
+                              f"{' (idle)' if body.flags & C.NVSHARE_RELEASE_IDLE else ''}")
+            self.apply(gpu, gpu.release(conn.info.client_id, self.now()))
+
+    def _on_mem_update(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is None:
+            if body.request:
+                conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.text(body.gpu_uuid),
+                                                    "status": C.NVSHARE_ERR_NOGPU}, frame.seq)
+            return
+        actions, decision = gpu.mem_update(conn.info, self.now(), int(body.allocated),
+                                           int(body.fixed), int(body.swapped), int(body.request))
+        if decision is not None:
+            if decision.status != C.NVSHARE_OK:
+                self.logger.info(f"gpu {gpu.uuid}: {conn.who()}: allocation of {body.request} "
+                                 f"bytes refused (would pass the job's limit or never fit)")
+            conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": gpu.uuid, "status": decision.status,
+                                                "available": decision.available,
+                                                "total": decision.total}, frame.seq)
+        self.apply(gpu, actions)
+
+    # --- request/reply messages ----------------------------------------------------------------
+
+    def _job_reply(self, conn: Connection, frame: proto.Frame, status: int, message: str,
+                   job: Job | None = None) -> None:
+        fields: dict[str, Any] = {"status": status, "message": _fit(message)}
+        if job is not None:
+            fields.update(n_gpus=len(job.gpus), gpu_uuid=job.gpus, gpu_index=job.gpu_index)
+        conn.send(C.NVSHARE_MSG_JOB_REPLY, fields, frame.seq)
+
+    def _on_job_register(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        job_id = int(body.job_id)
+        if conn.uid != 0:
+            self.logger.warning(f"job {job_id}: registration by uid {conn.uid} (pid {conn.pid}) "
+                                f"refused: only root registers jobs")
+            return self._job_reply(conn, frame, C.NVSHARE_ERR_PERM, "only root registers jobs")
+        existing = self.registry.jobs.get(job_id)
+        if existing is not None:
+            return self._job_reply(conn, frame, C.NVSHARE_OK, "already registered", existing)
+        given = None
+        if body.flags & C.NVSHARE_JOB_GPUS_GIVEN:
+            if not 0 < body.n_gpus <= C.NVSHARE_MAX_GPUS:
+                return self._job_reply(conn, frame, C.NVSHARE_ERR_INVAL,
+                                       f"n_gpus {body.n_gpus} is outside 1..{C.NVSHARE_MAX_GPUS}")
+            given = [int(body.gpu_index[i]) for i in range(body.n_gpus)]
+        jobs_on: dict[str, int] = {}
+        for job in self.registry.jobs.values():
+            for uuid in job.gpus:
+                jobs_on[uuid] = jobs_on.get(uuid, 0) + 1
+        loads = [GpuLoad(g.uuid, g.index, g.sum_allocated, jobs_on.get(g.uuid, 0))
+                 for g in self.gpus.values()]
+        try:
+            placed = place_job(loads, int(body.slots), given, C.NVSHARE_ERR_NOGPU,
+                               C.NVSHARE_ERR_INVAL)
+        except PlacementError as exc:
+            self.logger.error(f"job {job_id}: cannot be placed: {exc}")
+            return self._job_reply(conn, frame, exc.status, str(exc))
+        user = proto.text(body.user) or _user_name(int(body.uid))
+        job = Job(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
+                  int(body.slots), [g.uuid for g in placed], [g.index for g in placed],
+                  int(body.mem_limit))
+        self.registry.add_job(job)
+        self._save()
+        self.logger.info(f"job {job_id}: registered for {user} (uid {job.uid}) on "
+                         f"{', '.join(job.gpus)}")
+        self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
+
+    def _on_job_unregister(self, conn: Connection, frame: proto.Frame) -> None:
+        job_id = int(frame.body().job_id)
+        if conn.uid != 0:
+            self.logger.warning(f"job {job_id}: unregistration by uid {conn.uid} refused")
+            return self._reply(conn, frame, C.NVSHARE_ERR_PERM, "only root unregisters jobs")
+        if job_id not in self.registry.jobs:
+            return self._reply(conn, frame, C.NVSHARE_OK, "not registered")
+        clients = list(self.registry.job_clients.get(job_id, {}).values())
+        for client in clients:
+            client_conn = client.connection
+            if client_conn is not None:
+                self._drop_client(client_conn)
+                client_conn.close()
+        self.registry.remove_job(job_id)
+        self._save()
+        self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected)")
+        self._reply(conn, frame, C.NVSHARE_OK, "unregistered")
+
+    def _on_job_query(self, conn: Connection, frame: proto.Frame) -> None:
+        job_id = int(frame.body().job_id)
+        job = self.registry.jobs.get(job_id)
+        if job is None:
+            return self._job_reply(conn, frame, C.NVSHARE_ERR_NOJOB,
+                                   f"job {job_id} is not registered on this node")
+        self._job_reply(conn, frame, C.NVSHARE_OK, "", job)
+
+    def _on_heartbeat(self, conn: Connection, frame: proto.Frame) -> None:
+        conn.send(C.NVSHARE_MSG_HEARTBEAT, {"timestamp_ns": frame.body().timestamp_ns}, frame.seq)
+
+    def _on_status_query(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        status, tail = self.status(int(body.what), int(body.job_id))
+        conn.send(C.NVSHARE_MSG_STATUS_REPLY, {"status": status, "json_length": len(tail)},
+                  frame.seq, tail)
+
+    def status(self, what: int, job_id: int = 0) -> tuple[int, bytes]:
+        """(status, tail): JSON on success, else the error message."""
+        data: dict[str, Any] = {"node": socket.gethostname(), "time": time.time(),
+                                "version": __version__, "daemon_pid": os.getpid()}
+        now = self.now()
+        if what == C.NVSHARE_STATUS_GPUS:
+            placed: dict[str, list[int]] = {u: [] for u in self.gpus}
+            for job in self.registry.jobs.values():
+                for uuid in job.gpus:
+                    placed.setdefault(uuid, []).append(job.job_id)
+            data["gpus"] = [g.status(now, self.rogues.for_status(g.uuid), placed[g.uuid])
+                            for g in self.gpus.values()]
+        elif what == C.NVSHARE_STATUS_JOBS:
+            data["jobs"] = [self._job_status(j) for j in self.registry.jobs.values()]
+        elif what == C.NVSHARE_STATUS_JOB:
+            job = self.registry.jobs.get(job_id)
+            if job is None:
+                return C.NVSHARE_ERR_NOJOB, f"job {job_id} is not registered on this node".encode()
+            data["jobs"] = [self._job_status(job)]
+        elif what == C.NVSHARE_STATUS_CONFIG:
+            data["config"] = self.cfg.as_dict()
+        else:
+            return C.NVSHARE_ERR_INVAL, f"unknown status query {what}".encode()
+        return C.NVSHARE_OK, json.dumps(data).encode()
+
+    def _job_status(self, job: Job) -> dict[str, Any]:
+        clients = []
+        for client in self.registry.job_clients.get(job.job_id, {}).values():
+            gpus: dict[str, Any] = {}
+            for uuid in sorted(client.gpus):
+                gpu = self.gpus[uuid]
+                use = gpu.usage.get(client.client_id)
+                gpus[uuid] = {"allocated": use.allocated if use else 0,
+                              "state": gpu.client_state(client.client_id)}
+            for uuid in sorted(client.ungated):
+                gpus[uuid] = {"allocated": 0, "state": "ungated"}
+            clients.append({"pid": client.pid, "step_id": client.step_id, "gpus": gpus})
+        return {"job_id": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
+                "slots": job.slots, "gpus": list(job.gpus), "gpu_index": list(job.gpu_index),
+                "registered": job.registered, "clients": clients}
+
+    def _admin_allowed(self, uid: int) -> bool:
+        if uid == 0:
+            return True
+        try:
+            return pwd.getpwnam(self.cfg.slurm_user).pw_uid == uid
+        except KeyError:
+            return False
+
+    def _on_admin_update(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        if not self._admin_allowed(conn.uid):
+            self.logger.warning(f"admin update by uid {conn.uid} (pid {conn.pid}) refused: "
+                                f"needs root or {self.cfg.slurm_user}")
+            return self._reply(conn, frame, C.NVSHARE_ERR_PERM,
+                               f"admin updates need root or the SlurmUser ({self.cfg.slurm_user})")
+        try:
+            targets = self._select_gpus(proto.text(body.gpu))
+            changes = _admin_changes(body)
+        except ValueError as exc:
+            return self._reply(conn, frame, C.NVSHARE_ERR_INVAL, str(exc))
+        if targets is None:
+            return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
+                               f"no managed GPU {proto.text(body.gpu)!r}")
+        if not changes:
+            return self._reply(conn, frame, C.NVSHARE_ERR_INVAL, "nothing to change")
+        now = self.now()
+        for gpu in targets:
+            overrides = self.registry.gpu_overrides.setdefault(gpu.uuid, {})
+            overrides.update(changes)
+            self.apply(gpu, gpu.update_settings(GpuSettings.from_config(self.cfg, overrides), now))
+        self._save()
+        text = " ".join(f"{k}={v}" for k, v in changes.items())
+        names = ", ".join(g.uuid for g in targets)
+        self.logger.info(f"admin update by uid {conn.uid}: {names}: {text}")
+        self._reply(conn, frame, C.NVSHARE_OK, f"{names}: {text}")
+
+    def _select_gpus(self, selector: str) -> list[GpuState] | None:
+        selector = selector.strip()
+        if selector == "all":
+            return list(self.gpus.values())
+        if selector in self.gpus:
+            return [self.gpus[selector]]
+        if selector.isdigit() and int(selector) in self.by_index:
+            return [self.by_index[int(selector)]]
+        return None
+
+    # --- config reload, rogue processes ----------------------------------------------------------
+
+    def reload(self) -> None:
+        try:
+            new = config.load(self.config_file, require_file=self.config_file is not None)
+        except config.ConfigError as exc:
+            self.logger.error(f"reload: {exc}; keeping the running configuration")
+            return
+        kept = {k: getattr(self.cfg, k) for k in _RESTART_ONLY if getattr(new, k) != getattr(
+            self.cfg, k)}
+        if kept:
+            self.logger.warning(f"reload: {', '.join(kept)} change only with a restart; "
+                                f"keeping the running values")
+            from dataclasses import replace
+            new = replace(new, **kept)
+        self.cfg = new
+        self.logger.setLevel(new.log_level.upper())
+        now = self.now()
+        for uuid, gpu in self.gpus.items():
+            settings = GpuSettings.from_config(new, self.registry.gpu_overrides.get(uuid))
+            self.apply(gpu, gpu.update_settings(settings, now))
+        self.logger.info(f"reload: configuration reloaded from "
+                         f"{self.config_file or config.config_path()}")
+
+    async def check_rogues(self) -> None:
+        """One look at every GPU's processes; report (and with policy kill, kill) rogue ones."""
+        registered = self.registry.client_pids()
+        for gpu in self.gpus.values():
+            try:
+                if isinstance(self.inventory, ConfiguredInventory):
+                    procs = self.inventory.processes(gpu.uuid)
+                else:
+                    procs = await asyncio.to_thread(self.inventory.processes, gpu.uuid)
+            except InventoryError as exc:
+                self.logger.warning(f"gpu {gpu.uuid}: rogue check: {exc}")
+                continue
+            for proc in self.rogues.check(gpu.uuid, procs, registered, os.getpid()):
+                if (gpu.uuid, proc.pid) in self._rogue_reported:
+                    continue
+                self._rogue_reported.add((gpu.uuid, proc.pid))
+                if self.cfg.rogue_process == "kill":
+                    self.logger.warning(f"gpu {gpu.uuid}: pid {proc.pid} uses {proc.memory} bytes "
+                                        f"without nvshare (rogue); killing it")
+                    try:
+                        os.kill(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    except OSError as exc:
+                        self.logger.error(f"gpu {gpu.uuid}: pid {proc.pid}: cannot kill: {exc}")
+                else:
+                    self.logger.warning(f"gpu {gpu.uuid}: pid {proc.pid} uses {proc.memory} bytes "
+                                        f"without nvshare (rogue; policy warn)")
+
+    async def _rogue_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.rogue_check_sec)
+            try:
+                await self.check_rogues()
+            except Exception as exc:  # a failed check must never stop the daemon
+                self.logger.error(f"rogue check failed: {exc!r}")
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    async def serve(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        path = self.cfg.socket
+        if not await _prepare_socket_path(path):
+            self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
+            return 1
+        self._server = await asyncio.start_unix_server(self._serve, path=path,
+                                                       limit=2 * proto.MAX_PAYLOAD)
+        os.chmod(path, 0o666)
+        self._stop = asyncio.Event()
+        self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        self.loop.add_signal_handler(signal.SIGINT, self._stop.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self.reload)
+        rogue_task = asyncio.ensure_future(self._rogue_loop())
+        modes = ", ".join(f"{g.uuid} ({g.settings.mode})" for g in self.gpus.values()) or "none"
+        self.logger.info(f"listening on {path} (pid {os.getpid()}); GPUs: {modes}")
+        await self._stop.wait()
+        self.logger.info("stopping: SIGTERM")
+        rogue_task.cancel()
+        self._server.close()
+        for conn in list(self._connections):
+            conn.close()
+        for handle in self._timers.values():
+            handle.cancel()
+        self._save()
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:
+            pass
+        return 0
+
+
+async def _prepare_socket_path(path: str) -> bool:
+    """Create the socket's directory; remove a stale socket. False if a daemon answers there."""
+    directory = Path(path).parent
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=0o755)
+        os.chmod(directory, 0o755)
+    if os.path.lexists(path):
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
+        except (OSError, asyncio.TimeoutError):
+            os.unlink(path)
+            return True
+        writer.close()
+        return False
+    return True
+
+
+def _admin_changes(body: Any) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    keep = C.NVSHARE_KEEP
+    if body.mode != keep:
+        if body.mode not in _MODE_BY_CODE:
+            raise ValueError(f"mode {body.mode} is not one of auto, concurrent, serial")
+        changes["mode"] = _MODE_BY_CODE[body.mode]
+    if body.switch_mode != keep:
+        if body.switch_mode not in _SWITCH_BY_CODE:
+            raise ValueError(f"switch_mode {body.switch_mode} is not auto or fixed")
+        changes["switch_time_mode"] = _SWITCH_BY_CODE[body.switch_mode]
+    if body.switch_time_ms != keep:
+        if not 10 <= body.switch_time_ms <= 86_400_000:
+            raise ValueError(f"switch_time {body.switch_time_ms} ms is outside 10 ms..1 day")
+        changes["switch_time_fixed"] = body.switch_time_ms / 1000
+        changes.setdefault("switch_time_mode", "fixed")
+    if body.memory_reserve_percent != keep:
+        if not 0 <= body.memory_reserve_percent <= 90:
+            raise ValueError(f"memory_reserve_percent {body.memory_reserve_percent} is outside 0..90")
+        changes["memory_reserve_percent"] = int(body.memory_reserve_percent)
+    if body.max_runtime_sec != keep:
+        if not 1 <= body.max_runtime_sec:
+            raise ValueError(f"max_runtime_sec {body.max_runtime_sec} must be at least 1")
+        changes["max_runtime_sec"] = int(body.max_runtime_sec)
+    return changes
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _fit(message: str) -> str:
+    raw = message.encode("utf-8", "replace")[: C.NVSHARE_TEXT_LEN - 1]
+    return raw.decode("utf-8", "ignore")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvshare-scheduler",
+                                     description="nvshare per-node GPU scheduler (foreground)")
+    parser.add_argument("--config", metavar="PATH",
+                        help=f"config file (default: $NVSHARE_CONFIG or {config.DEFAULT_PATH})")
+    args = parser.parse_args(argv)
+    log.setup("nvshare-scheduler")
+    try:
+        cfg = config.load(args.config, require_file=args.config is not None)
+    except config.ConfigError as exc:
+        log.get().error(f"config: {exc}")
+        return 1
+    logger = log.setup("nvshare-scheduler", cfg.log_level)
+    try:
+        daemon = Daemon(cfg, args.config)
+    except InventoryError as exc:
+        logger.error(f"GPU inventory: {exc}")
+        return 1
+    if not daemon.gpus:
+        logger.warning("no GPUs found: job registrations will be refused")
+    daemon.restore_state()
+    try:
+        return asyncio.run(daemon.serve())
+    except OSError as exc:
+        logger.error(f"cannot serve on {cfg.socket}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
