@@ -153,7 +153,10 @@ def _convert_gpus(value: Any, where: str) -> tuple[GpuSpec, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        value = yaml.safe_load(value)
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: not a YAML list: {exc}") from None
     if not isinstance(value, list):
         raise ConfigError(f"{where}: expected a list of {{uuid, memory}}, got {value!r}")
     specs = []
@@ -184,11 +187,17 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     env = os.environ if environ is None else environ
     file = Path(path) if path is not None else config_path(env)
     values: dict[str, Any] = {}
-    if file.exists():
+    try:
+        exists = file.exists()
+    except OSError as exc:  # e.g. a 0700 /etc/nvshare and a user running nvshare-status
+        raise ConfigError(f"{file}: cannot be read: {exc.strerror or exc}") from None
+    if exists:
         try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            raw = yaml.safe_load(file.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"{file}: cannot be read as YAML: {exc}") from None
+        if raw is None:  # empty, or only comments
+            raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{file}: expected a mapping of key: value at the top level")
         for key, value in raw.items():
