@@ -83,7 +83,16 @@ class Daemon:
         self.cfg = cfg
         self.config_file = config_file
         self.logger = log.get()
-        self.inventory = inventory if inventory is not None else from_config(cfg)
+        self.inventory_error = ""
+        if inventory is None:
+            try:
+                inventory = from_config(cfg)
+            except InventoryError as exc:
+                # Keep serving: registrations then get this reason instead of "daemon down".
+                self.inventory_error = str(exc)
+                self.logger.error(f"GPU inventory: {exc}")
+                inventory = ConfiguredInventory(())
+        self.inventory = inventory
         self.registry = Registry(cfg.state_dir)
         self.gpus: dict[str, GpuState] = {}
         for info in sorted(self.inventory.gpus(), key=lambda g: g.index):
@@ -350,8 +359,9 @@ class Daemon:
             placed = place_job(loads, int(body.slots), given, C.NVSHARE_ERR_NOGPU,
                                C.NVSHARE_ERR_INVAL)
         except PlacementError as exc:
-            self.logger.error(f"job {job_id}: cannot be placed: {exc}")
-            return self._job_reply(conn, frame, exc.status, str(exc))
+            reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
+            self.logger.error(f"job {job_id}: cannot be placed: {reason}")
+            return self._job_reply(conn, frame, exc.status, reason)
         user = proto.text(body.user) or _user_name(int(body.uid))
         job = Job(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
                   int(body.slots), [g.uuid for g in placed], [g.index for g in placed],
@@ -649,11 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         log.get().error(f"config: {exc}")
         return 1
     logger = log.setup("nvshare-scheduler", cfg.log_level)
-    try:
-        daemon = Daemon(cfg, args.config)
-    except InventoryError as exc:
-        logger.error(f"GPU inventory: {exc}")
-        return 1
+    daemon = Daemon(cfg, args.config)
     if not daemon.gpus:
         logger.warning("no GPUs found: job registrations will be refused")
     daemon.restore_state()
