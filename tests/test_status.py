@@ -316,3 +316,54 @@ def test_unreadable_config_as_a_user_is_one_line(world_readable_tmp, monkeypatch
     rc, out, err = as_nobody("show", "gpus")
     assert (rc, out) == (1, "")
     assert err.startswith(f"nvshare-status: {cfg}: cannot be read") and err.count("\n") == 1
+
+
+class FakeHook:
+    """A client connection as libnvshare.so makes it: CLIENT_REGISTER, then lock traffic."""
+
+    def __init__(self, path: str, job_id: int, step_id: int):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.sock.sendall(proto.encode(C.NVSHARE_MSG_CLIENT_REGISTER,
+                                       {"job_id": job_id, "step_id": step_id, "pid": os.getpid()}))
+        assert self.expect(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY).status == C.NVSHARE_OK
+
+    def expect(self, msg_type: int):
+        frame = proto.recv_frame(self.sock)
+        assert frame.name == proto.MSG_NAME[msg_type]
+        return frame.body()
+
+    def request_lock(self, uuid: str) -> None:
+        self.sock.sendall(proto.encode(C.NVSHARE_MSG_LOCK_REQUEST, {"gpu_uuid": uuid}))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_holder_and_waiting_queue_are_shown(daemon):
+    Client(daemon.socket).register_job(700, uid=0, gid=0, slots=1, name="queue", user="root")
+    assert cli("--socket", daemon.socket, "update", "gpu=0", "mode=concurrent")[0] == 0
+    holder = FakeHook(daemon.socket, 700, 0)
+    waiter = FakeHook(daemon.socket, 700, C.NVSHARE_STEP_BATCH)
+    try:
+        holder.request_lock(GPU0)
+        holder.expect(C.NVSHARE_MSG_LOCK_GRANT)
+        waiter.request_lock(GPU0)
+        holder.expect(C.NVSHARE_MSG_LOCK_CONTENDED)  # the waiter is queued now
+        pid = os.getpid()
+        [gpu0] = records(cli("--socket", daemon.socket, "show", "gpu", "0")[1])
+        assert field(gpu0, "Holders").startswith(f"700.0(pid={pid},user=root,held=00:00:0")
+        assert field(gpu0, "Waiting").startswith(f"700.batch(pid={pid},user=root,waiting=")
+        assert field(gpu0, "Jobs") == "700"
+        [job] = records(cli("--socket", daemon.socket, "show", "job", "700")[1])
+        assert f"Client={pid} Step=700.0 GpuState=0:holding:0B" in job
+        assert f"Client={pid} Step=700.batch GpuState=0:waiting:0B" in job
+
+        holder.close()  # a client that goes away loses the lock at once
+        waiter.expect(C.NVSHARE_MSG_LOCK_GRANT)
+        [gpu0] = records(cli("--socket", daemon.socket, "show", "gpu", "0")[1])
+        assert field(gpu0, "Holders").startswith("700.batch(") and field(gpu0, "Waiting") == "(null)"
+    finally:
+        holder.close()
+        waiter.close()
