@@ -243,8 +243,9 @@ def recv_frame(sock: socket.socket) -> Frame:
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", creds)
+    # struct ucred: pid_t is signed, uid_t and gid_t are unsigned (uids above 2**31 exist).
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    pid, uid, gid = struct.unpack("iII", creds)
     return pid, uid, gid
 
 

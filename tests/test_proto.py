@@ -291,3 +291,46 @@ def test_status_names():
     assert proto.status_name(C.NVSHARE_ERR_PERM) == "ERR_PERM"
     assert proto.status_name(C.NVSHARE_OK) == "OK"
     assert proto.status_name(1234) == "1234"
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="needs setuid")
+def test_peer_credentials_of_a_uid_above_2_31():
+    # uid_t is unsigned: a large uid (some directory services) must not read back negative, or
+    # the daemon refuses that user's processes their own job.
+    import os
+    import tempfile
+    big = 3_000_000_000
+    public = tempfile.mkdtemp(prefix="nvs-cred-", dir="/tmp")  # tmp_path is root's 0700 dir
+    os.chmod(public, 0o755)
+    path = os.path.join(public, "creds.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.settimeout(10)
+        listener.bind(path)
+        os.chmod(path, 0o666)
+        listener.listen(1)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgid(big)
+                os.setuid(big)
+                child = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                child.settimeout(10)
+                child.connect(path)
+                child.recv(1)
+                code = 0
+            finally:
+                os._exit(code)
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                creds = proto.peer_credentials(conn)
+                conn.send(b"x")
+        finally:
+            _, wait_status = os.waitpid(pid, 0)
+    finally:
+        listener.close()
+        shutil.rmtree(public)
+    assert os.waitstatus_to_exitcode(wait_status) == 0
+    assert creds == (pid, big, big)
