@@ -176,7 +176,7 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
 def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record:
     uuids = list(job.get("gpus") or [])
     indices = list(job.get("gpu_index") or [])
-    index_of = {u: i for u, i in zip(uuids, indices)}
+    index_of = dict(zip(uuids, indices, strict=False))
 
     def gpu_label(uuid: Any) -> str:
         return safe(index_of[uuid]) if uuid in index_of else safe(uuid, None)
@@ -244,7 +244,8 @@ def format_records(records: Sequence[Record], oneliner: bool = False) -> str:
 def render_gpus(status: dict[str, Any], oneliner: bool = False) -> str:
     gpus = status.get("gpus") or []
     if not gpus:
-        return f"No GPUs managed by nvshare-scheduler on {safe(status.get('node') or 'this node')}\n"
+        node = safe(status.get("node") or "this node")
+        return f"No GPUs managed by nvshare-scheduler on {node}\n"
     return format_records([gpu_record(g, status.get("node")) for g in gpus], oneliner)
 
 

@@ -53,7 +53,8 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Show nvshare GPU sharing on this node; update it (root or SlurmUser).",
+        prog=PROG,
+        description="Show nvshare GPU sharing on this node; update it (root or SlurmUser).",
         epilog="Without a command: show gpus.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _common_options(parser, suppress=False)
@@ -97,7 +98,8 @@ def parse_update(assignments: Sequence[str]) -> tuple[str, dict[str, int]]:
         if not sep or not value.strip():
             raise ValueError(f"expected KEY=VALUE, got {render.safe(word)!r}")
         if key not in ("gpu",) + UPDATE_KEYS:
-            raise ValueError(f"unknown key {render.safe(key)!r}; keys: gpu, {', '.join(UPDATE_KEYS)}")
+            raise ValueError(f"unknown key {render.safe(key)!r}; "
+                             f"keys: gpu, {', '.join(UPDATE_KEYS)}")
         if key in values:
             raise ValueError(f"{key} given twice")
         values[key] = value.strip()

@@ -1,4 +1,4 @@
-"""nvshare.yaml: the example lists every key at its default, and every bad value is refused by name."""
+"""nvshare.yaml: the example lists every key at its default; every bad value is refused by name."""
 from __future__ import annotations
 
 import dataclasses
@@ -172,7 +172,8 @@ def test_format_size_round_trips():
 # --- gpus ---------------------------------------------------------------------------------------
 
 def test_gpus_list_gets_indices_and_sizes(tmp_path):
-    cfg = load_text(tmp_path, "gpus:\n - {uuid: GPU-a, memory: 16G}\n - {uuid: GPU-b, memory: 1024}\n")
+    cfg = load_text(tmp_path,
+                    "gpus:\n - {uuid: GPU-a, memory: 16G}\n - {uuid: GPU-b, memory: 1024}\n")
     assert cfg.gpus == (config.GpuSpec("GPU-a", 16 << 30, 0), config.GpuSpec("GPU-b", 1024, 1))
     assert cfg.as_dict()["gpus"] == [{"uuid": "GPU-a", "memory": 16 << 30, "index": 0},
                                      {"uuid": "GPU-b", "memory": 1024, "index": 1}]

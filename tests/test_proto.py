@@ -1,4 +1,4 @@
-"""The wire format: C and Python agree on every struct, and bad frames are refused, never guessed at."""
+"""The wire format: C and Python agree on every struct; bad frames are refused, never guessed at."""
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +38,8 @@ def test_header_parse_sees_what_cffi_sees():
     parsed = header_structs()
     assert sorted(parsed) == sorted(ffi.list_types()[1])
     for name, parsed_fields in parsed.items():
-        assert [f for _, f, _, _ in parsed_fields] == [f for f, _ in ffi.typeof(f"struct {name}").fields]
+        cffi_fields = [f for f, _ in ffi.typeof(f"struct {name}").fields]
+        assert [f for _, f, _, _ in parsed_fields] == cffi_fields
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_array_sizes_equal_their_constants():
             if not dims:
                 continue
             expected = ARRAY_DIMS.get((ctype, field))
-            assert expected is not None, f"{name}.{field}: new array, add its constant to ARRAY_DIMS"
+            assert expected is not None, f"{name}.{field}: add the new array to ARRAY_DIMS"
             if len(dims) == 2:  # an array of per-GPU entries
                 expected = ["NVSHARE_MAX_GPUS"] + expected
             assert dims == [getattr(C, const) for const in expected], f"{name}.{field}"
@@ -230,7 +231,7 @@ def test_text_replaces_undecodable_bytes():
 # --- reading frames -----------------------------------------------------------------------------
 
 def read_all(data: bytes, eof: bool = True) -> list:
-    """Frames read_frame returns from `data`, then the ProtocolError or None that ends the stream."""
+    """Frames read_frame returns from `data`, then the ProtocolError or None ending the stream."""
     async def run():
         reader = asyncio.StreamReader()
         reader.feed_data(data)

@@ -116,7 +116,8 @@ def test_human_size(value, expected):
 
 
 @pytest.mark.parametrize("seconds,expected", [
-    (0, "00:00:00"), (59.9, "00:00:59"), (3600, "01:00:00"), (90061, "1-01:01:01"), (-5, "00:00:00"),
+    (0, "00:00:00"), (59.9, "00:00:59"), (3600, "01:00:00"), (90061, "1-01:01:01"),
+    (-5, "00:00:00"),
 ])
 def test_duration(seconds, expected):
     assert render.duration(seconds) == expected

@@ -363,7 +363,8 @@ def test_holder_and_waiting_queue_are_shown(daemon):
         holder.close()  # a client that goes away loses the lock at once
         waiter.expect(C.NVSHARE_MSG_LOCK_GRANT)
         [gpu0] = records(cli("--socket", daemon.socket, "show", "gpu", "0")[1])
-        assert field(gpu0, "Holders").startswith("700.batch(") and field(gpu0, "Waiting") == "(null)"
+        assert field(gpu0, "Holders").startswith("700.batch(")
+        assert field(gpu0, "Waiting") == "(null)"
     finally:
         holder.close()
         waiter.close()
