@@ -29,9 +29,9 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     if config_error:
         problem = f"nvshare: bad config: {config_error}"
     else:
-        for _ in range(2):   # the second pass re-checks before reporting failure
+        for wait in (wait_sec, 0.5):   # the second pass re-checks before reporting failure
             try:
-                message = with_daemon(lambda: client.unregister_job(job_id), wait_sec)
+                message = with_daemon(lambda: client.unregister_job(job_id), wait)
                 if message != "not registered":
                     say(ME, job_id, f"unregistered on {node}")
                 return 0

@@ -76,6 +76,7 @@ class SlurmCluster:
         for name, gres, gres_conf in nodes:
             workdir = base / name
             workdir.mkdir(parents=True)
+            (base / "spool" / name).mkdir(parents=True)
             self.nodes[name] = Node(name, free_port(), gres, gres_conf, workdir)
         self.conf = base / "slurm.conf"
         self.munge_socket = base / "munge" / "munge.sock"
@@ -88,7 +89,7 @@ class SlurmCluster:
     # ---- configuration -------------------------------------------------------------------------
     def write(self) -> None:
         b = self.base
-        for sub in ("state", "spool", "jobs", "munge"):
+        for sub in ("state", "jobs", "munge"):
             (b / sub).mkdir(exist_ok=True)
         os.chmod(b / "jobs", 0o1777)
         self._write_wrappers()
@@ -315,3 +316,33 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
         parts += [f"--- {n.log_path}\n" + n.log_path.read_text(errors="replace")[-3000:]
                   for n in self.nodes.values() if n.log_path.exists()]
         return "\n".join(parts)
+
+
+def client(node: Node):
+    from nvshare_slurm.client import Client
+    return Client(node.socket, timeout=5.0)
+
+
+def registered_jobs(node: Node) -> dict[int, dict]:
+    from nvshare_slurm.proto import C
+    return {j["job_id"]: j for j in client(node).status(C.NVSHARE_STATUS_JOBS)["jobs"]}
+
+
+def wait_until(cond, timeout: float, what: str, diagnostics=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}\n{diagnostics()}")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """A job's `env -0` output."""
+    out = {}
+    for item in path.read_bytes().split(b"\0"):
+        if b"=" in item:
+            key, value = item.split(b"=", 1)
+            out[key.decode()] = value.decode(errors="replace")
+    return out

@@ -1,0 +1,59 @@
+"""A real Slurm 22.05 cluster for the whole session: two nodes on this machine, each with its own
+nvshare-scheduler. n1: count-only `Gres=nvshare:4`; n2: typed `Gres=nvshare:gpu0:4,nvshare:gpu1:4`.
+Skips (with the reason) where it cannot run: not root, or Slurm/munge not installed."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .cluster import SBIN, SlurmCluster
+
+NODES = [
+    ("n1", "nvshare:4", ["NodeName=n1 Name=nvshare Count=4"]),
+    ("n2", "nvshare:gpu0:4,nvshare:gpu1:4", ["NodeName=n2 Name=nvshare Type=gpu0 Count=4",
+                                             "NodeName=n2 Name=nvshare Type=gpu1 Count=4"]),
+]
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("real-Slurm tests need root (slurmd runs jobs as their users)")
+    missing = [p for p in ("slurmctld", "slurmd", "munged") if not (SBIN / p).exists()]
+    if missing or not Path("/etc/munge/munge.key").exists():
+        pytest.skip(f"real-Slurm tests need Slurm and munge installed (missing: "
+                    f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install.sh")
+    base = Path(tempfile.mkdtemp(prefix="nvslurm-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    c = SlurmCluster(base, NODES)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        if os.environ.get("NVSHARE_KEEP_CLUSTER"):
+            print(f"cluster files kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def healthy(cluster):
+    """Each test starts with both schedulers up and both nodes serving jobs; cleans its own jobs."""
+    for node in cluster.nodes:
+        if node not in cluster.schedulers or cluster.schedulers[node].poll() is not None:
+            cluster.start_scheduler(node)
+    cluster.scontrol("update", f"nodename={','.join(cluster.nodes)}", "state=resume")
+    yield cluster
+    cluster.run(["/usr/bin/scancel", "-u", "root"], timeout=10)
