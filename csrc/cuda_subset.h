@@ -1,0 +1,112 @@
+/* cuda_subset.h: the part of the CUDA driver API (cuda.h, 12.x) that libnvshare.so touches.
+ *
+ * Declared here so the hook builds on machines without the CUDA toolkit. Only types whose layout
+ * the hook (or the fake driver in tests/c) reads are spelled out; the rest are incomplete structs that
+ * the hook only passes through. Values and layouts follow cuda.h exactly: they are ABI.
+ */
+#ifndef NVSHARE_CUDA_SUBSET_H
+#define NVSHARE_CUDA_SUBSET_H
+
+#include <stddef.h>
+
+typedef int CUresult;
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_DEINITIALIZED 4
+#define CUDA_ERROR_STUB_LIBRARY 34
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNKNOWN 999
+
+typedef int CUdevice;
+typedef unsigned int cuuint32_t;
+typedef unsigned long long cuuint64_t;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned int CUdeviceptr_v1;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUarray_st *CUarray;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* Passed through only. */
+typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
+typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
+typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
+typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
+typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+#define CU_MEM_LOCATION_TYPE_INVALID 0
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+typedef struct CUmemLocation_st {
+    int type;   /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+typedef struct CUmemAllocationProp_st {
+    int type;                   /* CUmemAllocationType */
+    int requestedHandleTypes;   /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+#define CU_MEM_ACCESS_FLAGS_PROT_NONE 0
+#define CU_MEM_ACCESS_FLAGS_PROT_READ 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    int flags;  /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+/* cuGetProcAddress flags and symbolStatus */
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+typedef int CUdriverProcAddressQueryResult;
+#define CU_GET_PROC_ADDRESS_SUCCESS 0
+#define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+
+#endif

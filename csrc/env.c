@@ -1,0 +1,195 @@
+/* env.c: the job environment this process runs in (written by nvshare-taskprolog), and logging.
+ *
+ * Read once at load time. Anything malformed is logged and treated as unset: the hook never stops
+ * the job because of its own configuration.
+ */
+#include <ctype.h>
+#include <strings.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nvshare_hook.h"
+
+struct nvshare_settings nvshare_cfg;
+
+uint64_t nvshare_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void vlog(const char *fmt, va_list ap)
+{
+    char line[768];
+    int n;
+    if (nvshare_cfg.step_id == NVSHARE_STEP_BATCH)
+        n = snprintf(line, sizeof line, "nvshare: job %u step batch pid %d: ", nvshare_cfg.job_id,
+                     (int)getpid());
+    else
+        n = snprintf(line, sizeof line, "nvshare: job %u step %u pid %d: ", nvshare_cfg.job_id,
+                     nvshare_cfg.step_id, (int)getpid());
+    if (n < 0 || n >= (int)sizeof line)
+        return;
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    if (m < 0)
+        return;
+    size_t len = strlen(line);
+    line[len++] = '\n';
+    ssize_t ignored = write(STDERR_FILENO, line, len);  /* one write: lines of processes do not mix */
+    (void)ignored;
+}
+
+void nvshare_log(const char *fmt, ...)
+{
+    int saved = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
+    va_end(ap);
+    errno = saved;
+}
+
+void nvshare_debug(const char *fmt, ...)
+{
+    if (!nvshare_cfg.debug)
+        return;
+    int saved = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
+    va_end(ap);
+    errno = saved;
+}
+
+/* "1073741824", "512M", "20G", "1.5G", "64KiB": binary units. 0 on success. */
+int nvshare_parse_size(const char *text, uint64_t *out)
+{
+    if (!text)
+        return -1;
+    while (isspace((unsigned char)*text))
+        text++;
+    if (!isdigit((unsigned char)*text))
+        return -1;
+    errno = 0;
+    char *end;
+    double value = strtod(text, &end);
+    if (errno || end == text || value < 0)
+        return -1;
+    double scale = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': scale = 1024.0; end++; break;
+    case 'M': scale = 1024.0 * 1024; end++; break;
+    case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (scale > 1 && (*end == 'i' || *end == 'I'))
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end != '\0')
+        return -1;
+    double bytes = value * scale;
+    if (bytes >= 18446744073709551615.0)
+        return -1;
+    *out = (uint64_t)bytes;
+    return 0;
+}
+
+static int parse_u32(const char *text, uint32_t *out)
+{
+    if (!text || !*text)
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (errno || *end || v > 0xffffffffUL)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+int nvshare_gpu_is_managed(const char *uuid)
+{
+    if (nvshare_cfg.managed_all)
+        return 1;
+    for (int i = 0; i < nvshare_cfg.n_managed; i++)
+        if (strcmp(nvshare_cfg.managed[i], uuid) == 0)
+            return 1;
+    return 0;
+}
+
+void nvshare_read_settings(void)
+{
+    memset(&nvshare_cfg, 0, sizeof nvshare_cfg);
+    nvshare_cfg.step_id = NVSHARE_STEP_BATCH;
+    const char *level = getenv("NVSHARE_LOG_LEVEL");
+    nvshare_cfg.debug = level && strcasecmp(level, "debug") == 0;
+
+    const char *job = getenv("NVSHARE_JOB_ID");
+    if (!job || !*job)
+        job = getenv("SLURM_JOB_ID");
+    const char *sock = getenv("NVSHARE_SOCKET");
+    const char *step = getenv("SLURM_STEP_ID");
+    if (step && *step && parse_u32(step, &nvshare_cfg.step_id) != 0) {
+        nvshare_log("SLURM_STEP_ID=%s is not a number; using the batch step", step);
+        nvshare_cfg.step_id = NVSHARE_STEP_BATCH;
+    }
+    if (!job || !*job || !sock || !*sock)
+        return;  /* not in an nvshare job: pure pass-through */
+    if (parse_u32(job, &nvshare_cfg.job_id) != 0) {
+        nvshare_log("job id '%s' is not a number; GPU sharing is off in this process", job);
+        return;
+    }
+    if (strlen(sock) >= sizeof nvshare_cfg.socket_path) {
+        nvshare_log("NVSHARE_SOCKET is longer than a Unix socket path may be; GPU sharing is off");
+        return;
+    }
+    strcpy(nvshare_cfg.socket_path, sock);
+
+    const char *policy = getenv("NVSHARE_ON_DAEMON_LOSS");
+    nvshare_cfg.loss_policy = NVSHARE_LOSS_WAIT;
+    if (policy && *policy) {
+        if (strcmp(policy, "run") == 0)
+            nvshare_cfg.loss_policy = NVSHARE_LOSS_RUN;
+        else if (strcmp(policy, "wait") != 0)
+            nvshare_log("NVSHARE_ON_DAEMON_LOSS=%s is neither 'wait' nor 'run'; using 'wait'", policy);
+    }
+
+    const char *limit = getenv("NVSHARE_MEM_LIMIT");
+    if (limit && *limit && nvshare_parse_size(limit, &nvshare_cfg.mem_limit) != 0) {
+        nvshare_log("NVSHARE_MEM_LIMIT=%s is not a size (bytes, 512M, 20G); no limit set", limit);
+        nvshare_cfg.mem_limit = 0;
+    }
+
+    const char *managed = getenv("NVSHARE_MANAGED_GPUS");
+    nvshare_cfg.managed_all = !(managed && *managed);
+    if (!nvshare_cfg.managed_all) {
+        const char *p = managed;
+        while (*p) {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            while (len && isspace((unsigned char)*p)) { p++; len--; }
+            while (len && isspace((unsigned char)p[len - 1])) len--;
+            if (len && len < NVSHARE_UUID_LEN && nvshare_cfg.n_managed < NVSHARE_MAX_GPUS) {
+                memcpy(nvshare_cfg.managed[nvshare_cfg.n_managed], p, len);
+                nvshare_cfg.managed[nvshare_cfg.n_managed][len] = '\0';
+                nvshare_cfg.n_managed++;
+            } else if (len) {
+                nvshare_log("NVSHARE_MANAGED_GPUS entry '%.*s' ignored", (int)len, p);
+            }
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+    }
+    nvshare_cfg.active = 1;
+}

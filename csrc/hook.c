@@ -1,0 +1,302 @@
+/* hook.c: how calls reach libnvshare.so, and the generated wrappers of work that reaches the GPU.
+ *
+ * Three ways in, all answered from the one table of hook_symbols.h:
+ *  - direct linking: the wrappers are exported, and LD_PRELOAD puts them before libcuda.so.1;
+ *  - dlsym: overridden in both glibc versions; a CUDA name looked up in libcuda, RTLD_DEFAULT or
+ *    RTLD_NEXT resolves to the wrapper (only when the driver has that name, so absence stays visible);
+ *  - cuGetProcAddress(_v2): the driver picks the versioned entry point for (name, cudaVersion, flags);
+ *    the hook finds which real function that is and hands back its wrapper.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nvshare_hook.h"
+
+struct nvshare_real nvshare_real;
+atomic_int nvshare_driver_ok;
+__thread int nvshare_in_hook;
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+static void *driver_handle;
+static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+/* ---- the table ------------------------------------------------------------------------------ */
+#define NVSHARE_DECLARE(name, params, ...) NVSHARE_EXPORT CUresult name params;
+NVSHARE_SYMBOLS(NVSHARE_DECLARE, NVSHARE_DECLARE)
+
+struct hook_entry {
+    const char *name;
+    void *wrapper;
+    void **real;
+};
+
+static const struct hook_entry hook_table[] = {
+#define NVSHARE_ENTRY(name, ...) {#name, (void *)name, (void **)&nvshare_real.name},
+    NVSHARE_SYMBOLS(NVSHARE_ENTRY, NVSHARE_ENTRY)
+};
+#define HOOK_COUNT (sizeof hook_table / sizeof hook_table[0])
+
+static const struct hook_entry *entry_by_name(const char *name)
+{
+    for (size_t i = 0; i < HOOK_COUNT; i++)
+        if (strcmp(hook_table[i].name, name) == 0)
+            return &hook_table[i];
+    return NULL;
+}
+
+/* ---- initialisation ------------------------------------------------------------------------- */
+static void resolve_dlsym(void)
+{
+    /* The real dlsym of whichever glibc this is; dlvsym is not interposed. */
+    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+#if defined(__x86_64__)
+    if (!real_dlsym)
+        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+#elif defined(__aarch64__)
+    if (!real_dlsym)
+        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+#endif
+}
+
+static void read_settings_once(void)
+{
+    nvshare_read_settings();
+    resolve_dlsym();
+}
+
+static void load_driver_once(void)
+{
+    pthread_once(&settings_once, read_settings_once);
+    nvshare_in_hook++;
+    driver_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!driver_handle || !real_dlsym) {
+        if (nvshare_cfg.active)
+            nvshare_log("cannot load libcuda.so.1 (%s); CUDA calls will fail as without nvshare",
+                        driver_handle ? "no dlsym" : dlerror());
+        nvshare_in_hook--;
+        return;
+    }
+    for (size_t i = 0; i < HOOK_COUNT; i++)  /* optional: absent in older drivers */
+        *hook_table[i].real = real_dlsym(driver_handle, hook_table[i].name);
+#define RESOLVE(name) nvshare_real.name = (name##_fn)real_dlsym(driver_handle, #name)
+    RESOLVE(cuCtxGetCurrent);
+    RESOLVE(cuCtxGetDevice);
+    RESOLVE(cuCtxSynchronize);
+    RESOLVE(cuCtxPushCurrent_v2);
+    RESOLVE(cuCtxPopCurrent_v2);
+    RESOLVE(cuDeviceGetUuid);
+    RESOLVE(cuDeviceGetUuid_v2);
+    RESOLVE(cuDeviceGet);
+    RESOLVE(cuStreamGetCtx);
+#undef RESOLVE
+    nvshare_in_hook--;
+    /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
+    if (!nvshare_real.cuInit || !nvshare_real.cuCtxGetCurrent || !nvshare_real.cuCtxGetDevice ||
+        !nvshare_real.cuCtxSynchronize || !nvshare_real.cuCtxPushCurrent_v2 ||
+        !nvshare_real.cuCtxPopCurrent_v2 || !nvshare_real.cuDeviceGet ||
+        (!nvshare_real.cuDeviceGetUuid && !nvshare_real.cuDeviceGetUuid_v2)) {
+        if (nvshare_cfg.active)
+            nvshare_log("libcuda.so.1 lacks functions nvshare needs; GPU sharing is off");
+        nvshare_cfg.active = 0;
+    }
+    atomic_store(&nvshare_driver_ok, 1);
+}
+
+int nvshare_load_driver(void)
+{
+    pthread_once(&driver_once, load_driver_once);
+    return atomic_load(&nvshare_driver_ok) ? 0 : -1;
+}
+
+static void after_fork_child(void)
+{
+    nvshare_client_after_fork();
+    nvshare_gate_after_fork();
+    nvshare_memory_after_fork();
+}
+
+__attribute__((constructor)) static void nvshare_init(void)
+{
+    pthread_once(&settings_once, read_settings_once);
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+/* ---- generated gate wrappers ---------------------------------------------------------------- */
+#define NVSHARE_GATE_WRAPPER(name, params, args)                                                 \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        if (__builtin_expect(!nvshare_real.name, 0)) {                                           \
+            if (nvshare_load_driver() != 0 || !nvshare_real.name)                                \
+                return CUDA_ERROR_NOT_FOUND;                                                     \
+        }                                                                                        \
+        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(nvshare_gpu_for_current());            \
+        nvshare_in_hook++; /* calls the driver makes to itself are not gated twice */          \
+        CUresult gate_rc_ = nvshare_real.name args;                                              \
+        nvshare_in_hook--;                                                                       \
+        nvshare_gate_leave(gate_gpu_);                                                           \
+        return gate_rc_;                                                                              \
+    }
+#define NVSHARE_NO_WRAPPER(name, params)
+NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
+
+/* ---- initialisation and contexts ------------------------------------------------------------ */
+#define REAL_OR_FAIL(name)                                                                       \
+    do {                                                                                         \
+        if (nvshare_load_driver() != 0 || !nvshare_real.name)                                    \
+            return nvshare_load_driver() != 0 ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_FOUND; \
+    } while (0)
+
+NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
+{
+    REAL_OR_FAIL(cuInit);
+    CUresult rc = nvshare_real.cuInit(flags);
+    if (rc == CUDA_SUCCESS)
+        nvshare_client_start();  /* lazily: processes that never use CUDA never connect */
+    return rc;
+}
+
+static CUresult remember_created(CUresult rc, CUcontext *pctx, CUdevice dev)
+{
+    if (rc == CUDA_SUCCESS && pctx && *pctx)
+        nvshare_ctx_remember(*pctx, dev);
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    REAL_OR_FAIL(cuCtxCreate);
+    return remember_created(nvshare_real.cuCtxCreate(pctx, flags, dev), pctx, dev);
+}
+
+NVSHARE_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    REAL_OR_FAIL(cuCtxCreate_v2);
+    return remember_created(nvshare_real.cuCtxCreate_v2(pctx, flags, dev), pctx, dev);
+}
+
+NVSHARE_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                                       unsigned int flags, CUdevice dev)
+{
+    REAL_OR_FAIL(cuCtxCreate_v3);
+    return remember_created(nvshare_real.cuCtxCreate_v3(pctx, params, n, flags, dev), pctx, dev);
+}
+
+NVSHARE_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                       CUdevice dev)
+{
+    REAL_OR_FAIL(cuCtxCreate_v4);
+    return remember_created(nvshare_real.cuCtxCreate_v4(pctx, params, flags, dev), pctx, dev);
+}
+
+/* Forget first: the keeper thread must not push a context that is being destroyed. */
+NVSHARE_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    REAL_OR_FAIL(cuCtxDestroy);
+    nvshare_ctx_forget(ctx);
+    return nvshare_real.cuCtxDestroy(ctx);
+}
+
+NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    REAL_OR_FAIL(cuCtxDestroy_v2);
+    nvshare_ctx_forget(ctx);
+    return nvshare_real.cuCtxDestroy_v2(ctx);
+}
+
+/* ---- cuGetProcAddress ----------------------------------------------------------------------- */
+/* The wrapper of whatever real function the driver handed out, or the pointer itself when the
+ * hook does not wrap it. Matching by address follows the driver's own choice of version and
+ * per-thread-stream variant, so no version table has to be copied here. */
+static void *wrap_proc(const char *symbol, void *fn)
+{
+    if (!fn)
+        return fn;
+    for (size_t i = 0; i < HOOK_COUNT; i++)
+        if (*hook_table[i].real == fn)
+            return hook_table[i].wrapper;
+    if (symbol && entry_by_name(symbol))
+        nvshare_debug("cuGetProcAddress(%s) returned a function nvshare does not know; not gated", symbol);
+    return fn;
+}
+
+NVSHARE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags)
+{
+    REAL_OR_FAIL(cuGetProcAddress);
+    CUresult rc = nvshare_real.cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS && pfn)
+        *pfn = wrap_proc(symbol, *pfn);
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                            cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    REAL_OR_FAIL(cuGetProcAddress_v2);
+    CUresult rc = nvshare_real.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
+    if (rc == CUDA_SUCCESS && pfn)
+        *pfn = wrap_proc(symbol, *pfn);
+    return rc;
+}
+
+/* ---- dlsym ---------------------------------------------------------------------------------- */
+static int is_driver_handle(void *handle)
+{
+    if (handle == RTLD_DEFAULT || handle == RTLD_NEXT)
+        return 1;
+    if (driver_handle && handle == driver_handle)
+        return 1;
+    /* The caller may have opened the driver before the hook did: same object, same handle. */
+    void *loaded = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!loaded)
+        return 0;
+    dlclose(loaded);
+    return loaded == handle;
+}
+
+static void *wrapper_for(void *handle, const char *name)
+{
+    if (!name || name[0] != 'c' || name[1] != 'u' || nvshare_in_hook)
+        return NULL;
+    const struct hook_entry *e = entry_by_name(name);
+    if (!e || !is_driver_handle(handle))
+        return NULL;
+    if (nvshare_load_driver() != 0 || !*e->real)
+        return NULL;  /* the driver lacks it: let the real dlsym say so */
+    return e->wrapper;
+}
+
+/* Tail calls to the real dlsym keep the caller's return address, which glibc uses for RTLD_NEXT. */
+NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_new(void *handle, const char *name)
+{
+    if (!real_dlsym)
+        pthread_once(&settings_once, read_settings_once);
+    void *w = wrapper_for(handle, name);
+    if (w)
+        return w;
+    return real_dlsym(handle, name);
+}
+
+NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_old(void *handle, const char *name)
+{
+    if (!real_dlsym)
+        pthread_once(&settings_once, read_settings_once);
+    void *w = wrapper_for(handle, name);
+    if (w)
+        return w;
+    return real_dlsym(handle, name);
+}
+
+__asm__(".symver nvshare_dlsym_new, dlsym@@GLIBC_2.34");
+#if defined(__x86_64__)
+__asm__(".symver nvshare_dlsym_old, dlsym@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver nvshare_dlsym_old, dlsym@GLIBC_2.17");
+#endif

@@ -1,0 +1,308 @@
+/* memory.c: every device allocation of this process, per GPU, told to the daemon.
+ *
+ * Before an allocation the hook asks (MEM_UPDATE with request > 0) and waits for MEM_REPLY; a refusal
+ * becomes CUDA_ERROR_OUT_OF_MEMORY without calling the driver. After it, and after every free, it
+ * reports the new total (request = 0). cuMemGetInfo shows the job's view: the smaller of what the
+ * driver says and what the daemon allows. Until swap exists, fixed == allocated.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "nvshare_hook.h"
+
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+
+enum { KIND_PTR = 1, KIND_HANDLE = 2 };
+struct alloc {
+    uint64_t key;      /* device pointer, or generic allocation handle */
+    uint64_t size;
+    struct nvshare_gpu *gpu;
+    int kind;          /* 0 = empty slot, -1 = removed */
+};
+static struct alloc *allocs;
+static size_t alloc_cap, alloc_used;  /* used counts live and removed slots */
+
+static size_t slot_of(uint64_t key, int kind, size_t cap)
+{
+    uint64_t h = (key ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+    return (size_t)(h >> 17) & (cap - 1);
+}
+
+static int grow(void)
+{
+    size_t cap = alloc_cap ? alloc_cap * 2 : 1024;
+    struct alloc *fresh = calloc(cap, sizeof *fresh);
+    if (!fresh)
+        return -1;
+    size_t live = 0;
+    for (size_t i = 0; i < alloc_cap; i++) {
+        if (allocs[i].kind <= 0)
+            continue;
+        size_t s = slot_of(allocs[i].key, allocs[i].kind, cap);
+        while (fresh[s].kind)
+            s = (s + 1) & (cap - 1);
+        fresh[s] = allocs[i];
+        live++;
+    }
+    free(allocs);
+    allocs = fresh;
+    alloc_cap = cap;
+    alloc_used = live;
+    return 0;
+}
+
+/* With mem_mu held. */
+static void remember(uint64_t key, int kind, uint64_t size, struct nvshare_gpu *g)
+{
+    if ((alloc_used + 1) * 2 > alloc_cap && grow() != 0) {
+        nvshare_log("gpu %s: out of host memory for allocation bookkeeping; %llu bytes not tracked",
+                    g->uuid, (unsigned long long)size);
+        return;
+    }
+    size_t s = slot_of(key, kind, alloc_cap);
+    while (allocs[s].kind > 0)
+        s = (s + 1) & (alloc_cap - 1);
+    if (allocs[s].kind == 0)
+        alloc_used++;
+    allocs[s] = (struct alloc){key, size, g, kind};
+    g->allocated += size;
+}
+
+/* With mem_mu held; the GPU it was on, or NULL when the hook never saw it. */
+static struct nvshare_gpu *forget(uint64_t key, int kind)
+{
+    if (!alloc_cap)
+        return NULL;
+    size_t s = slot_of(key, kind, alloc_cap);
+    while (allocs[s].kind) {
+        if (allocs[s].kind == kind && allocs[s].key == key) {
+            struct nvshare_gpu *g = allocs[s].gpu;
+            g->allocated -= allocs[s].size;
+            allocs[s].kind = -1;
+            return g;
+        }
+        s = (s + 1) & (alloc_cap - 1);
+    }
+    return NULL;
+}
+
+static uint64_t allocated_on(struct nvshare_gpu *g)
+{
+    pthread_mutex_lock(&mem_mu);
+    uint64_t v = g->allocated;
+    pthread_mutex_unlock(&mem_mu);
+    return v;
+}
+
+static int accounted(struct nvshare_gpu *g)
+{
+    return g && nvshare_cfg.active && atomic_load(&g->mode) != GPU_PASS;
+}
+
+/* CUDA_SUCCESS when the allocation may go to the driver. */
+static CUresult admit(struct nvshare_gpu *g, uint64_t bytes)
+{
+    if (!accounted(g) || bytes == 0)
+        return CUDA_SUCCESS;
+    uint64_t allocated = allocated_on(g);
+    if (nvshare_cfg.mem_limit && allocated + bytes > nvshare_cfg.mem_limit) {
+        nvshare_log("gpu %s: allocation of %llu bytes refused: this process would hold %llu bytes, "
+                    "over NVSHARE_MEM_LIMIT (%llu)", g->uuid, (unsigned long long)bytes,
+                    (unsigned long long)(allocated + bytes), (unsigned long long)nvshare_cfg.mem_limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct nvshare_mem_reply reply;
+    int answered;
+    if (nvshare_mem_request(g, allocated, bytes, &reply, &answered)) {
+        nvshare_log("gpu %s: allocation of %llu bytes refused by nvshare-scheduler: the job may still "
+                    "allocate %llu of %llu bytes here", g->uuid, (unsigned long long)bytes,
+                    (unsigned long long)reply.available, (unsigned long long)reply.total);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size)
+{
+    if (!accounted(g) || size == 0 || nvshare_in_hook)
+        return;
+    pthread_mutex_lock(&mem_mu);
+    remember(key, kind, size, g);
+    uint64_t total = g->allocated;
+    pthread_mutex_unlock(&mem_mu);
+    nvshare_send_mem_report(g, total);
+}
+
+static void unrecord(uint64_t key, int kind)
+{
+    if (!nvshare_cfg.active || nvshare_in_hook)
+        return;
+    pthread_mutex_lock(&mem_mu);
+    struct nvshare_gpu *g = forget(key, kind);
+    uint64_t total = g ? g->allocated : 0;
+    pthread_mutex_unlock(&mem_mu);
+    if (g && atomic_load(&g->mode) != GPU_PASS)
+        nvshare_send_mem_report(g, total);
+}
+
+void nvshare_memory_resend(void)
+{
+    int n = atomic_load(&nvshare_n_gpus);
+    for (int i = 0; i < n; i++) {
+        struct nvshare_gpu *g = &nvshare_gpus[i];
+        uint64_t total = allocated_on(g);
+        if (total && atomic_load(&g->mode) != GPU_PASS)
+            nvshare_send_mem_report(g, total);
+    }
+}
+
+void nvshare_memory_after_fork(void)
+{
+    pthread_mutex_init(&mem_mu, NULL);
+    /* Device memory belongs to the parent's contexts, not to the child. */
+    free(allocs);
+    allocs = NULL;
+    alloc_cap = alloc_used = 0;
+    int n = atomic_load(&nvshare_n_gpus);
+    for (int i = 0; i < n; i++)
+        nvshare_gpus[i].allocated = 0;
+}
+
+#define REAL_OR_FAIL(name)                                                                       \
+    do {                                                                                         \
+        if (nvshare_load_driver() != 0)                                                          \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+        if (!nvshare_real.name)                                                                  \
+            return CUDA_ERROR_NOT_FOUND;                                                         \
+    } while (0)
+
+/* ---- allocations ---------------------------------------------------------------------------- */
+#define ALLOC_WRAPPER(name, params, call, ptr_expr, size_expr, request_expr)                     \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *g = nvshare_gpu_for_current();                                       \
+        CUresult rc = admit(g, (request_expr));                                                  \
+        if (rc != CUDA_SUCCESS)                                                                  \
+            return rc;                                                                           \
+        nvshare_in_hook++;                                                                       \
+        rc = nvshare_real.name call;                                                             \
+        nvshare_in_hook--;                                                                       \
+        if (rc == CUDA_SUCCESS)                                                                  \
+            record(g, (uint64_t)(ptr_expr), KIND_PTR, (size_expr));                              \
+        return rc;                                                                               \
+    }
+
+ALLOC_WRAPPER(cuMemAlloc, (CUdeviceptr_v1 *dptr, unsigned int bytesize), (dptr, bytesize), *dptr,
+              bytesize, bytesize)
+ALLOC_WRAPPER(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize), *dptr, bytesize,
+              bytesize)
+ALLOC_WRAPPER(cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elementSize),
+              (dptr, pitch, width, height, elementSize), *dptr, (uint64_t)*pitch * height,
+              (uint64_t)width * height)
+ALLOC_WRAPPER(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags),
+              (dptr, bytesize, flags), *dptr, bytesize, bytesize)
+ALLOC_WRAPPER(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream),
+              (dptr, bytesize, stream), *dptr, bytesize, bytesize)
+ALLOC_WRAPPER(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream),
+              (dptr, bytesize, stream), *dptr, bytesize, bytesize)
+ALLOC_WRAPPER(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream stream),
+              (dptr, bytesize, pool, stream), *dptr, bytesize, bytesize)
+ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream stream),
+              (dptr, bytesize, pool, stream), *dptr, bytesize, bytesize)
+
+NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    REAL_OR_FAIL(cuMemCreate);
+    struct nvshare_gpu *g = NULL;
+    if (nvshare_cfg.active && !nvshare_in_hook && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        g = nvshare_gpu_for_device(prop->location.id);
+    CUresult rc = admit(g, size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    nvshare_in_hook++;
+    rc = nvshare_real.cuMemCreate(handle, size, prop, flags);
+    nvshare_in_hook--;
+    if (rc == CUDA_SUCCESS)
+        record(g, *handle, KIND_HANDLE, size);
+    return rc;
+}
+
+/* ---- frees ---------------------------------------------------------------------------------- */
+#define FREE_WRAPPER(name, params, call, key, kind)                                              \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        nvshare_in_hook++;                                                                       \
+        CUresult rc = nvshare_real.name call;                                                    \
+        nvshare_in_hook--;                                                                       \
+        if (rc == CUDA_SUCCESS)                                                                  \
+            unrecord((uint64_t)(key), kind);                                                     \
+        return rc;                                                                               \
+    }
+
+FREE_WRAPPER(cuMemFree, (CUdeviceptr_v1 dptr), (dptr), dptr, KIND_PTR)
+FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), (dptr), dptr, KIND_PTR)
+FREE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), dptr, KIND_PTR)
+FREE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), dptr, KIND_PTR)
+FREE_WRAPPER(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle), handle, KIND_HANDLE)
+
+/* ---- the job's view ------------------------------------------------------------------------- */
+static void job_view(uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    struct nvshare_gpu *g = nvshare_gpu_for_current();
+    if (!accounted(g))
+        return;
+    uint64_t allocated = allocated_on(g);
+    uint64_t total = *total_bytes, avail = *free_bytes;
+    if (nvshare_cfg.mem_limit && nvshare_cfg.mem_limit < total) {
+        total = nvshare_cfg.mem_limit;
+        uint64_t left = allocated < total ? total - allocated : 0;
+        avail = avail < left ? avail : left;
+    }
+    struct nvshare_mem_reply reply;
+    int answered = 0;
+    /* A one-byte question: the reply carries the job's view whatever its verdict. */
+    nvshare_mem_request(g, allocated, 1, &reply, &answered);
+    if (answered) {
+        if (reply.total && reply.total < total)
+            total = reply.total;
+        if (reply.available < avail)
+            avail = reply.available;
+    }
+    if (avail > total)
+        avail = total;
+    *total_bytes = total;
+    *free_bytes = avail;
+}
+
+NVSHARE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    REAL_OR_FAIL(cuMemGetInfo_v2);
+    CUresult rc = nvshare_real.cuMemGetInfo_v2(free_bytes, total_bytes);
+    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes)
+        return rc;
+    uint64_t f = *free_bytes, t = *total_bytes;
+    job_view(&f, &t);
+    *free_bytes = (size_t)f;
+    *total_bytes = (size_t)t;
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    REAL_OR_FAIL(cuMemGetInfo);
+    CUresult rc = nvshare_real.cuMemGetInfo(free_bytes, total_bytes);
+    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes)
+        return rc;
+    uint64_t f = *free_bytes, t = *total_bytes;
+    job_view(&f, &t);
+    *free_bytes = (unsigned int)f;
+    *total_bytes = (unsigned int)t;
+    return rc;
+}

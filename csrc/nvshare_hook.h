@@ -1,0 +1,179 @@
+/* nvshare_hook.h: what the parts of libnvshare.so share (hook.c, gate.c, client.c, memory.c, env.c).
+ * Nothing here is exported: the library is built with -fvisibility=hidden and a version script.
+ */
+#ifndef NVSHARE_HOOK_H
+#define NVSHARE_HOOK_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_subset.h"
+#include "hook_symbols.h"
+#include "nvshare_proto.h"
+
+#define NVSHARE_EXPORT __attribute__((visibility("default")))
+
+/* ---- real driver functions (hook.c) --------------------------------------------------------- */
+#define NVSHARE_REAL_TYPEDEF(name, params, ...) typedef CUresult (*name##_fn) params;
+NVSHARE_SYMBOLS(NVSHARE_REAL_TYPEDEF, NVSHARE_REAL_TYPEDEF)
+
+/* Driver functions the hook calls itself but does not interpose. */
+typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *ctx);
+typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *dev);
+typedef CUresult (*cuCtxSynchronize_fn)(void);
+typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext ctx);
+typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *ctx);
+typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *uuid, CUdevice dev);
+typedef CUresult (*cuDeviceGetUuid_v2_fn)(CUuuid *uuid, CUdevice dev);
+typedef CUresult (*cuDeviceGet_fn)(CUdevice *dev, int ordinal);
+typedef CUresult (*cuStreamGetCtx_fn)(CUstream stream, CUcontext *ctx);
+
+struct nvshare_real {
+#define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
+    NVSHARE_SYMBOLS(NVSHARE_REAL_MEMBER, NVSHARE_REAL_MEMBER)
+    cuCtxGetCurrent_fn cuCtxGetCurrent;
+    cuCtxGetDevice_fn cuCtxGetDevice;
+    cuCtxSynchronize_fn cuCtxSynchronize;
+    cuCtxPushCurrent_v2_fn cuCtxPushCurrent_v2;
+    cuCtxPopCurrent_v2_fn cuCtxPopCurrent_v2;
+    cuDeviceGetUuid_fn cuDeviceGetUuid;
+    cuDeviceGetUuid_v2_fn cuDeviceGetUuid_v2;
+    cuDeviceGet_fn cuDeviceGet;
+    cuStreamGetCtx_fn cuStreamGetCtx;
+};
+extern struct nvshare_real nvshare_real;
+
+/* Loads libcuda.so.1 and resolves every real function once; 0 when the driver is usable. */
+int nvshare_load_driver(void);
+/* 1 once the driver's required functions are resolved. */
+extern atomic_int nvshare_driver_ok;
+
+/* ---- settings of this process (env.c) ------------------------------------------------------- */
+enum nvshare_loss_policy { NVSHARE_LOSS_WAIT = 0, NVSHARE_LOSS_RUN = 1 };
+struct nvshare_settings {
+    int active;                  /* in a job with a socket: gate and account; else pure pass-through */
+    uint32_t job_id;
+    uint32_t step_id;
+    char socket_path[108];
+    int loss_policy;
+    uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
+    int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
+    int n_managed;
+    char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
+    int debug;
+};
+extern struct nvshare_settings nvshare_cfg;
+void nvshare_read_settings(void);
+int nvshare_parse_size(const char *text, uint64_t *out);
+int nvshare_gpu_is_managed(const char *uuid);
+uint64_t nvshare_now_ns(void);
+
+/* Logging: "nvshare: job 12 step 0 pid 345: <message>", to stderr, one write per line. */
+void nvshare_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void nvshare_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- per-GPU state and the gate (gate.c) ---------------------------------------------------- */
+enum nvshare_gpu_mode { GPU_UNKNOWN = 0, GPU_GATED = 1, GPU_PASS = 2 };
+
+struct nvshare_gpu {
+    char uuid[NVSHARE_UUID_LEN];
+    CUdevice device;              /* ordinal in this process */
+    /* hot path: atomics only */
+    atomic_int open;              /* entries pass straight in: lock held, or pass-through */
+    atomic_int closing;           /* a release is draining the gate: new entries wait */
+    atomic_int inside;            /* threads between gate_enter and gate_leave */
+    atomic_ulong entries;         /* count of entries, sampled to detect idleness */
+    atomic_int mode;              /* enum nvshare_gpu_mode */
+    /* slow path, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t waiters_cv;    /* threads waiting for the lock */
+    pthread_cond_t keeper_cv;     /* the keeper thread: contended / drop / grant */
+    int held;
+    int requested;
+    uint32_t request_seq;
+    int waiters;
+    int contended;
+    int drop_pending;
+    int keeper_running;
+    pthread_t keeper;
+    uint64_t idle_threshold_ns;
+    uint64_t last_release_ns;
+    int last_release_idle;
+    uint64_t granted_ns;
+    /* memory, under nvshare_mem_mu (memory.c) */
+    uint64_t allocated;
+};
+
+extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
+extern atomic_int nvshare_n_gpus;
+
+struct nvshare_gpu *nvshare_gpu_for_current(void);
+struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev);
+struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
+void nvshare_gate_wait(struct nvshare_gpu *g);
+void nvshare_ctx_forget(CUcontext ctx);
+void nvshare_ctx_remember(CUcontext ctx, CUdevice dev);
+
+/* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
+ * Both sides use sequentially consistent atomics, so one of them always sees the other. */
+static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
+{
+    if (!g)
+        return NULL;
+    for (;;) {
+        atomic_fetch_add(&g->inside, 1);
+        if (atomic_load(&g->open) && !atomic_load(&g->closing)) {
+            atomic_fetch_add_explicit(&g->entries, 1, memory_order_relaxed);
+            return g;
+        }
+        atomic_fetch_sub(&g->inside, 1);
+        nvshare_gate_wait(g);
+    }
+}
+
+static inline void nvshare_gate_leave(struct nvshare_gpu *g)
+{
+    if (g)
+        atomic_fetch_sub_explicit(&g->inside, 1, memory_order_release);
+}
+
+/* Called by client.c on daemon messages and connection changes. */
+void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms);
+void nvshare_on_contended(struct nvshare_gpu *g);
+void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason);
+void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *message);
+void nvshare_on_connection_change(int connected);
+void nvshare_gates_open_all(const char *why);
+void nvshare_gate_after_fork(void);
+
+/* ---- connection to the daemon (client.c) ---------------------------------------------------- */
+void nvshare_client_start(void);
+int nvshare_client_connected(void);
+int nvshare_client_refused(void);
+uint32_t nvshare_client_idle_release_us(void);
+int nvshare_send_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint64_t bytes,
+                           uint32_t *seq_out);
+void nvshare_send_mem_report(struct nvshare_gpu *g, uint64_t allocated);
+/* Asks before allocating: 0 = allowed (reply in *reply when the daemon answered), 1 = refused. */
+int nvshare_mem_request(struct nvshare_gpu *g, uint64_t allocated, uint64_t request,
+                        struct nvshare_mem_reply *reply, int *answered);
+void nvshare_client_after_fork(void);
+
+/* ---- memory accounting (memory.c) ----------------------------------------------------------- */
+void nvshare_memory_resend(void);
+void nvshare_memory_after_fork(void);
+
+/* strncpy without its truncation warnings: always NUL-terminated. */
+static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
+{
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Re-entrancy guard: set while the hook itself calls into the driver or the loader. */
+extern __thread int nvshare_in_hook;
+
+#endif

@@ -1,0 +1,697 @@
+/* fake_cuda.c: a CUDA driver stand-in for CI, built as tests/c/build/libcuda.so.1.
+ *
+ * Devices come from FAKE_CUDA_DEVICES ("UUID:16G,UUID:16G"; default: the two GPUs of
+ * tests/conftest.py). Memory is host-backed with real bookkeeping; the virtual memory calls map
+ * memfd pages so data survives unmap/map. A "kernel" is a function named "sleep" (first parameter:
+ * unsigned long long microseconds) or "empty": launches are asynchronous per stream, synchronisation
+ * sleeps until the stream is done, and every sleep kernel appends "pid uuid start_ns end_ns" to
+ * FAKE_CUDA_TRACE, so tests can check who ran on which GPU when.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_subset.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEV 8
+#define CTX_MAGIC 0x43545846
+
+struct fstream {
+    struct fctx *ctx;
+    uint64_t busy_until;
+};
+struct fctx {
+    int magic;
+    int dev;
+    struct fstream def;
+    struct fstream *streams[64];
+    int n_streams;
+};
+struct fdev {
+    CUuuid uuid;
+    char text[64];
+    uint64_t total, used;
+    struct fctx *primary;
+};
+struct fmod { int unused; };
+struct ffunc { int kind; };  /* 1 sleep, 2 empty */
+struct falloc { uint64_t ptr, size; int dev; struct falloc *next; };
+struct fhandle { int fd; uint64_t size; int dev; };
+
+static struct fdev devs[MAX_DEV];
+static int n_devs;
+static int initialised;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct falloc *allocs;
+static int trace_fd = -1;
+static __thread struct fctx *ctx_stack[16];
+static __thread int ctx_depth;
+static struct ffunc sleep_func = {1}, empty_func = {2};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t)
+{
+    for (;;) {
+        uint64_t n = now_ns();
+        if (n >= t)
+            return;
+        uint64_t d = t - n;
+        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (toupper((unsigned char)*end)) {
+    case 'K': v *= 1024; break;
+    case 'M': v *= 1024.0 * 1024; break;
+    case 'G': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+    }
+    return (uint64_t)v;
+}
+
+static int parse_uuid(const char *text, CUuuid *out)
+{
+    const char *p = text;
+    if (strncmp(p, "GPU-", 4) == 0)
+        p += 4;
+    int n = 0;
+    while (*p && n < 16) {
+        if (*p == '-') { p++; continue; }
+        unsigned v;
+        if (sscanf(p, "%2x", &v) != 1)
+            return -1;
+        out->bytes[n++] = (char)v;
+        p += 2;
+    }
+    return n == 16 ? 0 : -1;
+}
+
+static void setup_devices(void)
+{
+    const char *spec = getenv("FAKE_CUDA_DEVICES");
+    if (!spec || !*spec)
+        spec = "GPU-fa4e0000-0000-0000-0000-000000000000:16G,GPU-fa4e0000-0000-0000-0000-000000000001:16G";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", spec);
+    n_devs = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item && n_devs < MAX_DEV;
+         item = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(item, ':');
+        uint64_t total = 16ull << 30;
+        if (colon) {
+            *colon = '\0';
+            total = parse_size(colon + 1);
+        }
+        struct fdev *d = &devs[n_devs];
+        memset(d, 0, sizeof *d);
+        if (parse_uuid(item, &d->uuid) != 0)
+            continue;
+        snprintf(d->text, sizeof d->text, "%s", item);
+        d->total = total;
+        n_devs++;
+    }
+    const char *trace = getenv("FAKE_CUDA_TRACE");
+    if (trace && *trace)
+        trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+static struct fctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static struct fstream *stream_of(CUstream s)
+{
+    struct fctx *c = current();
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return c ? &c->def : NULL;
+    return (struct fstream *)s;
+}
+
+static uint64_t ctx_busy_until(struct fctx *c)
+{
+    uint64_t t = c->def.busy_until;
+    for (int i = 0; i < c->n_streams; i++)
+        if (c->streams[i] && c->streams[i]->busy_until > t)
+            t = c->streams[i]->busy_until;
+    return t;
+}
+
+#define NEED_INIT() do { if (!initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define NEED_CTX() do { NEED_INIT(); if (!current()) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+
+/* ---- init, devices ------------------------------------------------------------------------- */
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    if (!initialised) {
+        setup_devices();
+        initialised = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = 12040; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { NEED_INIT(); *n = n_devs; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    NEED_INIT();
+    if (ordinal < 0 || ordinal >= n_devs)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "Fake GPU %d", dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *u = devs[dev].uuid;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice dev) { return cuDeviceGetUuid(u, dev); }
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = devs[dev].total;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9 : 0;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ------------------------------------------------------------------------------ */
+static struct fctx *new_ctx(int dev)
+{
+    struct fctx *c = calloc(1, sizeof *c);
+    c->magic = CTX_MAGIC;
+    c->dev = dev;
+    c->def.ctx = c;
+    return c;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (!devs[dev].primary)
+        devs[dev].primary = new_ctx(dev);
+    *pctx = (CUcontext)devs[dev].primary;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { (void)dev; return CUDA_SUCCESS; }
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { (void)dev; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    NEED_INIT();
+    if (ctx_depth == 0) {
+        if (ctx) ctx_stack[ctx_depth++] = (struct fctx *)ctx;
+    } else if (ctx) {
+        ctx_stack[ctx_depth - 1] = (struct fctx *)ctx;
+    } else {
+        ctx_depth--;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { NEED_INIT(); *ctx = (CUcontext)current(); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    if (!ctx || ((struct fctx *)ctx)->magic != CTX_MAGIC || ctx_depth >= 16) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_stack[ctx_depth++] = (struct fctx *)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+    NEED_CTX();
+    struct fctx *c = ctx_stack[--ctx_depth];
+    if (ctx) *ctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev) { NEED_CTX(); *dev = current()->dev; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    struct fctx *c = new_ctx(dev);
+    *pctx = (CUcontext)c;
+    return cuCtxPushCurrent_v2((CUcontext)c);
+}
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) { return cuCtxCreate_v2(pctx, flags, dev); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev)
+{ (void)p; (void)n; return cuCtxCreate_v2(pctx, flags, dev); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev)
+{ (void)p; return cuCtxCreate_v2(pctx, flags, dev); }
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    NEED_CTX();
+    pthread_mutex_lock(&mu);
+    uint64_t t = ctx_busy_until(current());
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct fctx *c = (struct fctx *)ctx;
+    if (!c || c->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    sleep_until(ctx_busy_until(c));
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == c) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1], sizeof(ctx_stack[0]) * (size_t)(ctx_depth - i - 1));
+            ctx_depth--;
+            i--;
+        }
+    c->magic = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+/* ---- streams ------------------------------------------------------------------------------- */
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    struct fctx *c = current();
+    if (c->n_streams >= 64) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fstream *st = calloc(1, sizeof *st);
+    st->ctx = c;
+    pthread_mutex_lock(&mu);
+    c->streams[c->n_streams++] = st;
+    pthread_mutex_unlock(&mu);
+    *s = (CUstream)st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    NEED_CTX();
+    struct fstream *st = stream_of(s);
+    pthread_mutex_lock(&mu);
+    uint64_t t = st->busy_until;
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+
+EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    NEED_CTX();
+    return now_ns() >= stream_of(s)->busy_until ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
+{
+    NEED_CTX();
+    *ctx = (CUcontext)stream_of(s)->ctx;
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules and kernels ------------------------------------------------------------------- */
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    (void)image;
+    NEED_CTX();
+    *m = (CUmodule)calloc(1, sizeof(struct fmod));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleUnload(CUmodule m) { free(m); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    NEED_CTX();
+    if (!m) return CUDA_ERROR_INVALID_HANDLE;
+    if (strcmp(name, "sleep") == 0) *f = (CUfunction)&sleep_func;
+    else if (strcmp(name, "empty") == 0) *f = (CUfunction)&empty_func;
+    else return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+static CUresult run_kernel(CUfunction f, CUstream s, void **params)
+{
+    NEED_CTX();
+    struct ffunc *fn = (struct ffunc *)f;
+    if (fn != &sleep_func && fn != &empty_func) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t us = fn == &sleep_func && params && params[0] ? *(unsigned long long *)params[0] : 0;
+    if (us == 0 && trace_fd < 0)
+        return CUDA_SUCCESS;
+    struct fstream *st = stream_of(s);
+    pthread_mutex_lock(&mu);
+    uint64_t n = now_ns();
+    uint64_t start = st->busy_until > n ? st->busy_until : n;
+    uint64_t end = start + us * 1000;
+    st->busy_until = end;
+    int dev = st->ctx->dev;
+    pthread_mutex_unlock(&mu);
+    if (trace_fd >= 0 && fn == &sleep_func) {
+        char line[160];
+        int len = snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
+                           (unsigned long long)start, (unsigned long long)end);
+        ssize_t w = write(trace_fd, line, (size_t)len);
+        (void)w;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
+{
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shm; (void)extra;
+    return run_kernel(f, s, params);
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
+{ return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra); }
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{ (void)extra; return run_kernel(f, cfg ? cfg->hStream : NULL, params); }
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{ return cuLaunchKernelEx(cfg, f, params, extra); }
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params)
+{ (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shm; return run_kernel(f, s, params); }
+
+/* ---- memory -------------------------------------------------------------------------------- */
+static CUresult fake_alloc(CUdeviceptr *dptr, size_t size, int dev)
+{
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (devs[dev].used + size > devs[dev].total) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct falloc *a = malloc(sizeof *a);
+    *a = (struct falloc){(uint64_t)(uintptr_t)p, size, dev, allocs};
+    allocs = a;
+    devs[dev].used += size;
+    pthread_mutex_unlock(&mu);
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{ (void)flags; NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{ (void)s; NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) { return cuMemAllocAsync(dptr, size, s); }
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    (void)elem;
+    NEED_CTX();
+    *pitch = (w + 511) / 512 * 512;
+    return fake_alloc(dptr, *pitch * h, current()->dev);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    for (struct falloc **pp = &allocs; *pp; pp = &(*pp)->next) {
+        struct falloc *a = *pp;
+        if (a->ptr == dptr) {
+            *pp = a->next;
+            devs[a->dev].used -= a->size;
+            munmap((void *)(uintptr_t)a->ptr, a->size);
+            free(a);
+            pthread_mutex_unlock(&mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { (void)s; return cuMemFree_v2(dptr); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return cuMemFreeAsync(dptr, s); }
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    NEED_CTX();
+    struct fdev *d = &devs[current()->dev];
+    pthread_mutex_lock(&mu);
+    *free_bytes = d->total - d->used;
+    *total = d->total;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+static void wait_ctx(void)
+{
+    struct fctx *c = current();
+    pthread_mutex_lock(&mu);
+    uint64_t t = ctx_busy_until(c);
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{ NEED_CTX(); wait_ctx(); memcpy((void *)(uintptr_t)dst, src, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) { return cuMemcpyHtoD_v2(dst, src, n); }
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{ NEED_CTX(); wait_ctx(); memcpy(dst, (const void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) { return cuMemcpyDtoH_v2(dst, src, n); }
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{ NEED_CTX(); wait_ctx(); memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{ (void)s; return cuMemcpyHtoD_v2(dst, src, n); }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{ (void)s; return cuMemcpyDtoH_v2(dst, src, n); }
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{ NEED_CTX(); wait_ctx(); memset((void *)(uintptr_t)dst, v, n); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char v, size_t n) { return cuMemsetD8_v2(dst, v, n); }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) { (void)s; return cuMemsetD8_v2(dst, v, n); }
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
+{
+    NEED_CTX(); wait_ctx();
+    for (size_t i = 0; i < n; i++) ((unsigned int *)(uintptr_t)dst)[i] = v;
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory ------------------------------------------------------------------------ */
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
+{ (void)prop; (void)option; NEED_INIT(); *g = 2u << 20; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags)
+{
+    (void)align; (void)addr; (void)flags;
+    NEED_INIT();
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *ptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{ NEED_INIT(); munmap((void *)(uintptr_t)ptr, size); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= n_devs || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    pthread_mutex_lock(&mu);
+    if (devs[dev].used + size > devs[dev].total) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    devs[dev].used += size;
+    pthread_mutex_unlock(&mu);
+    struct fhandle *h = malloc(sizeof *h);
+    h->fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+    h->size = size;
+    h->dev = dev;
+    if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
+        pthread_mutex_lock(&mu);
+        devs[dev].used -= size;
+        pthread_mutex_unlock(&mu);
+        free(h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    NEED_INIT();
+    struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    devs[h->dev].used -= h->size;
+    pthread_mutex_unlock(&mu);
+    close(h->fd);
+    free(h);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
+    void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
+    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    NEED_INIT();
+    int prot = count && desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+             : count && desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_NONE;
+    return mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- errors -------------------------------------------------------------------------------- */
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    *s = e == CUDA_SUCCESS ? "no error" : e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "fake cuda error";
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    *s = e == CUDA_SUCCESS ? "CUDA_SUCCESS" : e == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ---------------------------------------------------------------------- */
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+#define FAKE_FUNCS(F) F(cuInit) F(cuDriverGetVersion) F(cuDeviceGetCount) F(cuDeviceGet) F(cuDeviceGetName) \
+    F(cuDeviceGetUuid) F(cuDeviceGetUuid_v2) F(cuDeviceTotalMem_v2) F(cuDeviceGetAttribute)                 \
+    F(cuDevicePrimaryCtxRetain) F(cuDevicePrimaryCtxRelease) F(cuDevicePrimaryCtxRelease_v2)               \
+    F(cuCtxSetCurrent) F(cuCtxGetCurrent) F(cuCtxPushCurrent_v2) F(cuCtxPopCurrent_v2) F(cuCtxGetDevice)   \
+    F(cuCtxCreate) F(cuCtxCreate_v2) F(cuCtxCreate_v3) F(cuCtxCreate_v4) F(cuCtxSynchronize)               \
+    F(cuCtxDestroy) F(cuCtxDestroy_v2) F(cuStreamCreate) F(cuStreamDestroy_v2) F(cuStreamSynchronize)      \
+    F(cuStreamSynchronize_ptsz) F(cuStreamQuery) F(cuStreamGetCtx) F(cuModuleLoadData) F(cuModuleUnload)   \
+    F(cuModuleGetFunction) F(cuLaunchKernel) F(cuLaunchKernel_ptsz) F(cuLaunchKernelEx)                    \
+    F(cuLaunchKernelEx_ptsz) F(cuLaunchCooperativeKernel) F(cuMemAlloc_v2) F(cuMemAllocManaged)            \
+    F(cuMemAllocAsync) F(cuMemAllocAsync_ptsz) F(cuMemAllocPitch_v2) F(cuMemFree_v2) F(cuMemFreeAsync)     \
+    F(cuMemFreeAsync_ptsz) F(cuMemGetInfo_v2) F(cuMemcpyHtoD_v2) F(cuMemcpyHtoD_v2_ptds)                   \
+    F(cuMemcpyDtoH_v2) F(cuMemcpyDtoH_v2_ptds) F(cuMemcpyDtoD_v2) F(cuMemcpyHtoDAsync_v2)                  \
+    F(cuMemcpyDtoHAsync_v2) F(cuMemsetD8_v2) F(cuMemsetD8_v2_ptds) F(cuMemsetD8Async) F(cuMemsetD32_v2)    \
+    F(cuMemGetAllocationGranularity) F(cuMemAddressReserve) F(cuMemAddressFree) F(cuMemCreate)             \
+    F(cuMemRelease) F(cuMemMap) F(cuMemSetAccess) F(cuMemUnmap) F(cuGetErrorString) F(cuGetErrorName)      \
+    F(cuGetProcAddress) F(cuGetProcAddress_v2)
+
+static const struct { const char *name; void *fn; } proc_table[] = {
+#define PROC_ENTRY(n) {#n, (void *)n},
+    FAKE_FUNCS(PROC_ENTRY)
+};
+
+static void *proc_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof proc_table / sizeof proc_table[0]; i++)
+        if (strcmp(proc_table[i].name, name) == 0)
+            return proc_table[i].fn;
+    return NULL;
+}
+
+/* Like the driver: the newest ABI version the caller's cudaVersion knows, per-thread variants when
+ * asked for (flag) or when the caller was built with per-thread default streams. */
+static void *proc_resolve(const char *symbol, int version, cuuint64_t flags)
+{
+    static const struct { const char *suffix; int since; } versions[] = {
+        {"_v4", 12050}, {"_v3", 11040}, {"_v2", 3020}, {"", 0}};
+    char name[256];
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0]; v++) {
+        if (version < versions[v].since)
+            continue;
+        if (strcmp(symbol, "cuGetProcAddress") == 0 && versions[v].since && version < 12000)
+            continue;
+        if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+            static const char *pt[] = {"_ptsz", "_ptds"};
+            for (int i = 0; i < 2; i++) {
+                snprintf(name, sizeof name, "%s%s%s", symbol, versions[v].suffix, pt[i]);
+                void *fn = proc_find(name);
+                if (fn) return fn;
+            }
+        }
+        snprintf(name, sizeof name, "%s%s", symbol, versions[v].suffix);
+        void *fn = proc_find(name);
+        if (fn) return fn;
+    }
+    return NULL;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = proc_resolve(symbol, cudaVersion, flags);
+    if (status) *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

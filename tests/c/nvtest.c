@@ -1,0 +1,369 @@
+/* nvtest: a CUDA driver client for the hook tests. It reaches the driver one of three ways, chosen
+ * with --via (link: direct -lcuda calls; dlsym / dlsym_old: dlopen + dlsym in each glibc version;
+ * procaddr / procaddr_pt: cuGetProcAddress the way PyTorch does it, asking for cuGetProcAddress
+ * itself first), then runs the actions given on the command line, one output line each.
+ *
+ *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
+ *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_subset.h"
+
+/* Direct-link declarations (the fake driver and the real one export these names). */
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        CUstream, void **, void **);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+/* The functions the actions use, each found through the chosen route. */
+#define API(X) X(cuInit, "cuInit") X(cuDeviceGet, "cuDeviceGet")                                    \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") X(cuCtxSetCurrent, "cuCtxSetCurrent")   \
+    X(cuCtxCreate_v2, "cuCtxCreate") X(cuModuleLoadData, "cuModuleLoadData")                        \
+    X(cuModuleGetFunction, "cuModuleGetFunction") X(cuLaunchKernel, "cuLaunchKernel")               \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx") X(cuCtxSynchronize, "cuCtxSynchronize")                 \
+    X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                         \
+    X(cuMemFree_v2, "cuMemFree") X(cuMemGetInfo_v2, "cuMemGetInfo")                                 \
+    X(cuMemcpyHtoD_v2, "cuMemcpyHtoD") X(cuMemcpyDtoH_v2, "cuMemcpyDtoH")                           \
+    X(cuMemCreate, "cuMemCreate") X(cuMemRelease, "cuMemRelease")                                   \
+    X(cuMemAddressReserve, "cuMemAddressReserve") X(cuMemAddressFree, "cuMemAddressFree")           \
+    X(cuMemMap, "cuMemMap") X(cuMemUnmap, "cuMemUnmap") X(cuMemSetAccess, "cuMemSetAccess")
+
+static struct {
+#define API_MEMBER(fn, base) __typeof__(&fn) fn;
+    API(API_MEMBER)
+} api;
+
+static const char *route = "link";
+static getproc_fn getproc;
+
+static const char *versioned(const char *base)
+{
+    /* The exported name dlsym users ask for (what cuda.h's #defines turn the base name into). */
+    static const char *map[][2] = {{"cuCtxCreate", "cuCtxCreate_v2"}, {"cuMemAlloc", "cuMemAlloc_v2"},
+        {"cuMemAllocPitch", "cuMemAllocPitch_v2"}, {"cuMemFree", "cuMemFree_v2"},
+        {"cuMemGetInfo", "cuMemGetInfo_v2"}, {"cuMemcpyHtoD", "cuMemcpyHtoD_v2"},
+        {"cuMemcpyDtoH", "cuMemcpyDtoH_v2"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(map[i][0], base) == 0)
+            return map[i][1];
+    return base;
+}
+
+#if defined(__x86_64__)
+__asm__(".symver dlsym_old, dlsym@GLIBC_2.2.5");
+extern void *dlsym_old(void *, const char *);
+#else
+#define dlsym_old dlsym
+#endif
+
+static void resolve(void)
+{
+    if (strcmp(route, "link") == 0) {
+#define API_LINK(fn, base) api.fn = fn;
+        API(API_LINK)
+        return;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        printf("error dlopen %s\n", dlerror());
+        exit(2);
+    }
+    int old = strcmp(route, "dlsym_old") == 0;
+    if (strcmp(route, "dlsym") == 0 || old) {
+#define API_DLSYM(fn, base) api.fn = (__typeof__(&fn))(old ? dlsym_old(h, versioned(base)) : dlsym(h, versioned(base)));
+        API(API_DLSYM)
+        return;
+    }
+    /* PyTorch's way: find cuGetProcAddress, ask it for itself, then for everything else. */
+    getproc_fn first = (getproc_fn)dlsym(h, "cuGetProcAddress_v2");
+    if (!first || first(("cuGetProcAddress"), (void **)&getproc, 12040, 0, NULL) != CUDA_SUCCESS) {
+        printf("error cuGetProcAddress\n");
+        exit(2);
+    }
+    cuuint64_t flags = strcmp(route, "procaddr_pt") == 0 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+#define API_PROC(fn, base) getproc(base, (void **)&api.fn, 12040, flags, NULL);
+    API(API_PROC)
+}
+
+static void where(const char *label, void *fn)
+{
+    Dl_info info;
+    if (!fn || !dladdr(fn, &info) || !info.dli_fname) {
+        printf("whois %s none none\n", label);
+        return;
+    }
+    const char *lib = strrchr(info.dli_fname, '/');
+    printf("whois %s %s %s\n", label, lib ? lib + 1 : info.dli_fname, info.dli_sname ? info.dli_sname : "?");
+}
+
+static void check(const char *what, CUresult rc)
+{
+    if (rc != CUDA_SUCCESS) {
+        printf("error %s rc=%d\n", what, rc);
+        fflush(stdout);
+        exit(2);
+    }
+}
+
+static CUfunction sleep_fn(void)
+{
+    static __thread CUfunction fn;
+    static __thread CUcontext fn_ctx;
+    CUcontext cur = NULL;
+    extern CUresult cuCtxGetCurrent(CUcontext *);
+    cuCtxGetCurrent(&cur);
+    if (!fn || fn_ctx != cur) {
+        CUmodule m;
+        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
+        check("cuModuleGetFunction", api.cuModuleGetFunction(&fn, m, "sleep"));
+        fn_ctx = cur;
+    }
+    return fn;
+}
+
+static void use_device(int d, int create)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    check("cuDeviceGet", api.cuDeviceGet(&dev, d));
+    if (create) {
+        check("cuCtxCreate", api.cuCtxCreate_v2(&ctx, 0, dev));
+    } else {
+        check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&ctx, dev));
+        check("cuCtxSetCurrent", api.cuCtxSetCurrent(ctx));
+    }
+}
+
+static void launch(unsigned long long us, int n)
+{
+    CUfunction f = sleep_fn();
+    void *params[] = {&us};
+    for (int i = 0; i < n; i++)
+        check("cuLaunchKernel", api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+}
+
+#define MAX_ALLOCS 256
+static CUdeviceptr allocs[MAX_ALLOCS];
+static int n_allocs;
+
+struct thread_job { int dev; unsigned long long us; int n; pthread_t tid; };
+static struct thread_job threads[8];
+static int n_threads;
+
+static void *thread_main(void *arg)
+{
+    struct thread_job *j = arg;
+    use_device(j->dev, 0);
+    launch(j->us, j->n);
+    check("cuCtxSynchronize", api.cuCtxSynchronize());
+    return NULL;
+}
+
+static void run(char *action);
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int first = 1;
+    if (argc > 1 && strncmp(argv[1], "--via=", 6) == 0) {
+        route = argv[1] + 6;
+        first = 2;
+    }
+    resolve();
+    for (int i = first; i < argc; i++)
+        run(argv[i]);
+    printf("done\n");
+    return 0;
+}
+
+static void run(char *action)
+{
+    char *arg = strchr(action, ':');
+    if (arg)
+        *arg++ = '\0';
+    if (strcmp(action, "init") == 0) {
+        check("cuInit", api.cuInit(0));
+        printf("init ok\n");
+    } else if (strcmp(action, "ctx") == 0 || strcmp(action, "newctx") == 0) {
+        use_device(atoi(arg), action[0] == 'n');
+        printf("%s %s ok\n", action, arg);
+    } else if (strcmp(action, "launch") == 0) {
+        char *n = strchr(arg, ':');
+        launch(strtoull(arg, NULL, 10), n ? atoi(n + 1) : 1);
+        printf("launch ok\n");
+    } else if (strcmp(action, "launchex") == 0) {
+        unsigned long long us = strtoull(arg, NULL, 10);
+        void *params[] = {&us};
+        CUlaunchConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+        check("cuLaunchKernelEx", api.cuLaunchKernelEx(&cfg, sleep_fn(), params, NULL));
+        printf("launchex ok\n");
+    } else if (strcmp(action, "burst") == 0) {
+        /* burst:US:N:GAPMS: N rounds of (one kernel of US, synchronise, GAPMS of host work) */
+        char *n = strchr(arg, ':');
+        char *gap = n ? strchr(n + 1, ':') : NULL;
+        int rounds = n ? atoi(n + 1) : 1;
+        for (int i = 0; i < rounds; i++) {
+            launch(strtoull(arg, NULL, 10), 1);
+            check("cuCtxSynchronize", api.cuCtxSynchronize());
+            if (gap)
+                usleep((useconds_t)atoi(gap + 1) * 1000);
+        }
+        printf("burst ok\n");
+    } else if (strcmp(action, "sync") == 0) {
+        check("cuCtxSynchronize", api.cuCtxSynchronize());
+        printf("sync ok\n");
+    } else if (strcmp(action, "alloc") == 0) {
+        CUdeviceptr p = 0;
+        CUresult rc = api.cuMemAlloc_v2(&p, strtoull(arg, NULL, 10));
+        if (rc == CUDA_SUCCESS && n_allocs < MAX_ALLOCS)
+            allocs[n_allocs++] = p;
+        printf("alloc %s rc=%d\n", arg, rc);
+    } else if (strcmp(action, "allocpitch") == 0) {
+        char *h = strchr(arg, ':');
+        CUdeviceptr p = 0;
+        size_t pitch = 0;
+        CUresult rc = api.cuMemAllocPitch_v2(&p, &pitch, strtoull(arg, NULL, 10), h ? strtoull(h + 1, NULL, 10) : 1, 4);
+        if (rc == CUDA_SUCCESS && n_allocs < MAX_ALLOCS)
+            allocs[n_allocs++] = p;
+        printf("allocpitch rc=%d pitch=%zu\n", rc, pitch);
+    } else if (strcmp(action, "freeall") == 0) {
+        for (int i = 0; i < n_allocs; i++)
+            check("cuMemFree", api.cuMemFree_v2(allocs[i]));
+        n_allocs = 0;
+        printf("freeall ok\n");
+    } else if (strcmp(action, "meminfo") == 0) {
+        size_t f = 0, t = 0;
+        check("cuMemGetInfo", api.cuMemGetInfo_v2(&f, &t));
+        printf("meminfo free=%zu total=%zu\n", f, t);
+    } else if (strcmp(action, "copy") == 0) {
+        char out[4096], in[4096];
+        for (size_t i = 0; i < sizeof out; i++)
+            out[i] = (char)(i * 7);
+        CUdeviceptr p;
+        check("cuMemAlloc", api.cuMemAlloc_v2(&p, sizeof out));
+        check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(p, out, sizeof out));
+        check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(in, p, sizeof in));
+        check("cuMemFree", api.cuMemFree_v2(p));
+        printf("copy %s\n", memcmp(in, out, sizeof in) == 0 ? "ok" : "mismatch");
+    } else if (strcmp(action, "vm") == 0) {
+        size_t size = strtoull(arg, NULL, 10);
+        CUdevice dev;
+        CUcontext cur;
+        extern CUresult cuCtxGetDevice(CUdevice *);
+        extern CUresult cuCtxGetCurrent(CUcontext *);
+        (void)cur;
+        check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        CUmemGenericAllocationHandle h;
+        CUresult rc = api.cuMemCreate(&h, size, &prop, 0);
+        if (rc != CUDA_SUCCESS) {
+            printf("vm rc=%d\n", rc);
+            return;
+        }
+        CUdeviceptr va;
+        check("cuMemAddressReserve", api.cuMemAddressReserve(&va, size, 0, 0, 0));
+        check("cuMemMap", api.cuMemMap(va, size, 0, h, 0));
+        CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        check("cuMemSetAccess", api.cuMemSetAccess(va, size, &access, 1));
+        char msg[] = "held in virtual memory";
+        check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(va, msg, sizeof msg));
+        check("cuMemUnmap", api.cuMemUnmap(va, size));
+        check("cuMemMap", api.cuMemMap(va, size, 0, h, 0));
+        check("cuMemSetAccess", api.cuMemSetAccess(va, size, &access, 1));
+        char back[sizeof msg];
+        check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(back, va, sizeof back));
+        size_t f, t;
+        check("cuMemGetInfo", api.cuMemGetInfo_v2(&f, &t));
+        printf("vm mapped free=%zu\n", f);
+        check("cuMemUnmap", api.cuMemUnmap(va, size));
+        check("cuMemRelease", api.cuMemRelease(h));
+        check("cuMemAddressFree", api.cuMemAddressFree(va, size));
+        printf("vm rc=0 %s\n", memcmp(back, msg, sizeof msg) == 0 ? "data ok" : "data lost");
+    } else if (strcmp(action, "sleep") == 0) {
+        usleep((useconds_t)atoi(arg) * 1000);
+        printf("sleep ok\n");
+    } else if (strcmp(action, "fork") == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            use_device(0, 0);
+            launch(1000, 1);
+            check("cuCtxSynchronize", api.cuCtxSynchronize());
+            printf("child %d ok\n", (int)getpid());
+            fflush(stdout);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        printf("fork child exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    } else if (strcmp(action, "thread") == 0) {
+        struct thread_job *j = &threads[n_threads++];
+        char *us = strchr(arg, ':');
+        char *n = us ? strchr(us + 1, ':') : NULL;
+        j->dev = atoi(arg);
+        j->us = us ? strtoull(us + 1, NULL, 10) : 1000;
+        j->n = n ? atoi(n + 1) : 1;
+        pthread_create(&j->tid, NULL, thread_main, j);
+        printf("thread started\n");
+    } else if (strcmp(action, "join") == 0) {
+        for (int i = 0; i < n_threads; i++)
+            pthread_join(threads[i].tid, NULL);
+        n_threads = 0;
+        printf("join ok\n");
+    } else if (strcmp(action, "whois") == 0) {
+#define API_WHERE(fn, base) where(base, (void *)api.fn);
+        API(API_WHERE)
+    } else if (strcmp(action, "procaddr") == 0) {
+        /* procaddr:NAME:VERSION:FLAGS through the cuGetProcAddress the route found */
+        char *ver = strchr(arg, ':');
+        char *fl = ver ? strchr(ver + 1, ':') : NULL;
+        if (ver) *ver++ = '\0';
+        if (fl) *fl++ = '\0';
+        getproc_fn gp = getproc ? getproc : cuGetProcAddress_v2;
+        void *fn = NULL;
+        CUresult rc = gp(arg, &fn, ver ? atoi(ver) : 12040, fl ? strtoull(fl, NULL, 10) : 0, NULL);
+        char label[160];
+        snprintf(label, sizeof label, "%s@%s/%s rc=%d", arg, ver ? ver : "12040", fl ? fl : "0", rc);
+        where(label, fn);
+    } else {
+        printf("error unknown action %s\n", action);
+        exit(2);
+    }
+}

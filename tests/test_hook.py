@@ -1,0 +1,408 @@
+"""libnvshare.so against the fake CUDA driver (tests/c) and the real nvshare-scheduler.
+
+Each test runs tests/c/build/nvtest under LD_PRELOAD, the way a job process runs, and judges from
+what a user would see: which library answers a CUDA call, when kernels ran (the fake driver's trace
+of "pid gpu start_ns end_ns"), what cuMemAlloc and cuMemGetInfo return, whether the program finishes.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAKE_GPUS, REPO
+
+C_DIR = REPO / "tests" / "c"
+BUILD = C_DIR / "build"
+NVTEST = BUILD / "nvtest"
+GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
+
+
+@pytest.fixture(scope="session")
+def hook_lib() -> Path:
+    """The hook under test (NVSHARE_TEST_LIB, else the package's), built when missing, and tests/c."""
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.skip("make and a C compiler are needed for the hook tests")
+    override = os.environ.get("NVSHARE_TEST_LIB")
+    if override:
+        lib = Path(override)
+    else:
+        import nvshare_slurm
+        lib = nvshare_slurm.libnvshare_path()
+        if not lib.exists():
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=REPO,
+                           check=True, capture_output=True)
+    assert lib.exists(), f"{lib} was not built"
+    subprocess.run(["make", "-s", "-C", str(C_DIR)], check=True, capture_output=True)
+    return lib
+
+
+def run_nvtest(lib: Path | None, args: list[str], env: dict | None = None, timeout: float = 60,
+               via: str = "link") -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
+    full_env["LD_LIBRARY_PATH"] = str(BUILD)
+    if lib is not None:
+        full_env["LD_PRELOAD"] = str(lib)
+    full_env.update(env or {})
+    return subprocess.run([str(NVTEST), f"--via={via}", *args], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_nvtest(lib: Path, args: list[str], env: dict) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
+    full_env.update({"LD_LIBRARY_PATH": str(BUILD), "LD_PRELOAD": str(lib)}, **env)
+    return subprocess.Popen([str(NVTEST), *args], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"nvtest did not finish:\n{out}\n{err}")
+    assert proc.returncode == 0 and out.rstrip().endswith("done"), f"rc {proc.returncode}\n{out}\n{err}"
+    proc.stderr_text = err  # type: ignore[attr-defined]
+    return out
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts; killed if the test fails half-way."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def whois(output: str) -> dict[str, tuple[str, str]]:
+    found = {}
+    for line in output.splitlines():
+        if line.startswith("whois "):
+            label, lib, sym = line[len("whois "):].rsplit(" ", 2)
+            found[label] = (lib, sym)
+    return found
+
+
+def read_trace(path: Path) -> list[tuple[int, str, int, int]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, gpu, start, end = line.split()
+        rows.append((int(pid), gpu, int(start), int(end)))
+    return rows
+
+
+def overlaps(trace, gpu: str) -> list[tuple]:
+    rows = sorted((r for r in trace if r[1] == gpu), key=lambda r: r[2])
+    bad = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if b[2] >= a[3]:
+                break
+            if a[0] != b[0]:
+                bad.append((a, b))
+    return bad
+
+
+class Job:
+    """A job registered with a running scheduler, and the environment of its processes."""
+
+    def __init__(self, sched, job_id: int, trace: Path, gpu_index: list[int] | None = None,
+                 slots: int = 1, **env: str):
+        placement = sched.client().register_job(job_id, uid=os.getuid(), gid=os.getgid(),
+                                                slots=0 if gpu_index else slots, gpu_index=gpu_index)
+        self.gpus = placement["gpu_uuid"]
+        self.env = {"NVSHARE_SOCKET": sched.socket, "NVSHARE_JOB_ID": str(job_id),
+                    "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": ",".join(self.gpus),
+                    "NVSHARE_MANAGED_GPUS": ",".join(self.gpus), "FAKE_CUDA_TRACE": str(trace),
+                    **env}
+
+
+# ---- interposition ------------------------------------------------------------------------------
+
+WRAPPED = {"cuInit", "cuCtxCreate", "cuLaunchKernel", "cuLaunchKernelEx", "cuMemAlloc",
+           "cuMemAllocPitch", "cuMemFree", "cuMemGetInfo", "cuMemcpyHtoD", "cuMemcpyDtoH",
+           "cuMemCreate", "cuMemRelease"}
+
+
+def test_exported_symbols_are_exactly_the_list(hook_lib):
+    listed = subprocess.run([str(BUILD / "list_symbols")], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert len(listed) == len(set(listed)), "a symbol is listed twice in csrc/hook_symbols.h"
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(hook_lib)], capture_output=True,
+                        text=True, check=True).stdout
+    exported = {line.split()[-1] for line in nm.splitlines() if line.split()[1] in "TtWiV"}
+    names = {e.split("@")[0] for e in exported}
+    assert names - {"dlsym"} == set(listed)
+    if platform.machine() == "x86_64":
+        assert {"dlsym@@GLIBC_2.34", "dlsym@GLIBC_2.2.5"} <= exported
+
+
+@pytest.mark.parametrize("via", ["link", "dlsym", "dlsym_old", "procaddr", "procaddr_pt"])
+def test_every_route_reaches_the_wrappers(hook_lib, via):
+    if via == "dlsym_old" and platform.machine() != "x86_64":
+        pytest.skip("dlsym@GLIBC_2.2.5 exists on x86-64 only")
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "whois", "launch:100:2", "sync", "copy"], via=via)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = whois(out.stdout)
+    for name in WRAPPED:
+        assert found[name][0] == "libnvshare.so", f"{name} via {via}: {found[name]}"
+    # Functions the hook does not wrap still come from the driver.
+    assert found["cuMemMap"][0] == "libcuda.so.1"
+    assert "copy ok" in out.stdout
+    if via == "procaddr_pt":
+        assert found["cuLaunchKernel"][1] == "cuLaunchKernel_ptsz"
+        assert found["cuMemcpyHtoD"][1] == "cuMemcpyHtoD_v2_ptds"
+    else:
+        assert found["cuLaunchKernel"][1] == "cuLaunchKernel"
+        assert found["cuMemAlloc"][1] == "cuMemAlloc_v2"
+
+
+def test_without_the_hook_calls_go_to_the_driver(hook_lib):
+    """The control for the test above: the same program alone talks to libcuda.so.1."""
+    out = run_nvtest(None, ["init", "ctx:0", "whois"], via="procaddr")
+    assert out.returncode == 0, out.stderr
+    assert all(lib == "libcuda.so.1" for lib, _ in whois(out.stdout).values())
+
+
+@pytest.mark.parametrize("query,expected", [
+    ("cuGetProcAddress:12040:0", "cuGetProcAddress_v2"),
+    ("cuGetProcAddress:11030:0", "cuGetProcAddress"),
+    ("cuMemAlloc:12040:0", "cuMemAlloc_v2"),
+    ("cuMemAlloc:3000:0", None),  # the driver's v1 (not in the fake): nothing to hand out
+    ("cuLaunchKernel:12040:2", "cuLaunchKernel_ptsz"),
+    ("cuLaunchKernel:12040:1", "cuLaunchKernel"),
+    ("cuMemcpyHtoD:12040:2", "cuMemcpyHtoD_v2_ptds"),
+    ("cuMemAllocAsync:12040:2", "cuMemAllocAsync_ptsz"),
+    ("cuCtxCreate:12050:0", "cuCtxCreate_v4"),
+    ("cuCtxCreate:11040:0", "cuCtxCreate_v3"),
+    ("cuCtxCreate:11000:0", "cuCtxCreate_v2"),
+    ("cuLaunchKernelEx:12040:0", "cuLaunchKernelEx"),
+])
+def test_cuGetProcAddress_hands_out_the_matching_wrapper(hook_lib, query, expected):
+    out = run_nvtest(hook_lib, ["init", f"procaddr:{query}"], via="procaddr")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (label, (lib, sym)), = whois(out.stdout).items()
+    if expected is None:
+        assert lib == "none" and "rc=500" in label
+    else:
+        assert (lib, sym) == ("libnvshare.so", expected)
+        assert "rc=0" in label
+
+
+def test_unwrapped_names_resolve_to_the_driver(hook_lib):
+    out = run_nvtest(hook_lib, ["init", "procaddr:cuDeviceGet:12040:0", "procaddr:cuNoSuchThing:12040:0"],
+                     via="procaddr")
+    found = whois(out.stdout)
+    assert found["cuDeviceGet@12040/0 rc=0"] == ("libcuda.so.1", "cuDeviceGet")
+    assert found["cuNoSuchThing@12040/0 rc=500"][0] == "none"
+
+
+def test_outside_a_job_the_hook_only_passes_through(hook_lib, tmp_path):
+    trace = tmp_path / "trace"
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "launch:1000:3", "sync", "alloc:1048576", "meminfo", "vm:4194304"],
+                     env={"FAKE_CUDA_TRACE": str(trace)})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    assert "meminfo free=17178820608 total=17179869184" in out.stdout
+    assert "vm rc=0 data ok" in out.stdout
+    assert len(read_trace(trace)) == 3
+
+
+# ---- with the daemon ----------------------------------------------------------------------------
+
+@pytest.fixture
+def concurrent(scheduler_factory):
+    return scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                             switch_time_fixed=30.0)
+
+
+def test_two_processes_on_one_gpu_never_overlap(hook_lib, concurrent, tmp_path, procs):
+    trace = tmp_path / "trace"
+    jobs = [Job(concurrent, 101, trace, gpu_index=[0]), Job(concurrent, 102, trace, gpu_index=[0])]
+    for job in jobs:
+        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:20000:8:3"], job.env))
+    for p in procs:
+        finish(p)
+    rows = read_trace(trace)
+    assert len({r[0] for r in rows}) == 2 and len(rows) == 16
+    assert overlaps(rows, GPU0) == []
+
+
+def test_processes_on_different_gpus_run_together(hook_lib, concurrent, tmp_path, procs):
+    trace = tmp_path / "trace"
+    jobs = [Job(concurrent, 111, trace, gpu_index=[0]), Job(concurrent, 112, trace, gpu_index=[1])]
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:400000", "sync"], jobs[0].env))
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:1", "launch:400000", "sync"], jobs[1].env))
+    for p in procs:
+        finish(p)
+    rows = read_trace(trace)
+    a, b = sorted(rows, key=lambda r: r[1])
+    assert a[1] == GPU0 and b[1] == GPU1
+    assert a[2] < b[3] and b[2] < a[3], "the two GPUs were not used at the same time"
+
+
+def test_waiters_get_the_gpu_in_arrival_order(hook_lib, concurrent, tmp_path, procs):
+    trace = tmp_path / "trace"
+    jobs = [Job(concurrent, 120 + i, trace, gpu_index=[0]) for i in range(3)]
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:400000", "sync"], jobs[0].env))
+    time.sleep(0.15)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:50000", "sync"], jobs[1].env))
+    time.sleep(0.15)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:50000", "sync"], jobs[2].env))
+    for p in procs:
+        finish(p)
+    rows = read_trace(trace)
+    order = [r[0] for r in sorted(rows, key=lambda r: r[2])]
+    assert order == [p.pid for p in procs]
+    assert overlaps(rows, GPU0) == []
+
+
+def test_an_idle_holder_hands_over_within_milliseconds(hook_lib, concurrent, tmp_path, procs):
+    """A bursty holder (2 ms of GPU work, then 60 ms of host work) gives the GPU to a waiter long
+    before its 30 s switch interval ends."""
+    trace = tmp_path / "trace"
+    bursty = Job(concurrent, 131, trace, gpu_index=[0])
+    steady = Job(concurrent, 132, trace, gpu_index=[0])
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:2000:25:60"], bursty.env))
+    time.sleep(0.3)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:10000:3", "sync"], steady.env))
+    for p in procs:
+        finish(p)
+    rows = read_trace(trace)
+    assert overlaps(rows, GPU0) == []
+    steady_first = min(r[2] for r in rows if r[0] == procs[1].pid)
+    before = [r[3] for r in rows if r[0] == procs[0].pid and r[3] <= steady_first]
+    assert before, "the steady process ran before the bursty one"
+    gap_ms = (steady_first - max(before)) / 1e6
+    assert gap_ms < 250, f"the waiter started {gap_ms:.1f} ms after the holder's last kernel"
+
+
+def test_mem_limit_and_the_jobs_view_of_memory(hook_lib, scheduler, tmp_path):
+    job = Job(scheduler, 141, tmp_path / "trace", gpu_index=[0], NVSHARE_MEM_LIMIT="1G")
+    mib = 1 << 20
+    out = run_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{512 * mib}", "meminfo", f"alloc:{600 * mib}",
+                                "allocpitch:1048576:600", "freeall", "meminfo", f"alloc:{900 * mib}"],
+                     env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert f"alloc:{512 * mib}" not in lines and f"alloc {512 * mib} rc=0" in lines
+    assert f"meminfo free={512 * mib} total={1024 * mib}" in lines
+    assert f"alloc {600 * mib} rc=2" in lines  # CUDA_ERROR_OUT_OF_MEMORY
+    assert "allocpitch rc=2 pitch=0" in lines
+    assert lines.count(f"meminfo free={1024 * mib} total={1024 * mib}") == 1
+    assert f"alloc {900 * mib} rc=0" in lines
+    assert "NVSHARE_MEM_LIMIT" in out.stderr  # the refusal is explained on stderr
+
+
+def test_memory_is_reported_to_the_daemon(hook_lib, scheduler, tmp_path, procs):
+    job = Job(scheduler, 142, tmp_path / "trace", gpu_index=[1])
+    proc = start_nvtest(hook_lib, ["init", "ctx:1", f"alloc:{3 << 20}", "vm:4194304", "launch:1000",
+                                   "sync", "sleep:1500"], job.env)
+    procs.append(proc)
+    deadline = time.monotonic() + 10
+    used = None
+    while time.monotonic() < deadline:
+        gpus = {g["uuid"]: g for g in scheduler.client().status()["gpus"]}
+        used = gpus[GPU1]["memory_used"]
+        if used == 3 << 20:
+            break
+        time.sleep(0.05)
+    assert used == 3 << 20
+    finish(proc)
+
+
+def test_one_process_holds_one_gpu_while_it_waits_for_another(hook_lib, concurrent, tmp_path, procs):
+    trace = tmp_path / "trace"
+    other = Job(concurrent, 151, trace, gpu_index=[1])
+    both = Job(concurrent, 152, trace, gpu_index=[0, 1])
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:1", "launch:700000", "sync"], other.env))
+    time.sleep(0.2)
+    procs.append(start_nvtest(hook_lib, ["init", "thread:1:100000:1", "thread:0:100000:3", "join"],
+                              both.env))
+    for p in procs:
+        finish(p)
+    rows = read_trace(trace)
+    holder_end = max(r[3] for r in rows if r[0] == procs[0].pid)
+    mine = [r for r in rows if r[0] == procs[1].pid]
+    on0 = [r for r in mine if r[1] == GPU0]
+    on1 = [r for r in mine if r[1] == GPU1]
+    assert len(on0) == 3 and len(on1) == 1
+    assert min(r[2] for r in on0) < holder_end, "GPU0 work waited for GPU1's holder"
+    assert on1[0][2] >= holder_end
+    assert overlaps(rows, GPU1) == []
+
+
+def test_the_program_survives_a_daemon_restart(hook_lib, concurrent, tmp_path, procs):
+    trace = tmp_path / "trace"
+    job = Job(concurrent, 161, trace, gpu_index=[0])
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", "alloc:1048576", "burst:5000:40:20", "meminfo"], job.env)
+    procs.append(proc)
+    time.sleep(0.4)
+    concurrent.stop()
+    time.sleep(0.5)
+    concurrent.start()
+    out = finish(proc)
+    assert len(read_trace(trace)) == 40
+    assert f"meminfo free={(16 << 30) - (1 << 20)}" in out
+    assert "lost the connection to nvshare-scheduler" in proc.stderr_text
+
+
+@pytest.mark.parametrize("policy", ["wait", "run"])
+def test_daemon_absent_at_start(hook_lib, scheduler, tmp_path, procs, policy):
+    trace = tmp_path / "trace"
+    job = Job(scheduler, 171, trace, gpu_index=[0], NVSHARE_ON_DAEMON_LOSS=policy)
+    scheduler.stop()
+    began = time.monotonic_ns()
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync"], job.env)
+    procs.append(proc)
+    if policy == "run":
+        finish(proc, timeout=5)
+        assert read_trace(trace)[0][2] - began < 2e9
+        return
+    time.sleep(1.0)
+    assert proc.poll() is None, "GPU work ran while the daemon was away under policy 'wait'"
+    assert not trace.exists()
+    restarted = time.monotonic_ns()
+    scheduler.start()
+    finish(proc, timeout=15)
+    assert read_trace(trace)[0][2] >= restarted
+
+
+def test_fork_child_gets_its_own_connection(hook_lib, scheduler, tmp_path):
+    job = Job(scheduler, 181, tmp_path / "trace", gpu_index=[0])
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", "fork", "launch:1000", "sync"],
+                     env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fork child exit=0" in out.stdout
+    child = int(re.search(r"child (\d+) ok", out.stdout).group(1))
+    pids = {r[0] for r in read_trace(tmp_path / "trace")}
+    assert child in pids and len(pids) == 2
+    log = scheduler.log()
+    assert f"pid {child}" in log and "client registered" in log
+
+
+def test_a_process_that_never_uses_cuda_never_connects(hook_lib, scheduler, tmp_path):
+    job = Job(scheduler, 191, tmp_path / "trace", gpu_index=[0])
+    out = run_nvtest(hook_lib, ["sleep:50"], env=job.env)
+    assert out.returncode == 0
+    time.sleep(0.2)
+    assert "client registered" not in scheduler.log()
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "launch:100", "sync"], env=job.env)
+    assert out.returncode == 0
+    deadline = time.monotonic() + 5
+    while "client registered" not in scheduler.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "client registered" in scheduler.log()
