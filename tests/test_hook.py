@@ -356,7 +356,9 @@ def test_the_program_survives_a_daemon_restart(hook_lib, concurrent, tmp_path, p
     concurrent.start()
     out = finish(proc)
     assert len(read_trace(trace)) == 40
-    assert f"meminfo free={(16 << 30) - (1 << 20)}" in out
+    # The restarted daemon knows the 1 MiB again (re-sent), and its usable total is the job's view.
+    free, total = map(int, re.search(r"meminfo free=(\d+) total=(\d+)", out).groups())
+    assert total < 16 << 30 and free == total - (1 << 20)
     assert "lost the connection to nvshare-scheduler" in proc.stderr_text
 
 
@@ -374,7 +376,7 @@ def test_daemon_absent_at_start(hook_lib, scheduler, tmp_path, procs, policy):
         return
     time.sleep(1.0)
     assert proc.poll() is None, "GPU work ran while the daemon was away under policy 'wait'"
-    assert not trace.exists()
+    assert not trace.exists() or trace.read_text() == ""
     restarted = time.monotonic_ns()
     scheduler.start()
     finish(proc, timeout=15)
