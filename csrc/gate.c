@@ -37,9 +37,9 @@ static atomic_int ctx_count;
 static atomic_uint ctx_generation;  /* bumped when a context is forgotten: per-thread caches retry */
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;  /* insertions, and syncs vs destroys */
 
-static __thread CUcontext tl_ctx;
-static __thread struct nvshare_gpu *tl_gpu;
-static __thread unsigned tl_generation;
+static NVSHARE_TLS CUcontext tl_ctx;
+static NVSHARE_TLS struct nvshare_gpu *tl_gpu;
+static NVSHARE_TLS unsigned tl_generation;
 
 static void format_uuid(char *out, const CUuuid *u)
 {
@@ -308,7 +308,7 @@ static void *keeper_main(void *arg)
             continue;
         }
         /* Contended: give it back once nothing entered the gate for the idle threshold. */
-        unsigned long before = atomic_load(&g->entries);
+        atomic_store(&g->touched, 0);
         struct timespec deadline;
         deadline_after(&deadline, g->idle_threshold_ns);
         int rc = 0;
@@ -316,7 +316,7 @@ static void *keeper_main(void *arg)
             rc = pthread_cond_timedwait(&g->keeper_cv, &g->mu, &deadline);
         if (!g->held || !g->contended || g->drop_pending)
             continue;
-        if (atomic_load(&g->entries) == before && atomic_load(&g->inside) == 0)
+        if (!atomic_load(&g->touched) && atomic_load(&g->inside) == 0)
             release_lock(g, NVSHARE_RELEASE_IDLE);
     }
     return NULL;

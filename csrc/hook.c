@@ -19,7 +19,7 @@
 
 struct nvshare_real nvshare_real;
 atomic_int nvshare_driver_ok;
-__thread int nvshare_in_hook;
+NVSHARE_TLS int nvshare_in_hook;
 
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym;

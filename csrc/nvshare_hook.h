@@ -14,6 +14,8 @@
 #include "nvshare_proto.h"
 
 #define NVSHARE_EXPORT __attribute__((visibility("default")))
+/* Thread-locals without __tls_get_addr on the launch path: the library is loaded at start-up. */
+#define NVSHARE_TLS __thread __attribute__((tls_model("initial-exec")))
 
 /* ---- real driver functions (hook.c) --------------------------------------------------------- */
 #define NVSHARE_REAL_TYPEDEF(name, params, ...) typedef CUresult (*name##_fn) params;
@@ -84,7 +86,7 @@ struct nvshare_gpu {
     atomic_int open;              /* entries pass straight in: lock held, or pass-through */
     atomic_int closing;           /* a release is draining the gate: new entries wait */
     atomic_int inside;            /* threads between gate_enter and gate_leave */
-    atomic_ulong entries;         /* count of entries, sampled to detect idleness */
+    atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
     atomic_int mode;              /* enum nvshare_gpu_mode */
     /* slow path, under mu */
     pthread_mutex_t mu;
@@ -125,7 +127,8 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
     for (;;) {
         atomic_fetch_add(&g->inside, 1);
         if (atomic_load(&g->open) && !atomic_load(&g->closing)) {
-            atomic_fetch_add_explicit(&g->entries, 1, memory_order_relaxed);
+            if (!atomic_load_explicit(&g->touched, memory_order_relaxed))
+                atomic_store_explicit(&g->touched, 1, memory_order_relaxed);
             return g;
         }
         atomic_fetch_sub(&g->inside, 1);
@@ -174,6 +177,6 @@ static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
 }
 
 /* Re-entrancy guard: set while the hook itself calls into the driver or the loader. */
-extern __thread int nvshare_in_hook;
+extern NVSHARE_TLS int nvshare_in_hook;
 
 #endif
