@@ -40,6 +40,16 @@ def gpu_status(sched, uuid=GPU0):
     return next(g for g in sched.client().status()["gpus"] if g["uuid"] == uuid)
 
 
+def wait_for_waiters(sched, count, uuid=GPU0, timeout=5.0):
+    """The GPU's FIFO once it holds `count` waiters: client processes send on their own schedule."""
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [w["job_id"] for w in gpu_status(sched, uuid)["waiting"]]
+        if len(waiting) >= count or time.monotonic() > deadline:
+            return waiting
+        time.sleep(0.02)
+
+
 def test_fcfs_hand_over_order(scheduler_factory, clients):
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                               switch_time_fixed=30)
@@ -49,11 +59,10 @@ def test_fcfs_hand_over_order(scheduler_factory, clients):
     a.send(f"request {GPU0}")
     assert a.expect("grant", gpu=GPU0)["flags"] == C.NVSHARE_GRANT_EXCLUSIVE
     c.send(f"request {GPU0}")
-    time.sleep(0.1)
+    assert wait_for_waiters(sched, 1) == [3]
     b.send(f"request {GPU0}")
     a.expect("contended", gpu=GPU0)
-    waiting = [w["job_id"] for w in gpu_status(sched)["waiting"]]
-    assert waiting == [3, 2]
+    assert wait_for_waiters(sched, 2) == [3, 2]
     a.send(f"release {GPU0}")
     c.expect("grant", gpu=GPU0)
     b.absent("grant", 0.3)
