@@ -15,7 +15,7 @@
 
 /* NVSHARE_CDEF_BEGIN */
 #define NVSHARE_MAGIC 0x4E565348
-#define NVSHARE_PROTO_VERSION 1
+#define NVSHARE_PROTO_VERSION 2
 #define NVSHARE_HDR_SIZE 16
 #define NVSHARE_MAX_PAYLOAD 1048576
 #define NVSHARE_UUID_LEN 64
@@ -40,7 +40,7 @@ enum nvshare_msg_type {
     NVSHARE_MSG_MEM_REPLY = 9,              /* d->c  struct nvshare_mem_reply */
     NVSHARE_MSG_WAIT_FOR_MEM = 10,          /* d->c  struct nvshare_gpu_event: the GPU is over-committed, wait */
     NVSHARE_MSG_MEM_AVAILABLE = 11,         /* d->c  struct nvshare_gpu_event: memory is free again */
-    NVSHARE_MSG_PREPARE_SWAP_OUT = 12,      /* d->c  struct nvshare_gpu_event: swap out when the lock is dropped */
+    NVSHARE_MSG_PREPARE_SWAP_OUT = 12,      /* d->c  struct nvshare_gpu_event: move `bytes` to host memory (docs/protocol.md "Swap") */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -71,11 +71,17 @@ enum nvshare_status {
 #define NVSHARE_RELEASE_DROPPED 0   /* answer to DROP_LOCK */
 #define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */
 #define NVSHARE_RELEASE_SWAPPED 2   /* memory was swapped out (bytes says how much) */
+#define NVSHARE_RELEASE_NO_ROOM 4   /* granted, but its swapped memory could not be brought back */
 /* nvshare_gpu_event.switch_ms in DROP_LOCK: why */
 #define NVSHARE_DROP_TIMESLICE 1
 #define NVSHARE_DROP_MAX_RUNTIME 2
 #define NVSHARE_DROP_ADMIN 3
 #define NVSHARE_DROP_MEMORY 4
+
+/* nvshare_mem_update.flags */
+#define NVSHARE_MEM_CAN_DEFER 1     /* this allocation can be made without GPU memory until the next grant */
+/* nvshare_mem_reply.flags */
+#define NVSHARE_MEM_DEFERRED 1      /* no room now: make it swapped out; it becomes resident at the next grant */
 
 /* nvshare_job_register.flags */
 #define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */
@@ -130,12 +136,14 @@ struct nvshare_mem_update {
     uint64_t fixed;             /* the part of allocated that can never be swapped */
     uint64_t swapped;           /* bytes of this process now held in host memory */
     uint64_t request;           /* an allocation about to be made; 0 = report only, no reply */
+    uint32_t flags;             /* NVSHARE_MEM_* (with request) */
+    uint32_t reserved;          /* 0 */
 };
 
 struct nvshare_mem_reply {
     char gpu_uuid[64];
     int32_t status;             /* NVSHARE_OK, or NVSHARE_ERR_NOMEM */
-    uint32_t reserved;
+    uint32_t flags;             /* NVSHARE_MEM_DEFERRED */
     uint64_t available;         /* what this process may still allocate there (the job's view) */
     uint64_t total;             /* what cuMemGetInfo should report as total */
 };
