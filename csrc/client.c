@@ -109,25 +109,30 @@ int nvshare_send_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint
     return send_frame(type, &ev, sizeof ev, seq_out);
 }
 
-static int send_mem_update(struct nvshare_gpu *g, uint64_t allocated, uint64_t request, uint32_t *seq)
+static void fill_mem_update(struct nvshare_mem_update *m, struct nvshare_gpu *g, uint64_t request,
+                            uint32_t flags)
 {
-    struct nvshare_mem_update mu;
-    memset(&mu, 0, sizeof mu);
-    nvshare_copy_str(mu.gpu_uuid, sizeof mu.gpu_uuid, g->uuid);
-    mu.allocated = allocated;
-    mu.fixed = allocated;  /* nothing is swappable until swap exists */
-    mu.swapped = 0;
-    mu.request = request;
-    return send_frame(NVSHARE_MSG_MEM_UPDATE, &mu, sizeof mu, seq);
+    struct nvshare_mem_numbers numbers;
+    nvshare_mem_numbers(g, &numbers);
+    memset(m, 0, sizeof *m);
+    nvshare_copy_str(m->gpu_uuid, sizeof m->gpu_uuid, g->uuid);
+    m->allocated = numbers.resident;
+    m->fixed = numbers.fixed;
+    m->swapped = numbers.swapped;
+    m->request = request;
+    m->flags = flags;
 }
 
-void nvshare_send_mem_report(struct nvshare_gpu *g, uint64_t allocated)
+void nvshare_send_mem_report(struct nvshare_gpu *g)
 {
-    if (atomic_load(&connected))
-        send_mem_update(g, allocated, 0, NULL);
+    if (!atomic_load(&connected))
+        return;
+    struct nvshare_mem_update m;
+    fill_mem_update(&m, g, 0, 0);
+    send_frame(NVSHARE_MSG_MEM_UPDATE, &m, sizeof m, NULL);
 }
 
-int nvshare_mem_request(struct nvshare_gpu *g, uint64_t allocated, uint64_t request,
+int nvshare_mem_request(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
                         struct nvshare_mem_reply *reply, int *answered)
 {
     *answered = 0;
@@ -156,31 +161,21 @@ int nvshare_mem_request(struct nvshare_gpu *g, uint64_t allocated, uint64_t requ
         memset(p, 0, sizeof *p);
         p->used = 1;
         unsigned my_epoch = epoch;
-        /* Reserve the seq before sending so the reply cannot overtake the bookkeeping. */
-        uint32_t seq;
         pthread_mutex_unlock(&conn_mu);
+        struct { struct nvshare_hdr hdr; struct nvshare_mem_update body; } frame;
+        fill_mem_update(&frame.body, g, request, flags);
+        /* Reserve the seq before sending so the reply cannot overtake the bookkeeping. */
         pthread_mutex_lock(&send_mu);
-        int rc;
-        {
-            struct nvshare_mem_update m;
-            memset(&m, 0, sizeof m);
-            nvshare_copy_str(m.gpu_uuid, sizeof m.gpu_uuid, g->uuid);
-            m.allocated = allocated;
-            m.fixed = allocated;
-            m.request = request;
-            struct { struct nvshare_hdr hdr; struct nvshare_mem_update body; } frame;
-            seq = atomic_fetch_add(&seq_counter, 1) + 1;
-            frame.hdr.magic = NVSHARE_MAGIC;
-            frame.hdr.version = NVSHARE_PROTO_VERSION;
-            frame.hdr.type = NVSHARE_MSG_MEM_UPDATE;
-            frame.hdr.length = sizeof frame.body;
-            frame.hdr.seq = seq;
-            frame.body = m;
-            pthread_mutex_lock(&conn_mu);
-            p->seq = seq;
-            pthread_mutex_unlock(&conn_mu);
-            rc = sock_fd >= 0 ? write_all(sock_fd, &frame, sizeof frame) : -1;
-        }
+        uint32_t seq = atomic_fetch_add(&seq_counter, 1) + 1;
+        frame.hdr.magic = NVSHARE_MAGIC;
+        frame.hdr.version = NVSHARE_PROTO_VERSION;
+        frame.hdr.type = NVSHARE_MSG_MEM_UPDATE;
+        frame.hdr.length = sizeof frame.body;
+        frame.hdr.seq = seq;
+        pthread_mutex_lock(&conn_mu);
+        p->seq = seq;
+        pthread_mutex_unlock(&conn_mu);
+        int rc = sock_fd >= 0 ? write_all(sock_fd, &frame, sizeof frame) : -1;
         pthread_mutex_unlock(&send_mu);
         pthread_mutex_lock(&conn_mu);
         while (rc == 0 && !p->done && epoch == my_epoch && atomic_load(&connected))
@@ -330,8 +325,9 @@ static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
         }
         switch (hdr->type) {
         case NVSHARE_MSG_LOCK_GRANT: nvshare_on_grant(g, ev.flags, ev.switch_ms); break;
-        case NVSHARE_MSG_LOCK_CONTENDED: nvshare_on_contended(g); break;
-        case NVSHARE_MSG_DROP_LOCK: nvshare_on_drop(g, ev.switch_ms); break;
+        case NVSHARE_MSG_LOCK_CONTENDED: nvshare_on_contended(g, ev.bytes); break;
+        case NVSHARE_MSG_DROP_LOCK: nvshare_on_drop(g, ev.switch_ms, ev.bytes); break;
+        case NVSHARE_MSG_PREPARE_SWAP_OUT: nvshare_on_prepare_swap_out(g, ev.bytes); break;
         default: nvshare_debug("gpu %s: message %u not handled yet", g->uuid, hdr->type); break;
         }
         return;

@@ -170,6 +170,17 @@ void nvshare_read_settings(void)
         nvshare_cfg.mem_limit = 0;
     }
 
+    const char *swap = getenv("NVSHARE_SWAP");
+    nvshare_cfg.swap = 1;
+    if (swap && *swap) {
+        if (!strcasecmp(swap, "off") || !strcmp(swap, "0") || !strcasecmp(swap, "false") ||
+            !strcasecmp(swap, "no"))
+            nvshare_cfg.swap = 0;
+        else if (strcasecmp(swap, "on") && strcmp(swap, "1") && strcasecmp(swap, "true") &&
+                 strcasecmp(swap, "yes"))
+            nvshare_log("NVSHARE_SWAP=%s is neither 'on' nor 'off'; using 'on'", swap);
+    }
+
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);
     if (!nvshare_cfg.managed_all) {

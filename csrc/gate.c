@@ -6,8 +6,10 @@
  *
  * Each gated GPU has a keeper thread that gives the lock back: at once on DROP_LOCK, and on
  * LOCK_CONTENDED as soon as nothing entered the gate for the adaptive idle threshold. Giving back =
- * close the gate, wait for the threads inside to leave, synchronise this GPU's contexts, send
- * LOCK_RELEASED.
+ * close the gate, wait for the threads inside to leave, synchronise this GPU's contexts, move the
+ * bytes the daemon asked for to host memory (swap.c), send LOCK_RELEASED. The keeper also brings
+ * swapped memory back after a grant before it opens the gate, and swaps out on PREPARE_SWAP_OUT
+ * while the process does not hold the GPU. Lock order: swap_mu before mu.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -56,6 +58,7 @@ static void gpu_init_sync(struct nvshare_gpu *g)
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&g->mu, NULL);
+    pthread_mutex_init(&g->swap_mu, NULL);
     pthread_cond_init(&g->waiters_cv, &attr);
     pthread_cond_init(&g->keeper_cv, &attr);
     pthread_condattr_destroy(&attr);
@@ -83,6 +86,7 @@ static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
         memset(g->uuid, 0, sizeof g->uuid);
         nvshare_copy_str(g->uuid, NVSHARE_UUID_LEN, uuid);
         g->device = dev;
+        g->vmm = -1;
         gpu_init_sync(g);
         uint32_t us = nvshare_client_idle_release_us();
         g->idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
@@ -173,6 +177,18 @@ void nvshare_ctx_forget(CUcontext ctx)
     pthread_mutex_unlock(&ctx_mu);
 }
 
+CUcontext nvshare_ctx_for_gpu(struct nvshare_gpu *g)
+{
+    CUcontext found = NULL;
+    pthread_mutex_lock(&ctx_mu);
+    int n = atomic_load(&ctx_count);
+    for (int i = 0; i < n && !found; i++)
+        if (ctx_table[i].gpu == g)
+            found = atomic_load(&ctx_table[i].ctx);
+    pthread_mutex_unlock(&ctx_mu);
+    return found;
+}
+
 struct nvshare_gpu *nvshare_gpu_for_current(void)
 {
     if (!nvshare_cfg.active || nvshare_in_hook)
@@ -225,8 +241,15 @@ void nvshare_gate_wait(struct nvshare_gpu *g)
     pthread_mutex_lock(&g->mu);
     g->waiters++;
     while (!(atomic_load(&g->open) && !atomic_load(&g->closing))) {
+        uint64_t now = nvshare_now_ns();
+        if (!g->held && !g->requested && g->no_room_until > now) {
+            /* Our memory did not fit back last time: give the others time before asking again. */
+            struct timespec until = {(time_t)(g->no_room_until / 1000000000ull),
+                                     (long)(g->no_room_until % 1000000000ull)};
+            pthread_cond_timedwait(&g->waiters_cv, &g->mu, &until);
+            continue;
+        }
         if (!g->held && !g->requested && !atomic_load(&g->closing) && nvshare_client_connected()) {
-            uint64_t now = nvshare_now_ns();
             adapt_threshold(g, now);
             uint32_t seq;
             if (nvshare_send_gpu_event(NVSHARE_MSG_LOCK_REQUEST, g->uuid, 0, 0, &seq) == 0) {
@@ -261,30 +284,135 @@ static void sync_contexts(struct nvshare_gpu *g)
     pthread_mutex_unlock(&ctx_mu);
 }
 
-/* With g->mu held; returns with it held. */
-static void release_lock(struct nvshare_gpu *g, uint32_t how)
+static void drain(struct nvshare_gpu *g)
 {
-    atomic_store(&g->closing, 1);
-    pthread_mutex_unlock(&g->mu);
     struct timespec pause = {0, 20000};
     while (atomic_load(&g->inside) > 0)
         nanosleep(&pause, NULL);
     sync_contexts(g);
+}
+
+/* With g->mu held, the gate closing and g drained: moves `bytes` out; returns with mu held. */
+static uint64_t swap_out_unlocked(struct nvshare_gpu *g, uint64_t bytes)
+{
+    if (!bytes)
+        return 0;
+    g->swap_busy = 1;
+    pthread_mutex_unlock(&g->mu);
+    nvshare_swap_lock(g);
+    uint64_t moved = nvshare_swap_out(g, bytes);
+    nvshare_swap_unlock(g);
+    nvshare_send_mem_report(g);
     pthread_mutex_lock(&g->mu);
+    g->swap_busy = 0;
+    return moved;
+}
+
+/* With g->mu held; returns with it held. */
+static void release_lock(struct nvshare_gpu *g, uint32_t how)
+{
+    atomic_store(&g->closing, 1);
+    uint64_t want = g->swap_out_bytes;
+    g->swap_out_bytes = 0;
+    pthread_mutex_unlock(&g->mu);
+    drain(g);
+    pthread_mutex_lock(&g->mu);
+    uint64_t moved = swap_out_unlocked(g, want);
     if (g->held) {
         g->held = 0;
         atomic_store(&g->open, 0);
         g->last_release_ns = nvshare_now_ns();
         g->last_release_idle = how == NVSHARE_RELEASE_IDLE;
-        nvshare_send_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid, how, 0, NULL);
-        nvshare_debug("gpu %s: lock released (%s, held %.1f ms, idle threshold %.2f ms)", g->uuid,
-                      how == NVSHARE_RELEASE_IDLE ? "idle" : "dropped",
-                      (g->last_release_ns - g->granted_ns) / 1e6, g->idle_threshold_ns / 1e6);
+        nvshare_send_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid,
+                               how | (moved ? NVSHARE_RELEASE_SWAPPED : 0), moved, NULL);
+        nvshare_debug("gpu %s: lock released (%s, held %.1f ms, idle threshold %.2f ms, %.1f MiB swapped out)",
+                      g->uuid, how == NVSHARE_RELEASE_IDLE ? "idle" : "dropped",
+                      (g->last_release_ns - g->granted_ns) / 1e6, g->idle_threshold_ns / 1e6,
+                      moved / 1048576.0);
     }
     g->contended = 0;
     g->drop_pending = 0;
     atomic_store(&g->closing, 0);
     pthread_cond_broadcast(&g->waiters_cv);
+}
+
+/* With g->mu held: may work pass the gate now (holding the lock, or ungated)? */
+static int should_open(struct nvshare_gpu *g)
+{
+    return g->held || atomic_load(&g->mode) == GPU_PASS ||
+           (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_client_connected());
+}
+
+static void ensure_keeper(struct nvshare_gpu *g);
+
+/* With g->mu held: open the gate, unless memory must come back first (then the keeper opens it). */
+static void open_gate(struct nvshare_gpu *g)
+{
+    struct nvshare_mem_numbers numbers;
+    nvshare_mem_numbers(g, &numbers);
+    if (numbers.swapped || g->swap_busy) {
+        g->swap_in_pending = 1;
+        ensure_keeper(g);
+        pthread_cond_signal(&g->keeper_cv);
+        return;
+    }
+    atomic_store(&g->open, 1);
+    pthread_cond_broadcast(&g->waiters_cv);
+}
+
+/* With g->mu held (the keeper): bring swapped memory back, then open the gate if it may open. */
+static void swap_in_and_open(struct nvshare_gpu *g)
+{
+    g->swap_in_pending = 0;
+    g->swap_busy = 1;
+    pthread_mutex_unlock(&g->mu);
+    nvshare_swap_lock(g);
+    int rc = nvshare_swap_in(g);
+    /* Open under swap_mu: an allocation decides "born swapped" under it by looking at the gate. */
+    pthread_mutex_lock(&g->mu);
+    g->swap_busy = 0;
+    if (rc == 0 && should_open(g)) {
+        atomic_store(&g->open, 1);
+        pthread_cond_broadcast(&g->waiters_cv);
+    }
+    nvshare_swap_unlock(g);
+    nvshare_send_mem_report(g);
+    if (rc == 0)
+        return;
+    g->no_room_until = nvshare_now_ns() + 250000000ull;
+    if (g->held) {
+        /* Let the others run and free room; the waiting threads ask again after no_room_until. */
+        g->held = 0;
+        g->contended = g->drop_pending = 0;
+        g->swap_out_bytes = 0;
+        nvshare_send_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid, NVSHARE_RELEASE_NO_ROOM, 0, NULL);
+        pthread_cond_broadcast(&g->waiters_cv);
+    } else if (should_open(g)) {
+        g->swap_in_pending = 1;  /* ungated: keep trying */
+    }
+}
+
+/* With g->mu held, not holding the lock: PREPARE_SWAP_OUT. */
+static void swap_out_now(struct nvshare_gpu *g)
+{
+    uint64_t want = g->swap_now_bytes;
+    g->swap_now_bytes = 0;
+    if (atomic_load(&g->open) || g->held) {
+        /* Ungated work may run at any moment: its memory cannot move. Say so in the numbers. */
+        nvshare_send_mem_report(g);
+        return;
+    }
+    atomic_store(&g->closing, 1);
+    pthread_mutex_unlock(&g->mu);
+    drain(g);
+    pthread_mutex_lock(&g->mu);
+    uint64_t moved = swap_out_unlocked(g, want);
+    atomic_store(&g->closing, 0);
+    pthread_cond_broadcast(&g->waiters_cv);
+    if (!moved)
+        nvshare_send_mem_report(g);
+    nvshare_debug("gpu %s: asked to move %.1f MiB to host memory while waiting: moved %.1f MiB", g->uuid,
+                  want / 1048576.0, moved / 1048576.0);
 }
 
 static void deadline_after(struct timespec *ts, uint64_t ns)
@@ -301,8 +429,24 @@ static void *keeper_main(void *arg)
     nvshare_in_hook = 1;  /* driver calls of this thread are the hook's own */
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!(g->held && (g->drop_pending || g->contended)))
+        while (!(g->swap_in_pending || g->swap_now_bytes || (g->held && (g->drop_pending || g->contended))))
             pthread_cond_wait(&g->keeper_cv, &g->mu);
+        if (g->swap_in_pending) {
+            uint64_t now = nvshare_now_ns();
+            if (!g->held && g->no_room_until > now) {
+                struct timespec until;
+                deadline_after(&until, g->no_room_until - now);
+                pthread_cond_timedwait(&g->keeper_cv, &g->mu, &until);
+                if (nvshare_now_ns() < g->no_room_until)
+                    continue;
+            }
+            swap_in_and_open(g);
+            continue;
+        }
+        if (g->swap_now_bytes) {
+            swap_out_now(g);
+            continue;
+        }
         if (g->drop_pending) {
             release_lock(g, NVSHARE_RELEASE_DROPPED);
             continue;
@@ -349,32 +493,54 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
     g->contended = 0;
     g->drop_pending = 0;
     g->granted_ns = nvshare_now_ns();
-    atomic_store(&g->open, 1);
-    pthread_cond_broadcast(&g->waiters_cv);
+    g->no_room_until = 0;
+    open_gate(g);
     pthread_mutex_unlock(&g->mu);
     nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
                   flags == NVSHARE_GRANT_SHARED ? "shared" : "exclusive", switch_ms);
 }
 
-void nvshare_on_contended(struct nvshare_gpu *g)
+static void want_out(struct nvshare_gpu *g, uint64_t bytes)
+{
+    if (bytes > g->swap_out_bytes)
+        g->swap_out_bytes = bytes;
+}
+
+void nvshare_on_contended(struct nvshare_gpu *g, uint64_t bytes)
 {
     pthread_mutex_lock(&g->mu);
     if (g->held) {
+        want_out(g, bytes);
         g->contended = 1;
         pthread_cond_signal(&g->keeper_cv);
     }
     pthread_mutex_unlock(&g->mu);
 }
 
-void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason)
+void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes)
 {
     pthread_mutex_lock(&g->mu);
     if (g->held) {
+        want_out(g, bytes);
         g->drop_pending = 1;
         pthread_cond_signal(&g->keeper_cv);
     }
     pthread_mutex_unlock(&g->mu);
-    nvshare_debug("gpu %s: drop requested (reason %u)", g->uuid, reason);
+    nvshare_debug("gpu %s: drop requested (reason %u, %.1f MiB to move out)", g->uuid, reason,
+                  bytes / 1048576.0);
+}
+
+void nvshare_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
+{
+    pthread_mutex_lock(&g->mu);
+    if (g->held) {
+        want_out(g, bytes);  /* moved at the next release */
+    } else if (bytes) {
+        g->swap_now_bytes = bytes > g->swap_now_bytes ? bytes : g->swap_now_bytes;
+        ensure_keeper(g);
+        pthread_cond_signal(&g->keeper_cv);
+    }
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* A REPLY to LOCK_REQUEST: this GPU is not the daemon's, or not this job's. Never block on it. */
@@ -387,8 +553,7 @@ void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *messag
         if (g->requested && g->request_seq == seq) {
             g->requested = 0;
             atomic_store(&g->mode, GPU_PASS);
-            atomic_store(&g->open, 1);
-            pthread_cond_broadcast(&g->waiters_cv);
+            open_gate(g);
             pthread_mutex_unlock(&g->mu);
             if (status == NVSHARE_ERR_NOGPU)
                 nvshare_debug("gpu %s: not managed for this job (%s); not gated", g->uuid, message);
@@ -413,7 +578,11 @@ void nvshare_on_connection_change(int connected)
             g->requested = 0;
             g->contended = 0;
             g->drop_pending = 0;
-            atomic_store(&g->open, !connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN);
+            g->swap_in_pending = 0;
+            g->swap_out_bytes = 0;
+            atomic_store(&g->open, 0);
+            if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN)
+                open_gate(g);
         }
         pthread_cond_broadcast(&g->waiters_cv);
         pthread_mutex_unlock(&g->mu);
@@ -428,8 +597,7 @@ void nvshare_gates_open_all(const char *why)
         struct nvshare_gpu *g = &nvshare_gpus[i];
         pthread_mutex_lock(&g->mu);
         atomic_store(&g->mode, GPU_PASS);
-        atomic_store(&g->open, 1);
-        pthread_cond_broadcast(&g->waiters_cv);
+        open_gate(g);
         pthread_mutex_unlock(&g->mu);
     }
     (void)why;
@@ -445,6 +613,8 @@ void nvshare_gate_after_fork(void)
         struct nvshare_gpu *g = &nvshare_gpus[i];
         gpu_init_sync(g);
         g->held = g->requested = g->waiters = g->contended = g->drop_pending = 0;
+        g->swap_in_pending = g->swap_busy = 0;
+        g->swap_out_bytes = g->swap_now_bytes = g->no_room_until = 0;
         g->keeper_running = 0;
         g->last_release_idle = 0;
         atomic_store(&g->inside, 0);

@@ -95,6 +95,17 @@ static void load_driver_once(void)
     RESOLVE(cuDeviceGetUuid_v2);
     RESOLVE(cuDeviceGet);
     RESOLVE(cuStreamGetCtx);
+    RESOLVE(cuDeviceGetAttribute);
+    RESOLVE(cuDeviceGetCount);
+    RESOLVE(cuDeviceCanAccessPeer);
+    RESOLVE(cuMemGetAllocationGranularity);
+    RESOLVE(cuMemAddressReserve);
+    RESOLVE(cuMemAddressFree);
+    RESOLVE(cuMemMap);
+    RESOLVE(cuMemUnmap);
+    RESOLVE(cuMemSetAccess);
+    RESOLVE(cuMemHostAlloc);
+    RESOLVE(cuMemFreeHost);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -120,6 +131,7 @@ static void after_fork_child(void)
     nvshare_client_after_fork();
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
+    nvshare_swap_after_fork();
 }
 
 __attribute__((constructor)) static void nvshare_init(void)

@@ -2,8 +2,10 @@
  *
  * Before an allocation the hook asks (MEM_UPDATE with request > 0) and waits for MEM_REPLY; a refusal
  * becomes CUDA_ERROR_OUT_OF_MEMORY without calling the driver. After it, and after every free, it
- * reports the new total (request = 0). cuMemGetInfo shows the job's view: the smaller of what the
- * driver says and what the daemon allows. Until swap exists, fixed == allocated.
+ * reports the new numbers (request = 0): resident bytes, the fixed part of them, and swapped bytes.
+ * cuMemAlloc_v2 (what cudaMalloc becomes) is backed by swap.c when it can be, so that it can move to
+ * host memory; everything else is fixed. cuMemGetInfo shows the job's view: the smaller of what the
+ * driver says and what the daemon allows.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -87,6 +89,20 @@ static struct nvshare_gpu *forget(uint64_t key, int kind)
     return NULL;
 }
 
+/* With mem_mu held; the GPU of a live allocation, or NULL. */
+static struct nvshare_gpu *lookup(uint64_t key, int kind)
+{
+    if (!alloc_cap)
+        return NULL;
+    size_t s = slot_of(key, kind, alloc_cap);
+    while (allocs[s].kind) {
+        if (allocs[s].kind == kind && allocs[s].key == key)
+            return allocs[s].gpu;
+        s = (s + 1) & (alloc_cap - 1);
+    }
+    return NULL;
+}
+
 static uint64_t allocated_on(struct nvshare_gpu *g)
 {
     pthread_mutex_lock(&mem_mu);
@@ -95,14 +111,35 @@ static uint64_t allocated_on(struct nvshare_gpu *g)
     return v;
 }
 
+void nvshare_mem_numbers(struct nvshare_gpu *g, struct nvshare_mem_numbers *out)
+{
+    pthread_mutex_lock(&mem_mu);
+    uint64_t swapped = g->swapped < g->allocated ? g->swapped : g->allocated;
+    out->resident = g->allocated - swapped;
+    uint64_t swappable = g->swap_blocked ? 0 : g->swappable;
+    out->fixed = swappable < out->resident ? out->resident - swappable : 0;
+    out->swapped = swapped;
+    pthread_mutex_unlock(&mem_mu);
+}
+
+void nvshare_mem_moved(struct nvshare_gpu *g, int64_t d_swappable, int64_t d_swapped)
+{
+    pthread_mutex_lock(&mem_mu);
+    g->swappable = (uint64_t)((int64_t)g->swappable + d_swappable);
+    g->swapped = (uint64_t)((int64_t)g->swapped + d_swapped);
+    pthread_mutex_unlock(&mem_mu);
+}
+
 static int accounted(struct nvshare_gpu *g)
 {
     return g && nvshare_cfg.active && atomic_load(&g->mode) != GPU_PASS;
 }
 
-/* CUDA_SUCCESS when the allocation may go to the driver. */
-static CUresult admit(struct nvshare_gpu *g, uint64_t bytes)
+/* CUDA_SUCCESS when the allocation may go to the driver; *deferred when the daemon said to make it
+ * without GPU memory for now (flags NVSHARE_MEM_CAN_DEFER only). */
+static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int *deferred)
 {
+    *deferred = 0;
     if (!accounted(g) || bytes == 0)
         return CUDA_SUCCESS;
     uint64_t allocated = allocated_on(g);
@@ -114,12 +151,13 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes)
     }
     struct nvshare_mem_reply reply;
     int answered;
-    if (nvshare_mem_request(g, allocated, bytes, &reply, &answered)) {
+    if (nvshare_mem_request(g, bytes, flags, &reply, &answered)) {
         nvshare_log("gpu %s: allocation of %llu bytes refused by nvshare-scheduler: the job may still "
                     "allocate %llu of %llu bytes here", g->uuid, (unsigned long long)bytes,
                     (unsigned long long)reply.available, (unsigned long long)reply.total);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    *deferred = answered && (reply.flags & NVSHARE_MEM_DEFERRED);
     return CUDA_SUCCESS;
 }
 
@@ -129,9 +167,8 @@ static void record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size)
         return;
     pthread_mutex_lock(&mem_mu);
     remember(key, kind, size, g);
-    uint64_t total = g->allocated;
     pthread_mutex_unlock(&mem_mu);
-    nvshare_send_mem_report(g, total);
+    nvshare_send_mem_report(g);
 }
 
 static void unrecord(uint64_t key, int kind)
@@ -140,10 +177,9 @@ static void unrecord(uint64_t key, int kind)
         return;
     pthread_mutex_lock(&mem_mu);
     struct nvshare_gpu *g = forget(key, kind);
-    uint64_t total = g ? g->allocated : 0;
     pthread_mutex_unlock(&mem_mu);
     if (g && atomic_load(&g->mode) != GPU_PASS)
-        nvshare_send_mem_report(g, total);
+        nvshare_send_mem_report(g);
 }
 
 void nvshare_memory_resend(void)
@@ -151,9 +187,8 @@ void nvshare_memory_resend(void)
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        uint64_t total = allocated_on(g);
-        if (total && atomic_load(&g->mode) != GPU_PASS)
-            nvshare_send_mem_report(g, total);
+        if (allocated_on(g) && atomic_load(&g->mode) != GPU_PASS)
+            nvshare_send_mem_report(g);
     }
 }
 
@@ -166,7 +201,7 @@ void nvshare_memory_after_fork(void)
     alloc_cap = alloc_used = 0;
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++)
-        nvshare_gpus[i].allocated = 0;
+        nvshare_gpus[i].allocated = nvshare_gpus[i].swappable = nvshare_gpus[i].swapped = 0;
 }
 
 #define REAL_OR_FAIL(name)                                                                       \
@@ -183,7 +218,8 @@ void nvshare_memory_after_fork(void)
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *g = nvshare_gpu_for_current();                                       \
-        CUresult rc = admit(g, (request_expr));                                                  \
+        int deferred_;                                                                           \
+        CUresult rc = admit(g, (request_expr), 0, &deferred_);                                   \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
         nvshare_in_hook++;                                                                       \
@@ -196,8 +232,6 @@ void nvshare_memory_after_fork(void)
 
 ALLOC_WRAPPER(cuMemAlloc, (CUdeviceptr_v1 *dptr, unsigned int bytesize), (dptr, bytesize), *dptr,
               bytesize, bytesize)
-ALLOC_WRAPPER(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize), *dptr, bytesize,
-              bytesize)
 ALLOC_WRAPPER(cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int elementSize),
               (dptr, pitch, width, height, elementSize), *dptr, (uint64_t)*pitch * height,
@@ -215,6 +249,34 @@ ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize,
                                              CUstream stream),
               (dptr, bytesize, pool, stream), *dptr, bytesize, bytesize)
 
+/* cudaMalloc's way in: backed so that it can be swapped (swap.c) when it is large enough. */
+NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    REAL_OR_FAIL(cuMemAlloc_v2);
+    struct nvshare_gpu *g = nvshare_gpu_for_current();
+    size_t swappable = accounted(g) ? nvshare_swap_size(g, bytesize) : 0;
+    int deferred;
+    CUresult rc = admit(g, swappable ? swappable : bytesize, swappable ? NVSHARE_MEM_CAN_DEFER : 0,
+                        &deferred);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (swappable && dptr) {
+        rc = nvshare_swap_alloc(g, dptr, swappable, deferred);
+        if (rc == CUDA_SUCCESS) {
+            record(g, (uint64_t)*dptr, KIND_PTR, swappable);
+            return rc;
+        }
+        if (rc != CUDA_ERROR_NOT_SUPPORTED)
+            return rc;
+    }
+    nvshare_in_hook++;
+    rc = nvshare_real.cuMemAlloc_v2(dptr, bytesize);
+    nvshare_in_hook--;
+    if (rc == CUDA_SUCCESS)
+        record(g, (uint64_t)*dptr, KIND_PTR, bytesize);
+    return rc;
+}
+
 NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -222,7 +284,8 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     struct nvshare_gpu *g = NULL;
     if (nvshare_cfg.active && !nvshare_in_hook && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         g = nvshare_gpu_for_device(prop->location.id);
-    CUresult rc = admit(g, size);
+    int deferred;
+    CUresult rc = admit(g, size, 0, &deferred);
     if (rc != CUDA_SUCCESS)
         return rc;
     nvshare_in_hook++;
@@ -246,10 +309,41 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
         return rc;                                                                               \
     }
 
+/* 1 when dptr was a swappable allocation and is freed now (its result in *rc). */
+static int free_swappable(CUdeviceptr dptr, CUresult *rc)
+{
+    if (!nvshare_cfg.active || nvshare_in_hook || !dptr)
+        return 0;
+    pthread_mutex_lock(&mem_mu);
+    struct nvshare_gpu *g = lookup((uint64_t)dptr, KIND_PTR);
+    pthread_mutex_unlock(&mem_mu);
+    if (!g || !nvshare_swap_free(g, dptr, rc))
+        return 0;
+    if (*rc == CUDA_SUCCESS)
+        unrecord((uint64_t)dptr, KIND_PTR);
+    return 1;
+}
+
+#define FREE_SWAPPABLE_WRAPPER(name, params, call)                                               \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        CUresult rc;                                                                             \
+        if (free_swappable(dptr, &rc))                                                           \
+            return rc;                                                                           \
+        nvshare_in_hook++;                                                                       \
+        rc = nvshare_real.name call;                                                             \
+        nvshare_in_hook--;                                                                       \
+        if (rc == CUDA_SUCCESS)                                                                  \
+            unrecord((uint64_t)dptr, KIND_PTR);                                                  \
+        return rc;                                                                               \
+    }
+
 FREE_WRAPPER(cuMemFree, (CUdeviceptr_v1 dptr), (dptr), dptr, KIND_PTR)
-FREE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), (dptr), dptr, KIND_PTR)
-FREE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), dptr, KIND_PTR)
-FREE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), dptr, KIND_PTR)
+FREE_SWAPPABLE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), (dptr))
+/* A stream-ordered free of a swappable allocation frees it at once: it waits for the device first. */
+FREE_SWAPPABLE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream))
+FREE_SWAPPABLE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream))
 FREE_WRAPPER(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle), handle, KIND_HANDLE)
 
 /* ---- the job's view ------------------------------------------------------------------------- */
@@ -268,7 +362,7 @@ static void job_view(uint64_t *free_bytes, uint64_t *total_bytes)
     struct nvshare_mem_reply reply;
     int answered = 0;
     /* A one-byte question: the reply carries the job's view whatever its verdict. */
-    nvshare_mem_request(g, allocated, 1, &reply, &answered);
+    nvshare_mem_request(g, 1, 0, &reply, &answered);
     if (answered) {
         if (reply.total && reply.total < total)
             total = reply.total;

@@ -31,6 +31,20 @@ typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *uuid, CUdevice dev);
 typedef CUresult (*cuDeviceGetUuid_v2_fn)(CUuuid *uuid, CUdevice dev);
 typedef CUresult (*cuDeviceGet_fn)(CUdevice *dev, int ordinal);
 typedef CUresult (*cuStreamGetCtx_fn)(CUstream stream, CUcontext *ctx);
+typedef CUresult (*cuDeviceGetAttribute_fn)(int *value, int attrib, CUdevice dev);
+typedef CUresult (*cuDeviceGetCount_fn)(int *count);
+typedef CUresult (*cuDeviceCanAccessPeer_fn)(int *can, CUdevice dev, CUdevice peer);
+typedef CUresult (*cuMemGetAllocationGranularity_fn)(size_t *granularity, const CUmemAllocationProp *prop,
+                                                     int option);
+typedef CUresult (*cuMemAddressReserve_fn)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                           unsigned long long flags);
+typedef CUresult (*cuMemAddressFree_fn)(CUdeviceptr ptr, size_t size);
+typedef CUresult (*cuMemMap_fn)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                                unsigned long long flags);
+typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr ptr, size_t size);
+typedef CUresult (*cuMemSetAccess_fn)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+typedef CUresult (*cuMemHostAlloc_fn)(void **pp, size_t bytesize, unsigned int flags);
+typedef CUresult (*cuMemFreeHost_fn)(void *p);
 
 struct nvshare_real {
 #define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
@@ -44,6 +58,18 @@ struct nvshare_real {
     cuDeviceGetUuid_v2_fn cuDeviceGetUuid_v2;
     cuDeviceGet_fn cuDeviceGet;
     cuStreamGetCtx_fn cuStreamGetCtx;
+    /* swap (swap.c): optional; without them every allocation is fixed */
+    cuDeviceGetAttribute_fn cuDeviceGetAttribute;
+    cuDeviceGetCount_fn cuDeviceGetCount;
+    cuDeviceCanAccessPeer_fn cuDeviceCanAccessPeer;
+    cuMemGetAllocationGranularity_fn cuMemGetAllocationGranularity;
+    cuMemAddressReserve_fn cuMemAddressReserve;
+    cuMemAddressFree_fn cuMemAddressFree;
+    cuMemMap_fn cuMemMap;
+    cuMemUnmap_fn cuMemUnmap;
+    cuMemSetAccess_fn cuMemSetAccess;
+    cuMemHostAlloc_fn cuMemHostAlloc;
+    cuMemFreeHost_fn cuMemFreeHost;
 };
 extern struct nvshare_real nvshare_real;
 
@@ -61,6 +87,7 @@ struct nvshare_settings {
     char socket_path[108];
     int loss_policy;
     uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
+    int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -78,6 +105,7 @@ void nvshare_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- per-GPU state and the gate (gate.c) ---------------------------------------------------- */
 enum nvshare_gpu_mode { GPU_UNKNOWN = 0, GPU_GATED = 1, GPU_PASS = 2 };
+struct nvshare_swap_entry;
 
 struct nvshare_gpu {
     char uuid[NVSHARE_UUID_LEN];
@@ -104,8 +132,24 @@ struct nvshare_gpu {
     uint64_t last_release_ns;
     int last_release_idle;
     uint64_t granted_ns;
-    /* memory, under nvshare_mem_mu (memory.c) */
-    uint64_t allocated;
+    uint64_t swap_out_bytes;      /* move at least this much to host memory at the next release */
+    uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */
+    int swap_in_pending;          /* granted with memory in host memory: bring it back, then open */
+    uint64_t no_room_until;       /* swap-in failed for lack of GPU memory: ask again after this */
+    /* memory, under memory.c's mutex */
+    uint64_t allocated;           /* every byte this process allocated here: resident + swapped */
+    uint64_t swappable;           /* resident bytes that can move (swap.c backing) */
+    uint64_t swapped;             /* bytes not on the GPU now (in host memory, or not yet created) */
+    /* swap backing (swap.c), under swap_mu */
+    pthread_mutex_t swap_mu;
+    struct nvshare_swap_entry *swap_entries;
+    size_t swap_count, swap_cap;
+    int vmm;                      /* -1 not known yet, 0 unsupported, 1 usable */
+    int swap_blocked;             /* host memory could not take a swap: report everything fixed */
+    int swap_busy;                /* the keeper moves memory now (under mu): a grant must wait for it */
+    size_t granularity;
+    int n_access;
+    CUmemAccessDesc access[NVSHARE_MAX_GPUS];
 };
 
 extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
@@ -117,6 +161,8 @@ struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
 void nvshare_gate_wait(struct nvshare_gpu *g);
 void nvshare_ctx_forget(CUcontext ctx);
 void nvshare_ctx_remember(CUcontext ctx, CUdevice dev);
+/* A context of this process on g (for the hook's own copies), or NULL. */
+CUcontext nvshare_ctx_for_gpu(struct nvshare_gpu *g);
 
 /* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
  * Both sides use sequentially consistent atomics, so one of them always sees the other. */
@@ -144,8 +190,9 @@ static inline void nvshare_gate_leave(struct nvshare_gpu *g)
 
 /* Called by client.c on daemon messages and connection changes. */
 void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms);
-void nvshare_on_contended(struct nvshare_gpu *g);
-void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason);
+void nvshare_on_contended(struct nvshare_gpu *g, uint64_t bytes);
+void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
+void nvshare_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
 void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *message);
 void nvshare_on_connection_change(int connected);
 void nvshare_gates_open_all(const char *why);
@@ -158,15 +205,39 @@ int nvshare_client_refused(void);
 uint32_t nvshare_client_idle_release_us(void);
 int nvshare_send_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint64_t bytes,
                            uint32_t *seq_out);
-void nvshare_send_mem_report(struct nvshare_gpu *g, uint64_t allocated);
+/* MEM_UPDATE with this process's current numbers for g (memory.c's counters). */
+void nvshare_send_mem_report(struct nvshare_gpu *g);
 /* Asks before allocating: 0 = allowed (reply in *reply when the daemon answered), 1 = refused. */
-int nvshare_mem_request(struct nvshare_gpu *g, uint64_t allocated, uint64_t request,
+int nvshare_mem_request(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
                         struct nvshare_mem_reply *reply, int *answered);
 void nvshare_client_after_fork(void);
 
 /* ---- memory accounting (memory.c) ----------------------------------------------------------- */
 void nvshare_memory_resend(void);
 void nvshare_memory_after_fork(void);
+struct nvshare_mem_numbers {
+    uint64_t resident, fixed, swapped;
+};
+void nvshare_mem_numbers(struct nvshare_gpu *g, struct nvshare_mem_numbers *out);
+/* Moves bytes between the resident-swappable and swapped counters (swap.c). */
+void nvshare_mem_moved(struct nvshare_gpu *g, int64_t d_swappable, int64_t d_swapped);
+
+/* ---- swap (swap.c) -------------------------------------------------------------------------- */
+/* The size a swappable allocation of `size` bytes takes on g, or 0 when it is not backed that way. */
+size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size);
+/* Makes it; deferred = address only, counted as swapped. CUDA_ERROR_NOT_SUPPORTED: use cuMemAlloc. */
+CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred);
+/* Frees va if it is a swappable allocation of g: 1 (rc in *rc) or 0 when it is not one. */
+int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc);
+/* swap_mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
+void nvshare_swap_lock(struct nvshare_gpu *g);
+void nvshare_swap_unlock(struct nvshare_gpu *g);
+/* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
+ * (UINT64_MAX: all) to host memory; returns the bytes moved. */
+uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+/* Under nvshare_swap_lock, gate shut: brings all of g's swapped memory back; 0 when all is resident. */
+int nvshare_swap_in(struct nvshare_gpu *g);
+void nvshare_swap_after_fork(void);
 
 /* strncpy without its truncation warnings: always NUL-terminated. */
 static inline void nvshare_copy_str(char *dst, size_t size, const char *src)

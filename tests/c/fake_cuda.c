@@ -6,6 +6,10 @@
  * unsigned long long microseconds) or "empty": launches are asynchronous per stream, synchronisation
  * sleeps until the stream is done, and every sleep kernel appends "pid uuid start_ns end_ns" to
  * FAKE_CUDA_TRACE, so tests can check who ran on which GPU when.
+ * FAKE_CUDA_SHARED_MEMORY names a file that holds each device's used bytes for every process that
+ * names it, so device memory runs out across processes as on a real GPU. FAKE_CUDA_NO_VMM=1 makes the
+ * devices report no virtual memory management. cuMemHostAlloc touches its pages, as pinning does,
+ * so they count against the process's cgroup.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -40,7 +44,9 @@ struct fctx {
 struct fdev {
     CUuuid uuid;
     char text[64];
-    uint64_t total, used;
+    uint64_t total;
+    uint64_t own_used;      /* used bytes when no shared file is named */
+    uint64_t *used;         /* &own_used, or this device's word in the shared file */
     struct fctx *primary;
 };
 struct fmod { int unused; };
@@ -53,6 +59,7 @@ static int n_devs;
 static int initialised;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct falloc *allocs;
+static struct falloc *host_allocs;
 static int trace_fd = -1;
 static __thread struct fctx *ctx_stack[16];
 static __thread int ctx_depth;
@@ -134,6 +141,38 @@ static void setup_devices(void)
     const char *trace = getenv("FAKE_CUDA_TRACE");
     if (trace && *trace)
         trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    uint64_t *shared = NULL;
+    const char *state = getenv("FAKE_CUDA_SHARED_MEMORY");
+    if (state && *state) {
+        int fd = open(state, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        size_t len = MAX_DEV * sizeof(uint64_t);
+        if (fd >= 0 && ftruncate(fd, (off_t)len) == 0) {
+            void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED)
+                shared = p;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    for (int i = 0; i < n_devs; i++)
+        devs[i].used = shared ? &shared[i] : &devs[i].own_used;
+}
+
+/* Takes size bytes of dev's memory, or fails when they are not free (on every process's count). */
+static int take_device_memory(int dev, uint64_t size)
+{
+    uint64_t old = __atomic_load_n(devs[dev].used, __ATOMIC_SEQ_CST);
+    do {
+        if (old + size > devs[dev].total)
+            return -1;
+    } while (!__atomic_compare_exchange_n(devs[dev].used, &old, old + size, 0, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_SEQ_CST));
+    return 0;
+}
+
+static void give_device_memory(int dev, uint64_t size)
+{
+    __atomic_fetch_sub(devs[dev].used, size, __ATOMIC_SEQ_CST);
 }
 
 static struct fctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
@@ -212,7 +251,18 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev)
 {
     NEED_INIT();
     if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
-    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9 : 0;
+    const char *no_vmm = getenv("FAKE_CUDA_NO_VMM");
+    *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9
+       : attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ? !(no_vmm && *no_vmm == '1')
+       : 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs || peer < 0 || peer >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
     return CUDA_SUCCESS;
 }
 
@@ -425,20 +475,17 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 static CUresult fake_alloc(CUdeviceptr *dptr, size_t size, int dev)
 {
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mu);
-    if (devs[dev].used + size > devs[dev].total) {
-        pthread_mutex_unlock(&mu);
+    if (take_device_memory(dev, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-        pthread_mutex_unlock(&mu);
+        give_device_memory(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct falloc *a = malloc(sizeof *a);
+    pthread_mutex_lock(&mu);
     *a = (struct falloc){(uint64_t)(uintptr_t)p, size, dev, allocs};
     allocs = a;
-    devs[dev].used += size;
     pthread_mutex_unlock(&mu);
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
@@ -466,7 +513,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         struct falloc *a = *pp;
         if (a->ptr == dptr) {
             *pp = a->next;
-            devs[a->dev].used -= a->size;
+            give_device_memory(a->dev, a->size);
             munmap((void *)(uintptr_t)a->ptr, a->size);
             free(a);
             pthread_mutex_unlock(&mu);
@@ -483,10 +530,9 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     NEED_CTX();
     struct fdev *d = &devs[current()->dev];
-    pthread_mutex_lock(&mu);
-    *free_bytes = d->total - d->used;
+    uint64_t used = __atomic_load_n(d->used, __ATOMIC_SEQ_CST);
+    *free_bytes = used < d->total ? d->total - used : 0;
     *total = d->total;
-    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
 
@@ -522,6 +568,40 @@ EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
     return CUDA_SUCCESS;
 }
 
+/* Pinned host memory: committed and touched, as pinning makes it resident. */
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(p, 0, size);
+    *pp = p;
+    pthread_mutex_lock(&mu);
+    struct falloc *a = malloc(sizeof *a);
+    *a = (struct falloc){(uint64_t)(uintptr_t)p, size, -1, host_allocs};
+    host_allocs = a;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    for (struct falloc **pp = &host_allocs; *pp; pp = &(*pp)->next)
+        if ((*pp)->ptr == (uint64_t)(uintptr_t)p) {
+            struct falloc *a = *pp;
+            *pp = a->next;
+            pthread_mutex_unlock(&mu);
+            munmap(p, a->size);
+            free(a);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- virtual memory ------------------------------------------------------------------------ */
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
 { (void)prop; (void)option; NEED_INIT(); *g = 2u << 20; return CUDA_SUCCESS; }
@@ -548,21 +628,14 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         prop->location.id >= n_devs || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     int dev = prop->location.id;
-    pthread_mutex_lock(&mu);
-    if (devs[dev].used + size > devs[dev].total) {
-        pthread_mutex_unlock(&mu);
+    if (take_device_memory(dev, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    devs[dev].used += size;
-    pthread_mutex_unlock(&mu);
     struct fhandle *h = malloc(sizeof *h);
     h->fd = memfd_create("fake-cuda", MFD_CLOEXEC);
     h->size = size;
     h->dev = dev;
     if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
-        pthread_mutex_lock(&mu);
-        devs[dev].used -= size;
-        pthread_mutex_unlock(&mu);
+        give_device_memory(dev, size);
         free(h);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -575,9 +648,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     NEED_INIT();
     struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
     if (!h) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&mu);
-    devs[h->dev].used -= h->size;
-    pthread_mutex_unlock(&mu);
+    give_device_memory(h->dev, h->size);
     close(h->fd);
     free(h);
     return CUDA_SUCCESS;
@@ -627,6 +698,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 
 #define FAKE_FUNCS(F) F(cuInit) F(cuDriverGetVersion) F(cuDeviceGetCount) F(cuDeviceGet) F(cuDeviceGetName) \
     F(cuDeviceGetUuid) F(cuDeviceGetUuid_v2) F(cuDeviceTotalMem_v2) F(cuDeviceGetAttribute)                 \
+    F(cuDeviceCanAccessPeer) F(cuMemHostAlloc) F(cuMemFreeHost)                                             \
     F(cuDevicePrimaryCtxRetain) F(cuDevicePrimaryCtxRelease) F(cuDevicePrimaryCtxRelease_v2)               \
     F(cuCtxSetCurrent) F(cuCtxGetCurrent) F(cuCtxPushCurrent_v2) F(cuCtxPopCurrent_v2) F(cuCtxGetDevice)   \
     F(cuCtxCreate) F(cuCtxCreate_v2) F(cuCtxCreate_v3) F(cuCtxCreate_v4) F(cuCtxSynchronize)               \

@@ -5,6 +5,8 @@
  *
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
+ *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
+ *                             byte, write a new pattern; the data must survive swaps at its address)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -317,6 +319,46 @@ static void run(char *action)
         check("cuMemRelease", api.cuMemRelease(h));
         check("cuMemAddressFree", api.cuMemAddressFree(va, size));
         printf("vm rc=0 %s\n", memcmp(back, msg, sizeof msg) == 0 ? "data ok" : "data lost");
+    } else if (strcmp(action, "pattern") == 0) {
+        char *r = strchr(arg, ':');
+        char *us = r ? strchr(r + 1, ':') : NULL;
+        size_t size = strtoull(arg, NULL, 10);
+        int rounds = r ? atoi(r + 1) : 1;
+        unsigned long long kernel_us = us ? strtoull(us + 1, NULL, 10) : 1000;
+        unsigned char *want = malloc(size), *got = malloc(size);
+        CUdeviceptr p = 0;
+        CUresult rc = api.cuMemAlloc_v2(&p, size);
+        if (rc != CUDA_SUCCESS || !want || !got) {
+            printf("pattern alloc rc=%d\n", rc);
+            return;
+        }
+        if (n_allocs < MAX_ALLOCS)
+            allocs[n_allocs++] = p;
+        unsigned seed = (unsigned)getpid();
+        for (int round = 0; round <= rounds; round++) {
+            if (round > 0) {
+                launch(kernel_us, 1);
+                check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(got, p, size));
+                if (memcmp(got, want, size) != 0) {
+                    size_t at = 0;
+                    while (got[at] == want[at])
+                        at++;
+                    printf("pattern mismatch round %d at byte %zu of %zu\n", round, at, size);
+                    return;
+                }
+            }
+            for (size_t i = 0; i < size; i += 4096)  /* a different value on every page and round */
+                want[i] = (unsigned char)(seed + (unsigned)round * 31u + (unsigned)(i >> 12));
+            for (size_t i = 0; i < size; i++)
+                if (i % 4096)
+                    want[i] = (unsigned char)(i ^ (size_t)round);
+            check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(p, want, size));
+        }
+        printf("pattern ok rounds=%d at 0x%llx\n", rounds, (unsigned long long)p);
+        check("cuMemFree", api.cuMemFree_v2(p));
+        n_allocs--;
+        free(want);
+        free(got);
     } else if (strcmp(action, "sleep") == 0) {
         usleep((useconds_t)atoi(arg) * 1000);
         printf("sleep ok\n");

@@ -1,0 +1,502 @@
+/* swap.c: device memory that can leave the GPU and come back at the same address.
+ *
+ * An allocation of at least the virtual-memory granularity (2 MiB on current GPUs) is made as one
+ * address reservation with physical memory mapped under it in chunks. Swapping out copies chunks to
+ * pinned host memory and releases their physical memory; the reservation stays, so every pointer the
+ * application holds stays valid. Swapping in re-creates the physical memory, maps it at the same
+ * address and copies the data back. Chunks let a hand-over move only the bytes the next job needs.
+ *
+ * gate.c calls swap-out and swap-in with the GPU's gate shut and this process's work on it drained,
+ * under swap_mu, so no kernel and no other hook path touches memory in motion. The pinned copy is kept
+ * for the next swap: pinning is the slow part (seconds for tens of GB), copying runs at bus speed.
+ * Host memory for swap counts against the job: before pinning, the cgroup's limit is checked, so a
+ * job whose limit cannot hold its swap keeps its memory on the GPU and says so, instead of being
+ * killed by the OOM killer.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nvshare_hook.h"
+
+#define CHUNK_BYTES (256ull << 20)
+/* Host memory kept free beyond what a swap pins: the job needs some for itself. */
+#define HOST_MARGIN_BYTES (256ull << 20)
+
+struct nvshare_swap_entry {
+    CUdeviceptr base;                     /* the allocation's address, what cuMemFree gets */
+    CUdeviceptr va;                       /* this chunk */
+    size_t size;
+    CUmemGenericAllocationHandle handle;  /* physical memory while resident */
+    void *host;                           /* pinned copy, kept between swaps */
+    int resident;
+    int has_data;                         /* host holds the contents; else born swapped */
+};
+
+void nvshare_swap_lock(struct nvshare_gpu *g) { pthread_mutex_lock(&g->swap_mu); }
+void nvshare_swap_unlock(struct nvshare_gpu *g) { pthread_mutex_unlock(&g->swap_mu); }
+
+static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = g->device;
+    return prop;
+}
+
+/* With swap_mu held: can g's allocations be backed this way? Found out once per GPU. */
+static int vmm_usable(struct nvshare_gpu *g)
+{
+    if (g->vmm >= 0)
+        return g->vmm;
+    g->vmm = 0;
+    const struct nvshare_real *r = &nvshare_real;
+    if (!r->cuDeviceGetAttribute || !r->cuMemGetAllocationGranularity || !r->cuMemAddressReserve ||
+        !r->cuMemAddressFree || !r->cuMemMap || !r->cuMemUnmap || !r->cuMemSetAccess || !r->cuMemCreate ||
+        !r->cuMemRelease || !r->cuMemHostAlloc || !r->cuMemFreeHost || !r->cuMemcpyDtoH_v2 ||
+        !r->cuMemcpyHtoD_v2) {
+        nvshare_debug("gpu %s: the driver lacks the virtual memory calls; allocations stay fixed", g->uuid);
+        return 0;
+    }
+    nvshare_in_hook++;
+    int supported = 0;
+    size_t granularity = 0;
+    CUmemAllocationProp prop = device_prop(g);
+    if (r->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                g->device) == CUDA_SUCCESS && supported &&
+        r->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+            CUDA_SUCCESS && granularity && CHUNK_BYTES % granularity == 0) {
+        g->granularity = granularity;
+        /* Like cuMemAlloc: read-write for this GPU and for every GPU that can reach it as a peer. */
+        g->n_access = 0;
+        g->access[g->n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, g->device},
+                                                     CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        int count = 0;
+        if (r->cuDeviceGetCount && r->cuDeviceCanAccessPeer && r->cuDeviceGetCount(&count) == CUDA_SUCCESS)
+            for (int d = 0; d < count && g->n_access < NVSHARE_MAX_GPUS; d++) {
+                int can = 0;
+                if (d != g->device && r->cuDeviceCanAccessPeer(&can, d, g->device) == CUDA_SUCCESS && can)
+                    g->access[g->n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, d},
+                                                                 CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            }
+        g->vmm = 1;
+    } else {
+        nvshare_debug("gpu %s: no virtual memory management on this GPU; allocations stay fixed", g->uuid);
+    }
+    nvshare_in_hook--;
+    return g->vmm;
+}
+
+size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size)
+{
+    if (!g || !nvshare_cfg.active || !nvshare_cfg.swap || atomic_load(&g->mode) == GPU_PASS)
+        return 0;
+    size_t rounded = 0;
+    pthread_mutex_lock(&g->swap_mu);
+    if (vmm_usable(g) && size >= g->granularity && size <= SIZE_MAX - g->granularity)
+        rounded = (size + g->granularity - 1) / g->granularity * g->granularity;
+    pthread_mutex_unlock(&g->swap_mu);
+    return rounded;
+}
+
+/* With swap_mu held. */
+static CUresult map_physical(struct nvshare_gpu *g, struct nvshare_swap_entry *e)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    CUmemAllocationProp prop = device_prop(g);
+    CUmemGenericAllocationHandle handle;
+    CUresult rc = r->cuMemCreate(&handle, e->size, &prop, 0);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = r->cuMemMap(e->va, e->size, 0, handle, 0);
+    if (rc != CUDA_SUCCESS) {
+        r->cuMemRelease(handle);
+        return rc;
+    }
+    rc = r->cuMemSetAccess(e->va, e->size, g->access, (size_t)g->n_access);
+    if (rc != CUDA_SUCCESS && g->n_access > 1) {
+        nvshare_log("gpu %s: peer GPUs cannot be given access to its memory (CUDA error %d); only the GPU "
+                    "itself can reach it from now on", g->uuid, rc);
+        g->n_access = 1;
+        rc = r->cuMemSetAccess(e->va, e->size, g->access, 1);
+    }
+    if (rc != CUDA_SUCCESS) {
+        r->cuMemUnmap(e->va, e->size);
+        r->cuMemRelease(handle);
+        return rc;
+    }
+    e->handle = handle;
+    e->resident = 1;
+    return CUDA_SUCCESS;
+}
+
+/* With swap_mu held: room for n more entries. */
+static int reserve_entries(struct nvshare_gpu *g, size_t n)
+{
+    if (g->swap_count + n <= g->swap_cap)
+        return 0;
+    size_t cap = g->swap_cap ? g->swap_cap : 64;
+    while (cap < g->swap_count + n)
+        cap *= 2;
+    struct nvshare_swap_entry *grown = realloc(g->swap_entries, cap * sizeof *grown);
+    if (!grown)
+        return -1;
+    g->swap_entries = grown;
+    g->swap_cap = cap;
+    return 0;
+}
+
+static void unmap_chunk(struct nvshare_swap_entry *e)
+{
+    nvshare_real.cuMemUnmap(e->va, e->size);
+    nvshare_real.cuMemRelease(e->handle);
+    e->handle = 0;
+    e->resident = 0;
+}
+
+CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    size_t chunks = (size + CHUNK_BYTES - 1) / CHUNK_BYTES;
+    pthread_mutex_lock(&g->swap_mu);
+    if (!vmm_usable(g) || reserve_entries(g, chunks) != 0) {
+        pthread_mutex_unlock(&g->swap_mu);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    nvshare_in_hook++;
+    CUdeviceptr base = 0;
+    CUresult rc = r->cuMemAddressReserve(&base, size, 0, 0, 0);
+    if (rc != CUDA_SUCCESS) {
+        nvshare_in_hook--;
+        pthread_mutex_unlock(&g->swap_mu);
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    struct nvshare_swap_entry *first = &g->swap_entries[g->swap_count];
+    for (size_t i = 0; i < chunks; i++) {
+        size_t offset = i * CHUNK_BYTES;
+        first[i] = (struct nvshare_swap_entry){base, base + offset,
+                                               size - offset < CHUNK_BYTES ? size - offset : CHUNK_BYTES,
+                                               0, NULL, 0, 0};
+    }
+    /* Born swapped only while this process cannot be running on g: the decision and the counters
+     * change under g->mu, where a grant looks at them before it opens the gate. */
+    pthread_mutex_lock(&g->mu);
+    int born_swapped = deferred && !atomic_load(&g->open);
+    if (born_swapped) {
+        g->swap_count += chunks;
+        nvshare_mem_moved(g, 0, (int64_t)size);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!born_swapped) {
+        for (size_t i = 0; i < chunks && rc == CUDA_SUCCESS; i++) {
+            rc = map_physical(g, &first[i]);
+            if (rc != CUDA_SUCCESS)
+                for (size_t j = 0; j < i; j++)
+                    unmap_chunk(&first[j]);
+        }
+        if (rc == CUDA_SUCCESS) {
+            g->swap_count += chunks;
+            nvshare_mem_moved(g, (int64_t)size, 0);
+        } else {
+            r->cuMemAddressFree(base, size);
+        }
+    }
+    nvshare_in_hook--;
+    pthread_mutex_unlock(&g->swap_mu);
+    if (rc == CUDA_SUCCESS)
+        *dptr = base;
+    return rc;
+}
+
+int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    pthread_mutex_lock(&g->swap_mu);
+    size_t found = 0;
+    for (size_t i = 0; i < g->swap_count; i++)
+        found += g->swap_entries[i].base == va;
+    if (!found) {
+        pthread_mutex_unlock(&g->swap_mu);
+        return 0;
+    }
+    nvshare_in_hook++;
+    /* cuMemFree waits for the work that may still use the memory; unmapping does not. */
+    r->cuCtxSynchronize();
+    uint64_t resident = 0, swapped = 0, size = 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < g->swap_count; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->base != va) {
+            g->swap_entries[kept++] = *e;
+            continue;
+        }
+        size += e->size;
+        if (e->resident) {
+            unmap_chunk(e);
+            resident += e->size;
+        } else {
+            swapped += e->size;
+        }
+        if (e->host)
+            r->cuMemFreeHost(e->host);
+    }
+    g->swap_count = kept;
+    *rc = r->cuMemAddressFree(va, size);
+    nvshare_in_hook--;
+    nvshare_mem_moved(g, -(int64_t)resident, -(int64_t)swapped);
+    pthread_mutex_unlock(&g->swap_mu);
+    return 1;
+}
+
+/* ---- host memory the job may still take ------------------------------------------------------ */
+static int read_u64(const char *path, uint64_t *out)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    char buf[64] = {0};
+    int ok = fgets(buf, sizeof buf, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return -1;
+    if (strncmp(buf, "max", 3) == 0) {
+        *out = UINT64_MAX;
+        return 0;
+    }
+    char *end;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (end == buf)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The least headroom (limit - usage) of dir and its parents up to root; files named limit/usage. */
+static uint64_t cgroup_headroom(const char *root, const char *path, const char *limit_name,
+                                const char *usage_name)
+{
+    uint64_t room = UINT64_MAX;
+    char dir[4096];
+    if ((size_t)snprintf(dir, sizeof dir, "%s%s", root, path) >= sizeof dir)
+        return room;
+    size_t root_len = strlen(root);
+    for (;;) {
+        size_t len = strlen(dir);
+        while (len > root_len && dir[len - 1] == '/')
+            dir[--len] = '\0';
+        char file[4200];
+        uint64_t limit, usage;
+        snprintf(file, sizeof file, "%s/%s", dir, limit_name);
+        if (read_u64(file, &limit) == 0 && limit < (1ull << 62)) {
+            snprintf(file, sizeof file, "%s/%s", dir, usage_name);
+            if (read_u64(file, &usage) == 0) {
+                uint64_t left = usage < limit ? limit - usage : 0;
+                if (left < room)
+                    room = left;
+            }
+        }
+        char *slash = strrchr(dir, '/');
+        if (len <= root_len || !slash || (size_t)(slash - dir) < root_len)
+            break;
+        *slash = '\0';
+    }
+    return room;
+}
+
+/* What this process may still pin before its cgroup (Slurm's --mem) or the node runs out. */
+static uint64_t host_headroom(const char **what)
+{
+    uint64_t room = UINT64_MAX;
+    *what = "";
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (f) {
+        char line[4096];
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = '\0';
+            char *c1 = strchr(line, ':');
+            char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+            if (!c2)
+                continue;
+            *c2 = '\0';
+            const char *controllers = c1 + 1, *path = c2 + 1;
+            uint64_t left = UINT64_MAX;
+            if (*controllers == '\0') {          /* cgroup v2 */
+                left = cgroup_headroom("/sys/fs/cgroup", path, "memory.max", "memory.current");
+                uint64_t hybrid = cgroup_headroom("/sys/fs/cgroup/unified", path, "memory.max",
+                                                  "memory.current");
+                left = hybrid < left ? hybrid : left;
+            } else if (strstr(controllers, "memory")) {
+                char list[256];
+                nvshare_copy_str(list, sizeof list, controllers);
+                for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+                    if (strcmp(tok, "memory") == 0)
+                        left = cgroup_headroom("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes",
+                                               "memory.usage_in_bytes");
+            }
+            if (left < room) {
+                room = left;
+                *what = "the job's memory limit (cgroup)";
+            }
+        }
+        fclose(f);
+    }
+    f = fopen("/proc/meminfo", "re");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                if (kb * 1024ull < room) {
+                    room = kb * 1024ull;
+                    *what = "the node's available memory";
+                }
+                break;
+            }
+        fclose(f);
+    }
+    return room;
+}
+
+/* ---- moving memory --------------------------------------------------------------------------- */
+static int push_gpu_context(struct nvshare_gpu *g)
+{
+    CUcontext ctx = nvshare_ctx_for_gpu(g);
+    return ctx && nvshare_real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS ? 0 : -1;
+}
+
+static void pop_context(void)
+{
+    CUcontext popped;
+    nvshare_real.cuCtxPopCurrent_v2(&popped);
+}
+
+uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    if (!bytes || !g->swap_count)
+        return 0;
+    /* Newest first: what moves is decided by the bytes the next job needs, not by use. */
+    uint64_t plan = 0, to_pin = 0;
+    for (size_t i = g->swap_count; i-- > 0 && plan < bytes;) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (!e->resident)
+            continue;
+        plan += e->size;
+        if (!e->host)
+            to_pin += e->size;
+    }
+    if (!plan)
+        return 0;
+    if (to_pin) {
+        const char *what;
+        uint64_t room = host_headroom(&what);
+        if (room < to_pin + HOST_MARGIN_BYTES) {
+            nvshare_log("gpu %s: swap needs %.2f GiB more host memory but %s leaves only %.2f GiB; its "
+                        "memory stays on the GPU (ask Slurm for more memory with --mem, or set "
+                        "NVSHARE_SWAP=off)", g->uuid, to_pin / 1073741824.0, what, room / 1073741824.0);
+            g->swap_blocked = 1;
+            return 0;
+        }
+    }
+    nvshare_in_hook++;
+    if (push_gpu_context(g) != 0) {
+        nvshare_in_hook--;
+        nvshare_log("gpu %s: no context to copy its memory with; nothing swapped", g->uuid);
+        return 0;
+    }
+    uint64_t started = nvshare_now_ns(), moved = 0;
+    for (size_t i = g->swap_count; i-- > 0 && moved < bytes;) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (!e->resident)
+            continue;
+        if (!e->host && r->cuMemHostAlloc(&e->host, e->size, 0) != CUDA_SUCCESS) {
+            e->host = NULL;
+            nvshare_log("gpu %s: cannot pin %zu bytes of host memory for swap; the rest stays on the GPU",
+                        g->uuid, e->size);
+            g->swap_blocked = 1;
+            break;
+        }
+        CUresult rc = r->cuMemcpyDtoH_v2(e->host, e->va, e->size);
+        if (rc != CUDA_SUCCESS) {
+            nvshare_log("gpu %s: copying %zu bytes to host memory failed (CUDA error %d); they stay on the GPU",
+                        g->uuid, e->size, rc);
+            g->swap_blocked = 1;
+            break;
+        }
+        unmap_chunk(e);
+        e->has_data = 1;
+        moved += e->size;
+    }
+    pop_context();
+    nvshare_in_hook--;
+    nvshare_mem_moved(g, -(int64_t)moved, (int64_t)moved);
+    double ms = (nvshare_now_ns() - started) / 1e6;
+    nvshare_debug("gpu %s: swapped out %.1f MiB in %.1f ms (%.1f GB/s)", g->uuid, moved / 1048576.0, ms,
+                  ms > 0 ? moved / ms / 1e6 : 0.0);
+    return moved;
+}
+
+int nvshare_swap_in(struct nvshare_gpu *g)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    int missing = 0;
+    for (size_t i = 0; i < g->swap_count; i++)
+        missing += !g->swap_entries[i].resident;
+    if (!missing)
+        return 0;
+    nvshare_in_hook++;
+    if (push_gpu_context(g) != 0) {
+        nvshare_in_hook--;
+        nvshare_log("gpu %s: no context to bring its memory back with", g->uuid);
+        return -1;
+    }
+    uint64_t started = nvshare_now_ns(), moved = 0;
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < g->swap_count && rc == CUDA_SUCCESS; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->resident)
+            continue;
+        rc = map_physical(g, e);
+        if (rc != CUDA_SUCCESS)
+            break;
+        if (e->has_data) {
+            rc = r->cuMemcpyHtoD_v2(e->va, e->host, e->size);
+            if (rc != CUDA_SUCCESS) {
+                unmap_chunk(e);
+                break;
+            }
+        }
+        moved += e->size;
+    }
+    pop_context();
+    nvshare_in_hook--;
+    nvshare_mem_moved(g, (int64_t)moved, -(int64_t)moved);
+    if (rc == CUDA_SUCCESS)
+        g->swap_blocked = 0;
+    double ms = (nvshare_now_ns() - started) / 1e6;
+    if (rc != CUDA_SUCCESS)
+        nvshare_log("gpu %s: bringing its memory back stopped after %.1f MiB (CUDA error %d%s); it waits "
+                    "for room", g->uuid, moved / 1048576.0, rc, rc == CUDA_ERROR_OUT_OF_MEMORY ? ": GPU full" : "");
+    else
+        nvshare_debug("gpu %s: swapped in %.1f MiB in %.1f ms (%.1f GB/s)", g->uuid, moved / 1048576.0, ms,
+                      ms > 0 ? moved / ms / 1e6 : 0.0);
+    return rc == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The child's GPU memory is not the parent's: forget the parent's without touching the driver. */
+void nvshare_swap_after_fork(void)
+{
+    int n = atomic_load(&nvshare_n_gpus);
+    for (int i = 0; i < n; i++) {
+        struct nvshare_gpu *g = &nvshare_gpus[i];
+        pthread_mutex_init(&g->swap_mu, NULL);
+        free(g->swap_entries);
+        g->swap_entries = NULL;
+        g->swap_count = g->swap_cap = 0;
+        g->swap_blocked = 0;
+    }
+}
