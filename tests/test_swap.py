@@ -1,0 +1,218 @@
+"""Swap: jobs whose memory does not fit together take turns, their memory moving to host memory.
+
+The fake driver's device memory is shared between processes here (FAKE_CUDA_SHARED_MEMORY), so a
+second job that allocates what the first one holds really gets CUDA_ERROR_OUT_OF_MEMORY without
+nvshare, as on a real GPU. Under the hook and the real nvshare-scheduler both jobs finish, their
+data intact at the addresses they were given.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_hook import (GPU0, NVTEST, Job, finish, hook_lib, overlaps, procs, read_trace,  # noqa: F401
+                       start_nvtest)
+
+MiB = 1 << 20
+GPU_MEMORY = "1G"          # usable at the default 5 % reserve: 972.8 MiB
+JOB_BYTES = 600 * MiB      # one job fits, two do not: 1200 MiB
+FIXED_BYTES = 1 * MiB      # below the 2 MiB granularity: a fixed allocation
+
+
+@pytest.fixture
+def small_gpu(scheduler_factory, tmp_path):
+    """A scheduler with one 1 GiB GPU in concurrent mode and the fake driver to match. The fake
+    driver copies at about 1 GB/s (page faults on host memory), so the auto switch interval is told
+    so: turns of 4x the copy time, which keeps the test quick and the swaps a fraction of each turn."""
+    shared = tmp_path / "device-memory"
+
+    def make(**settings):
+        config = {"gpus": [{"uuid": GPU0, "memory": GPU_MEMORY}], "scheduling_mode": "concurrent",
+                  "switch_time_mode": "auto", "swap_bandwidth": "1G", "switch_time_multiplier": 4,
+                  "switch_time_min": 0.3}
+        config.update(settings)
+        sched = scheduler_factory(**config)
+        sched.fake_env = {"FAKE_CUDA_DEVICES": f"{GPU0}:{GPU_MEMORY}",
+                          "FAKE_CUDA_SHARED_MEMORY": str(shared), "NVSHARE_LOG_LEVEL": "debug"}
+        return sched
+    return make
+
+
+def swapped_out(stderr: str) -> list[float]:
+    return [float(m) for m in re.findall(r"swapped out ([\d.]+) MiB", stderr)]
+
+
+def gpu_status(sched) -> dict:
+    return next(g for g in sched.client().status()["gpus"] if g["uuid"] == GPU0)
+
+
+class StatusSampler(threading.Thread):
+    """Samples the GPU's status while a test runs: what nvshare-status would have shown."""
+
+    def __init__(self, sched):
+        super().__init__(daemon=True)
+        self.sched = sched
+        self.samples: list[dict] = []
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                self.samples.append(gpu_status(self.sched))
+            except Exception:
+                pass
+            time.sleep(0.02)
+
+    def stop(self) -> list[dict]:
+        self.done.set()
+        self.join(5)
+        return self.samples
+
+
+def test_without_nvshare_the_second_job_runs_out_of_memory(hook_lib, tmp_path):
+    """The control: the same two allocations alone on the same (shared) fake GPU."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVSHARE_", "FAKE_CUDA_"))}
+    env.update(LD_LIBRARY_PATH=str(NVTEST.parent), FAKE_CUDA_DEVICES=f"{GPU0}:{GPU_MEMORY}",
+               FAKE_CUDA_SHARED_MEMORY=str(tmp_path / "device-memory"))
+    first = subprocess.Popen([str(NVTEST), "init", "ctx:0", f"alloc:{JOB_BYTES}", "sleep:3000"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [first.stdout.readline() for _ in range(3)]
+        assert lines[2].strip() == f"alloc {JOB_BYTES} rc=0", lines
+        second = subprocess.run([str(NVTEST), "init", "ctx:0", f"alloc:{JOB_BYTES}"], env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert f"alloc {JOB_BYTES} rc=2" in second.stdout  # CUDA_ERROR_OUT_OF_MEMORY
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_jobs_that_do_not_fit_together_take_turns_and_keep_their_data(hook_lib, small_gpu,
+                                                                      tmp_path, procs):
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    a = Job(sched, 301, trace, gpu_index=[0], **sched.fake_env)
+    b = Job(sched, 302, trace, gpu_index=[0], **sched.fake_env)
+    actions = ["init", "ctx:0", f"alloc:{FIXED_BYTES}", f"pattern:{JOB_BYTES}:4:50000", "freeall"]
+    sampler = StatusSampler(sched)
+    sampler.start()
+    procs.append(start_nvtest(hook_lib, actions, a.env))
+    time.sleep(0.3)
+    procs.append(start_nvtest(hook_lib, actions, b.env))
+    outs = [finish(p, timeout=120) for p in procs]
+    samples = sampler.stop()
+    for out, p in zip(outs, procs):
+        assert "pattern ok rounds=4" in out, out + p.stderr_text
+    # They never ran at once, and each gave memory up to the other at least once.
+    assert overlaps(read_trace(trace), GPU0) == []
+    moved = [swapped_out(p.stderr_text) for p in procs]
+    assert all(m and max(m) > 0 for m in moved), moved
+    # A hand-over moves what the next job needs, not everything: some moves were partial.
+    assert any(0 < x < JOB_BYTES / MiB for m in moved for x in m), moved
+    # Fixed memory stayed: while both were attached, the GPU's fixed bytes were their 1 MiB each,
+    # and resident memory never passed what the GPU has.
+    both = [s for s in samples if s["memory_fixed"] == 2 * FIXED_BYTES]
+    assert both, "the 1 MiB fixed allocations were never reported as fixed"
+    assert max(s["memory_used"] for s in samples) <= 1 << 30
+    assert any(s["memory_swapped"] > 0 for s in samples)
+
+
+def test_an_allocation_that_can_never_fit_is_refused_clearly(hook_lib, small_gpu, tmp_path, procs):
+    """A job with swap off holds 700 MiB fixed; 400 MiB more can never fit beside it (972 usable)."""
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    holder = Job(sched, 311, trace, gpu_index=[0], NVSHARE_SWAP="off", **sched.fake_env)
+    asker = Job(sched, 312, trace, gpu_index=[0], **sched.fake_env)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{700 * MiB}", "sleep:2000",
+                                         "freeall"], holder.env))
+    deadline = time.monotonic() + 10
+    while gpu_status(sched)["memory_fixed"] < 700 * MiB and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gpu_status(sched)["memory_fixed"] == 700 * MiB
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{400 * MiB}",
+                                         f"alloc:{200 * MiB}"], asker.env))
+    out = finish(procs[1], timeout=30)
+    assert f"alloc {400 * MiB} rc=2" in out          # CUDA_ERROR_OUT_OF_MEMORY, not a hang
+    assert f"alloc {200 * MiB} rc=0" in out          # what can fit still does
+    assert "refused by nvshare-scheduler" in procs[1].stderr_text
+    finish(procs[0], timeout=30)
+
+
+def test_without_virtual_memory_management_allocations_are_fixed(hook_lib, small_gpu, tmp_path):
+    sched = small_gpu()
+    job = Job(sched, 321, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_NO_VMM="1", **sched.fake_env)
+    from test_hook import run_nvtest
+    out = run_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{8 * MiB}:2:1000", "copy"], env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "pattern ok rounds=2" in out.stdout and "copy ok" in out.stdout
+    assert "no virtual memory management" in out.stderr
+
+
+def _memory_cgroup(tmp_path: Path, limit: int) -> Path | None:
+    """A child memory cgroup (v1 or v2) with `limit` bytes, or None where this machine has none."""
+    if os.geteuid() != 0:
+        return None
+    for root, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+                             ("/sys/fs/cgroup", "memory.max")):
+        own = ""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if ("memory" in controllers.split(",") and root.endswith("memory")) or \
+                    (controllers == "" and not root.endswith("memory")):
+                own = path
+        base = Path(root + own)
+        if not (base / limit_file).exists():
+            continue
+        child = base / f"nvshare-test-{os.getpid()}-{tmp_path.name}"[:60]
+        try:
+            child.mkdir()
+            (child / limit_file).write_text(str(limit))
+        except OSError:
+            continue
+        return child
+    return None
+
+
+def test_a_job_whose_memory_limit_cannot_hold_its_swap_keeps_running(hook_lib, small_gpu, tmp_path,
+                                                                     procs):
+    """The fake GPU's memory is host memory of the process (600 MiB); its cgroup allows 800 MiB, so
+    the 350+ MiB that a swap would pin do not fit: the hook moves nothing and says why, and is not
+    killed by the OOM killer; the other job runs once the first is done."""
+    cgroup = _memory_cgroup(tmp_path, 800 * MiB)
+    if cgroup is None:
+        pytest.skip("no writable memory cgroup here (needs root and cgroup v1 or v2 memory)")
+    try:
+        sched = small_gpu()
+        trace = tmp_path / "trace"
+        limited = Job(sched, 331, trace, gpu_index=[0], **sched.fake_env)
+        other = Job(sched, 332, trace, gpu_index=[0], **sched.fake_env)
+        env = dict(limited.env)
+        procs_file = cgroup / "cgroup.procs"
+        wrapper = ["/bin/sh", "-c", f'echo $$ > "{procs_file}" && exec "$0" "$@"', str(NVTEST)]
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
+        full_env.update({"LD_LIBRARY_PATH": str(NVTEST.parent), "LD_PRELOAD": str(hook_lib)}, **env)
+        first = subprocess.Popen([*wrapper, "init", "ctx:0", f"pattern:{JOB_BYTES}:4:200000"],
+                                 env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        procs.append(first)
+        time.sleep(0.5)
+        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{JOB_BYTES}:2:1000"],
+                                  other.env))
+        out_first = finish(first, timeout=120)
+        out_other = finish(procs[1], timeout=120)
+        assert "pattern ok rounds=4" in out_first
+        assert "pattern ok rounds=2" in out_other
+        assert "memory limit" in first.stderr_text and "stays on the GPU" in first.stderr_text
+        assert not swapped_out(first.stderr_text) or max(swapped_out(first.stderr_text)) == 0
+    finally:
+        try:
+            cgroup.rmdir()
+        except OSError:
+            pass
