@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -66,7 +67,8 @@ class Config:
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
     switch_time_min: float = 2.0           # auto: floor of the interval, seconds
-    swap_bandwidth: int = 10 << 30         # bytes/s assumed for a switch's copies before one is measured
+    swap_bandwidth: int = 20 << 30         # bytes/s of a switch's copies, out and in one after the other
+    swap: bool = True                      # back allocations so that a paused job's memory can move
     memory_reserve_percent: int = 5
     max_runtime_sec: int = 300             # serial: longest turn while others wait
     idle_release_ms: float = 5.0           # starting idle threshold for early release (adapts)
@@ -108,6 +110,9 @@ _RANGES: dict[str, tuple[float, float]] = {
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
 }
+# Booleans as YAML writes them and as people write them in an environment variable.
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 
@@ -118,6 +123,11 @@ def _convert(key: str, value: Any, source: str) -> Any:
         return _convert_gpus(value, where)
     if key == "swap_bandwidth":
         value = parse_size(value, where)
+    elif kind == "bool":
+        if isinstance(value, str) and value.strip().lower() in _BOOLS:
+            value = _BOOLS[value.strip().lower()]
+        elif not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false (on/off), got {value!r}")
     elif kind == "int":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")

@@ -15,12 +15,25 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import __version__, config, log, proto
-from .gpustate import (CONTENDED, DROP, GRANT, UNRESPONSIVE, Action, ClientInfo, GpuSettings,
-                       GpuState)
+from .gpustate import (
+    CONTENDED,
+    DROP,
+    GRANT,
+    MEM_REPLY,
+    SWAP_OUT,
+    SWAP_UNANSWERED,
+    UNRESPONSIVE,
+    Action,
+    ClientInfo,
+    GpuSettings,
+    GpuState,
+    MemDecision,
+)
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
 from .proto import C
@@ -38,6 +51,9 @@ _MODE_BY_CODE = {C.NVSHARE_MODE_AUTO: "auto", C.NVSHARE_MODE_CONCURRENT: "concur
 _SWITCH_BY_CODE = {C.NVSHARE_SWITCH_AUTO: "auto", C.NVSHARE_SWITCH_FIXED: "fixed"}
 _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
                     C.NVSHARE_MSG_MEM_UPDATE}
+# A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
+# warnings of that loop are repeated at most this often per client and GPU (debug in between).
+REPEAT_WARNING_SEC = 60.0
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus")
 
@@ -102,6 +118,7 @@ class Daemon:
         self.rogues = RogueTracker()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
         self._connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._stop: asyncio.Event | None = None
@@ -154,6 +171,11 @@ class Daemon:
                                                          "switch_ms": action.value})
                 kind = "shared" if action.flags == C.NVSHARE_GRANT_SHARED else "exclusive"
                 self.logger.debug(f"{where}: lock granted ({kind})")
+                if action.bytes:
+                    self._warn_now_and_then(
+                        (gpu.uuid, action.client.client_id, "granted without room"),
+                        f"{where}: lock granted although {_size(action.bytes)} of its swapped "
+                        f"memory does not fit: nothing more can move to host memory")
             elif action.kind == CONTENDED:
                 if conn is not None:
                     conn.send(C.NVSHARE_MSG_LOCK_CONTENDED, {"gpu_uuid": gpu.uuid})
@@ -161,11 +183,48 @@ class Daemon:
             elif action.kind == DROP:
                 if conn is not None:
                     conn.send(C.NVSHARE_MSG_DROP_LOCK, {"gpu_uuid": gpu.uuid,
-                                                        "switch_ms": action.value})
-                self.logger.info(f"{where}: lock dropped ({_DROP_NAMES.get(action.value, '?')})")
+                                                        "switch_ms": action.value,
+                                                        "bytes": action.bytes})
+                move = f"; asked to move {_size(action.bytes)} to host memory" \
+                    if action.bytes else ""
+                self.logger.info(f"{where}: lock dropped "
+                                 f"({_DROP_NAMES.get(action.value, '?')}){move}")
+            elif action.kind == SWAP_OUT:
+                if conn is not None:
+                    conn.send(C.NVSHARE_MSG_PREPARE_SWAP_OUT, {"gpu_uuid": gpu.uuid,
+                                                               "bytes": action.bytes})
+                self.logger.info(f"{where}: asked to move {_size(action.bytes)} to host memory")
+            elif action.kind == SWAP_UNANSWERED:
+                self.logger.warning(f"{where}: did not answer PREPARE_SWAP_OUT "
+                                    f"({_size(action.bytes)}) within {self.cfg.drop_grace_sec:g}s")
+            elif action.kind == MEM_REPLY and action.reply is not None:
+                if conn is not None:
+                    self._mem_reply(conn, gpu, action.reply, action.token)
+                if action.reply.no_room:
+                    self.logger.warning(f"{where}: allocation answered without the room it "
+                                        f"waited for: nothing more moved to host memory (within "
+                                        f"{self.cfg.drop_grace_sec:g}s); the driver decides")
+                else:
+                    self.logger.debug(f"{where}: allocation answered after waiting for room")
             elif action.kind == UNRESPONSIVE:
                 self._unresponsive(gpu, action.client)
         self._arm(gpu)
+
+    def _warn_now_and_then(self, key: tuple[str, int, str], text: str) -> None:
+        now = self.now()
+        last = self._warned.get(key)
+        if last is None or now - last >= REPEAT_WARNING_SEC:
+            self._warned[key] = now
+            self.logger.warning(text)
+        else:
+            self.logger.debug(text)
+
+    def _mem_reply(self, conn: Connection, gpu: GpuState, decision: MemDecision,
+                   seq: int) -> None:
+        conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": gpu.uuid, "status": decision.status,
+                                            "flags": decision.flags,
+                                            "available": decision.available,
+                                            "total": decision.total}, seq)
 
     def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> None:
         grace = self.cfg.drop_grace_sec
@@ -230,6 +289,8 @@ class Daemon:
             return
         conn.client = None
         self.registry.remove_client(client.client_id)
+        for key in [k for k in self._warned if k[1] == client.client_id]:
+            del self._warned[key]
         now = self.now()
         for uuid in client.gpus:
             gpu = self.gpus[uuid]
@@ -295,15 +356,26 @@ class Daemon:
         if gpu is None:
             return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
                                f"GPU {proto.text(body.gpu_uuid)} is not managed for this job")
-        self.apply(gpu, gpu.request(conn.info, self.now()))
+        self.apply(gpu, gpu.request(_info(conn), self.now()))
 
     def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
         gpu = self._client_gpu(conn, frame, body)
-        if gpu is not None:
-            self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: lock released"
+        if gpu is None:
+            return
+        where = f"gpu {gpu.uuid}: {conn.who()}"
+        if body.flags & C.NVSHARE_RELEASE_NO_ROOM:
+            # Granted, but its swapped memory could not come back: it asks again later.
+            self._warn_now_and_then((gpu.uuid, _info(conn).client_id, "no room"),
+                                    f"{where}: lock given back: no room on the GPU to bring its "
+                                    f"swapped memory back")
+        elif body.flags & C.NVSHARE_RELEASE_SWAPPED:
+            self.logger.info(f"{where}: lock released after moving {_size(int(body.bytes))} "
+                             f"to host memory")
+        else:
+            self.logger.debug(f"{where}: lock released"
                               f"{' (idle)' if body.flags & C.NVSHARE_RELEASE_IDLE else ''}")
-            self.apply(gpu, gpu.release(conn.info.client_id, self.now()))
+        self.apply(gpu, gpu.release(_info(conn).client_id, self.now()))
 
     def _on_mem_update(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
@@ -313,15 +385,21 @@ class Daemon:
                 conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.text(body.gpu_uuid),
                                                     "status": C.NVSHARE_ERR_NOGPU}, frame.seq)
             return
-        actions, decision = gpu.mem_update(conn.info, self.now(), int(body.allocated),
-                                           int(body.fixed), int(body.swapped), int(body.request))
+        request = int(body.request)
+        actions, decision = gpu.mem_update(_info(conn), self.now(), int(body.allocated),
+                                           int(body.fixed), int(body.swapped), request,
+                                           int(body.flags), frame.seq)
+        where = f"gpu {gpu.uuid}: {conn.who()}"
         if decision is not None:
             if decision.status != C.NVSHARE_OK:
-                self.logger.info(f"gpu {gpu.uuid}: {conn.who()}: allocation of {body.request} "
-                                 f"bytes refused (would pass the job's limit or never fit)")
-            conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": gpu.uuid, "status": decision.status,
-                                                "available": decision.available,
-                                                "total": decision.total}, frame.seq)
+                self.logger.info(f"{where}: allocation of {request} bytes refused (would pass "
+                                 f"the job's limit or never fit)")
+            elif decision.flags & C.NVSHARE_MEM_DEFERRED:
+                self.logger.debug(f"{where}: allocation of {_size(request)} deferred: no room "
+                                  f"now, resident at its next grant")
+            self._mem_reply(conn, gpu, decision, frame.seq)
+        elif request:
+            self.logger.info(f"{where}: allocation of {_size(request)} waits for room")
         self.apply(gpu, actions)
 
     # --- request/reply messages ----------------------------------------------------------------
@@ -422,10 +500,10 @@ class Daemon:
         elif what == C.NVSHARE_STATUS_JOBS:
             data["jobs"] = [self._job_status(j) for j in self.registry.jobs.values()]
         elif what == C.NVSHARE_STATUS_JOB:
-            job = self.registry.jobs.get(job_id)
-            if job is None:
+            found = self.registry.jobs.get(job_id)
+            if found is None:
                 return C.NVSHARE_ERR_NOJOB, f"job {job_id} is not registered on this node".encode()
-            data["jobs"] = [self._job_status(job)]
+            data["jobs"] = [self._job_status(found)]
         elif what == C.NVSHARE_STATUS_CONFIG:
             data["config"] = self.cfg.as_dict()
         else:
@@ -440,9 +518,10 @@ class Daemon:
                 gpu = self.gpus[uuid]
                 use = gpu.usage.get(client.client_id)
                 gpus[uuid] = {"allocated": use.allocated if use else 0,
+                              "swapped": use.swapped if use else 0,
                               "state": gpu.client_state(client.client_id)}
             for uuid in sorted(client.ungated):
-                gpus[uuid] = {"allocated": 0, "state": "ungated"}
+                gpus[uuid] = {"allocated": 0, "swapped": 0, "state": "ungated"}
             clients.append({"pid": client.pid, "step_id": client.step_id, "gpus": gpus})
         return {"job_id": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
                 "slots": job.slots, "gpus": list(job.gpus), "gpu_index": list(job.gpu_index),
@@ -552,7 +631,7 @@ class Daemon:
             await asyncio.sleep(self.cfg.rogue_check_sec)
             try:
                 await self.check_rogues()
-            except Exception as exc:  # a failed check must never stop the daemon
+            except Exception as exc:  # noqa: BLE001 - a failed check must never stop the daemon
                 self.logger.error(f"rogue check failed: {exc!r}")
 
     # --- lifetime --------------------------------------------------------------------------------
@@ -563,9 +642,8 @@ class Daemon:
         if not await _prepare_socket_path(path):
             self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
             return 1
-        self._server = await asyncio.start_unix_server(self._serve, path=path,
+        self._server = await asyncio.start_unix_server(self._serve, sock=_listening_socket(path),
                                                        limit=2 * proto.MAX_PAYLOAD)
-        os.chmod(path, 0o666)
         self._stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGINT, self._stop.set)
@@ -598,13 +676,32 @@ async def _prepare_socket_path(path: str) -> bool:
         os.chmod(directory, 0o755)
     if os.path.lexists(path):
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
+            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
         except (OSError, asyncio.TimeoutError):
             os.unlink(path)
             return True
         writer.close()
         return False
     return True
+
+
+def _listening_socket(path: str) -> socket.socket:
+    """A socket that listens before its name appears: whoever sees the path can connect."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")   # short: sun_path
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(temporary)
+        sock.listen(128)
+        os.chmod(temporary, 0o666)
+        os.rename(temporary, path)
+    except OSError:
+        sock.close()
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise
+    return sock
 
 
 def _admin_changes(body: Any) -> dict[str, Any]:
@@ -639,6 +736,19 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def _info(conn: Connection) -> ClientInfo:
+    """The client of a connection that _client_gpu found registered."""
+    if conn.info is None:
+        raise Violation("a client message before CLIENT_REGISTER")
+    return conn.info
+
+
+def _size(value: int) -> str:
+    if value >= 1 << 30:
+        return f"{value / (1 << 30):.1f} GiB"
+    return f"{value / (1 << 20):.1f} MiB"
 
 
 def _fit(message: str) -> str:

@@ -2,8 +2,8 @@
 
 A GpuState knows its holders, its FIFO queue, its memory accounting and its settings. Every event
 (request, release, memory update, disconnect, settings change, timer tick) takes `now` from the
-caller and returns a list of Actions (grant, contended, drop, unresponsive) for the daemon to send.
-No sockets and no clock here, so tests drive the policy with a fake clock.
+caller and returns a list of Actions (grant, contended, drop, swap out, memory reply...) for the
+daemon to send. No sockets and no clock here, so tests drive the policy with a fake clock.
 
 Modes (docs/protocol.md "Scheduling modes"):
 - concurrent: one exclusive holder, FIFO; LOCK_CONTENDED as soon as someone waits; DROP_LOCK
@@ -12,6 +12,12 @@ Modes (docs/protocol.md "Scheduling modes"):
   the holder job's clients are all gone, or after max_runtime_sec of holding while others wait.
 - auto: SHARED grants while the memory of every client fits the usable memory; otherwise the
   concurrent rules (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
+
+Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room.
+The holder's DROP_LOCK carries the bytes it must move out; with no holder left, clients that hold
+no lock get PREPARE_SWAP_OUT, each at most once while the room is short (one "episode"); when
+nothing more can move, the grant goes out anyway. A holder's allocation without room waits for
+its MEM_REPLY while room is made, at most drop_grace_sec.
 """
 from __future__ import annotations
 
@@ -26,6 +32,13 @@ GRANT = "grant"
 CONTENDED = "contended"
 DROP = "drop"
 UNRESPONSIVE = "unresponsive"
+SWAP_OUT = "swap_out"                   # PREPARE_SWAP_OUT
+MEM_REPLY = "mem_reply"                 # a MEM_REPLY that waited for room
+SWAP_UNANSWERED = "swap_unanswered"     # PREPARE_SWAP_OUT not answered within drop_grace_sec
+
+# Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
+# one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
+SMALL_REQUEST = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -36,7 +49,7 @@ class GpuSettings:
     switch_time_fixed: float = 10.0
     switch_time_multiplier: float = 20.0
     switch_time_min: float = 2.0
-    swap_bandwidth: int = 10 << 30
+    swap_bandwidth: int = 20 << 30
     memory_reserve_percent: int = 5
     max_runtime_sec: int = 300
     drop_grace_sec: float = 30.0
@@ -45,7 +58,7 @@ class GpuSettings:
                    "max_runtime_sec")
 
     @classmethod
-    def from_config(cls, cfg: Any, overrides: dict[str, Any] | None = None) -> "GpuSettings":
+    def from_config(cls, cfg: Any, overrides: dict[str, Any] | None = None) -> GpuSettings:
         base = cls(mode=cfg.scheduling_mode, switch_time_mode=cfg.switch_time_mode,
                    switch_time_fixed=cfg.switch_time_fixed,
                    switch_time_multiplier=cfg.switch_time_multiplier,
@@ -71,18 +84,38 @@ class ClientInfo:
 
 
 @dataclass(frozen=True)
+class MemDecision:
+    status: int               # NVSHARE_OK or NVSHARE_ERR_NOMEM
+    available: int
+    total: int
+    flags: int = 0            # NVSHARE_MEM_DEFERRED
+    no_room: bool = False     # a held request answered without its room: nothing more moved
+
+
+@dataclass(frozen=True)
 class Action:
-    kind: str                 # GRANT, CONTENDED, DROP, UNRESPONSIVE
+    kind: str                 # GRANT, CONTENDED, DROP, UNRESPONSIVE, SWAP_OUT, MEM_REPLY, ...
     client: ClientInfo
     flags: int = 0            # GRANT: NVSHARE_GRANT_*
     value: int = 0            # GRANT: switch_ms; DROP: NVSHARE_DROP_*
+    bytes: int = 0            # DROP, SWAP_OUT: to move to host memory; GRANT: swapped bytes that
+    #                           do not fit (granted anyway: nothing more could move)
+    reply: MemDecision | None = None   # MEM_REPLY
+    token: int = 0            # MEM_REPLY: the seq of the request it answers
 
 
 @dataclass
 class MemUsage:
-    allocated: int = 0
-    fixed: int = 0
-    swapped: int = 0
+    allocated: int = 0        # resident on the GPU
+    fixed: int = 0            # the part of allocated that can never move
+    swapped: int = 0          # in host memory (or born there), resident again at the next grant
+
+    @property
+    def swappable(self) -> int:
+        return self.allocated - self.fixed
+
+
+_NO_USAGE = MemUsage()
 
 
 @dataclass
@@ -93,14 +126,24 @@ class _Holder:
     contended: bool = False
     drop_at: float | None = None      # when DROP_LOCK was sent
     drop_reason: int = 0
+    drop_bytes: int = 0               # what that DROP_LOCK asked it to move out
     unresponsive_reported: bool = False
 
 
 @dataclass
-class MemDecision:
-    status: int               # NVSHARE_OK or NVSHARE_ERR_NOMEM
-    available: int
-    total: int
+class _PendingAlloc:
+    """A holder's allocation request that waits for room (its MEM_REPLY is held back)."""
+    client: ClientInfo
+    request: int
+    flags: int
+    token: int
+    since: float
+
+
+@dataclass
+class _SwapAsk:
+    bytes: int
+    at: float
 
 
 @dataclass
@@ -113,14 +156,25 @@ class GpuState:
     holders: dict[int, _Holder] = field(default_factory=dict)
     queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)   # FIFO by insertion
     usage: dict[int, MemUsage] = field(default_factory=dict)
+    clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
     attached: dict[int, dict[int, ClientInfo]] = field(default_factory=dict)   # job -> clients here
     job_allocated: dict[int, int] = field(default_factory=dict)
+    job_swapped: dict[int, int] = field(default_factory=dict)
     sum_allocated: int = 0
     sum_fixed: int = 0
     sum_swapped: int = 0
     contention_since: float | None = None   # when "held while others wait" began for this turn
     serial_job: int | None = None
     serial_expired: bool = False
+    pending_allocs: list[_PendingAlloc] = field(default_factory=list)
+    # Room given to a holder's waiting request, counted until its next MEM_UPDATE reports it.
+    promised: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # The current shortfall episode: PREPARE_SWAP_OUT not yet answered, and those answered.
+    swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
+    swap_answered: set[int] = field(default_factory=set)
+    withheld: int | None = None            # the waiter whose grant waits for room
+    _grant_need: int = 0                   # per _schedule pass: room the withheld grant lacks
+    _alloc_need: int = 0                   # per _schedule pass: room waiting requests lack
 
     # --- memory --------------------------------------------------------------------------------
 
@@ -128,26 +182,47 @@ class GpuState:
     def memory_usable(self) -> int:
         return self.memory_total * (100 - self.settings.memory_reserve_percent) // 100
 
+    def _use(self, client_id: int) -> MemUsage:
+        return self.usage.get(client_id, _NO_USAGE)
+
+    def wanted(self) -> int:
+        """Bytes holders are about to allocate: requests waiting for room, and room promised."""
+        return sum(p.request for p in self.pending_allocs) + \
+            sum(size for size, _ in self.promised.values())
+
     def fits(self) -> bool:
-        """Do all clients' memory (resident plus swapped out) fit the usable memory together?"""
-        return self.sum_allocated + self.sum_swapped <= self.memory_usable
+        """Do all clients' memory (resident, swapped out, about to be allocated) fit together?"""
+        return self.sum_allocated + self.sum_swapped + self.wanted() <= self.memory_usable
+
+    def room(self) -> int:
+        """Usable memory that nobody holds resident or is about to: holders bring their swapped
+        memory back at their grant (unless dropped meanwhile), and waiting or promised
+        allocations are on their way."""
+        coming_in = sum(self._use(cid).swapped for cid, h in self.holders.items()
+                        if h.drop_at is None)
+        return self.memory_usable - self.sum_allocated - coming_in - self.wanted()
+
+    def _head(self) -> ClientInfo | None:
+        return next(iter(self.queue.values()))[0] if self.queue else None
+
+    def _holder_must_move(self) -> int:
+        """What the exclusive holder must move out so that the queue head's swapped memory fits."""
+        head = self._head()
+        if head is None:
+            return 0
+        return max(0, self._use(head.client_id).swapped - self.room())
 
     def switch_interval(self) -> float:
         """Seconds an exclusive holder may keep the GPU while others wait."""
         s = self.settings
         if s.switch_time_mode == "fixed":
             return s.switch_time_fixed
+        head = self._head()
         moved = 0
-        if self.holders:
-            holder = next(iter(self.holders.values())).client
-            use = self.usage.get(holder.client_id)
-            if use:
-                moved += max(0, use.allocated - use.fixed)
-        if self.queue:
-            waiter = next(iter(self.queue.values()))[0]
-            use = self.usage.get(waiter.client_id)
-            if use:
-                moved += use.swapped
+        if head is not None:
+            moved = self._use(head.client_id).swapped
+            if self.holders:
+                moved += self._holder_must_move()
         return max(s.switch_time_min, s.switch_time_multiplier * moved / s.swap_bandwidth)
 
     def _set_usage(self, client: ClientInfo, allocated: int, fixed: int, swapped: int) -> None:
@@ -155,37 +230,60 @@ class GpuState:
         self.sum_allocated += allocated - use.allocated
         self.sum_fixed += fixed - use.fixed
         self.sum_swapped += swapped - use.swapped
-        self.job_allocated[client.job_id] = (self.job_allocated.get(client.job_id, 0)
-                                             + allocated - use.allocated)
+        _add(self.job_allocated, client.job_id, allocated - use.allocated)
+        _add(self.job_swapped, client.job_id, swapped - use.swapped)
         use.allocated, use.fixed, use.swapped = allocated, fixed, swapped
 
     def mem_update(self, client: ClientInfo, now: float, allocated: int, fixed: int,
-                   swapped: int, request: int = 0) -> tuple[list[Action], MemDecision | None]:
-        """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation."""
+                   swapped: int, request: int = 0, flags: int = 0,
+                   token: int = 0) -> tuple[list[Action], MemDecision | None]:
+        """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation.
+
+        The decision is None for a report, and for a holder's request that waits for room: its
+        answer comes later as a MEM_REPLY action carrying `token`."""
         self._attach(client)
+        cid = client.client_id
         fixed = min(fixed, allocated)
+        old = self._use(cid)
+        if cid in self.swap_asked and (request == 0 or allocated < old.allocated
+                                       or allocated == fixed):
+            # Its answer to PREPARE_SWAP_OUT: a report after moving what it could (maybe nothing).
+            # A request moving nothing is an allocation made meanwhile, not the answer.
+            del self.swap_asked[cid]
+            self.swap_answered.add(cid)
+        self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
         self._set_usage(client, allocated, fixed, swapped)
         decision = self.admit(client, request) if request > 0 else None
+        if decision is not None and decision.status == C.NVSHARE_OK \
+                and request >= SMALL_REQUEST and request > self.room():
+            if cid in self.holders:
+                if self._room_can_grow(self._requesters() | {cid}, other_holders=True):
+                    self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
+                    decision = None
+            elif flags & C.NVSHARE_MEM_CAN_DEFER:
+                decision = replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
         return self._schedule(now), decision
 
     def admit(self, client: ClientInfo, request: int) -> MemDecision:
         usable = self.memory_usable
         limit = client.mem_limit
         total = min(limit, usable) if limit else usable
-        job_alloc = self.job_allocated.get(client.job_id, 0)
-        own = self.usage.get(client.client_id, MemUsage())
+        job_used = self.job_allocated.get(client.job_id, 0) + self.job_swapped.get(client.job_id, 0)
+        own = self._use(client.client_id)
         ok = True
-        if limit and job_alloc + request > limit:
+        if limit and job_used + request > limit:
             ok = False
-        if request + own.allocated + (self.sum_fixed - own.fixed) > usable:
+        # Others' swappable memory can always be moved out of the way; their fixed memory cannot.
+        if request + own.allocated + own.swapped + (self.sum_fixed - own.fixed) > usable:
             ok = False
         status = C.NVSHARE_OK if ok else C.NVSHARE_ERR_NOMEM
-        return MemDecision(status, max(0, total - job_alloc), total)
+        return MemDecision(status, max(0, total - job_used), total)
 
     # --- lock events ---------------------------------------------------------------------------
 
     def _attach(self, client: ClientInfo) -> None:
         self.attached.setdefault(client.job_id, {})[client.client_id] = client
+        self.clients[client.client_id] = client
 
     def request(self, client: ClientInfo, now: float) -> list[Action]:
         self._attach(client)
@@ -201,6 +299,7 @@ class GpuState:
         return self._schedule(now)
 
     def release(self, client_id: int, now: float) -> list[Action]:
+        """LOCK_RELEASED, whatever its flags (a NO_ROOM release too: the client asks again)."""
         if self.holders.pop(client_id, None) is None:
             return []
         if not self.holders:
@@ -211,22 +310,23 @@ class GpuState:
         """The client is gone (disconnect, unregister): drop its lock, queue place and memory."""
         self.holders.pop(client_id, None)
         self.queue.pop(client_id, None)
+        self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
+        self.promised.pop(client_id, None)
+        self.swap_asked.pop(client_id, None)
+        self.swap_answered.discard(client_id)
+        client = self.clients.pop(client_id, None)
         use = self.usage.pop(client_id, None)
-        for job_id, clients in list(self.attached.items()):
-            client = clients.pop(client_id, None)
-            if client is not None:
-                if use:
-                    self.sum_allocated -= use.allocated
-                    self.sum_fixed -= use.fixed
-                    self.sum_swapped -= use.swapped
-                    left = self.job_allocated.get(job_id, 0) - use.allocated
-                    if left:
-                        self.job_allocated[job_id] = left
-                    else:
-                        self.job_allocated.pop(job_id, None)
-                if not clients:
-                    del self.attached[job_id]
-                break
+        if client is not None:
+            if use:
+                self.sum_allocated -= use.allocated
+                self.sum_fixed -= use.fixed
+                self.sum_swapped -= use.swapped
+                _add(self.job_allocated, client.job_id, -use.allocated)
+                _add(self.job_swapped, client.job_id, -use.swapped)
+            clients = self.attached.get(client.job_id, {})
+            clients.pop(client_id, None)
+            if not clients:
+                self.attached.pop(client.job_id, None)
         if not self.holders:
             self.contention_since = None
         return self._schedule(now)
@@ -241,11 +341,16 @@ class GpuState:
         return self._schedule(now)
 
     def next_deadline(self) -> float | None:
-        """When tick() next has something to do (switch timer, max runtime, drop grace)."""
+        """When tick() next has something to do (switch timer, max runtime, drop grace, a
+        request or PREPARE_SWAP_OUT past drop_grace_sec)."""
+        grace = self.settings.drop_grace_sec
         deadlines = []
         for holder in self.holders.values():
             if holder.drop_at is not None and not holder.unresponsive_reported:
-                deadlines.append(holder.drop_at + self.settings.drop_grace_sec)
+                deadlines.append(holder.drop_at + grace)
+        deadlines.extend(p.since + grace for p in self.pending_allocs)
+        deadlines.extend(ask.at + grace for ask in self.swap_asked.values())
+        deadlines.extend(at + grace for _, at in self.promised.values())
         if self.contention_since is not None and self.queue:
             if self.settings.mode == "serial":
                 if not self.serial_expired:
@@ -263,27 +368,46 @@ class GpuState:
     def _shared_ok(self) -> bool:
         return self.settings.mode == "auto" and self.fits()
 
-    def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action]) -> None:
+    def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
+               no_room: int = 0) -> None:
         self.queue.pop(client.client_id, None)
         self.holders[client.client_id] = _Holder(client, now, shared)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
-                          else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms()))
+                          else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room))
 
-    def _drop(self, holder: _Holder, now: float, reason: int, out: list[Action]) -> None:
-        holder.drop_at, holder.drop_reason = now, reason
-        out.append(Action(DROP, holder.client, 0, reason))
+    def _try_grant(self, client: ClientInfo, now: float, shared: bool,
+                   out: list[Action]) -> bool:
+        """Grant when the client's swapped memory fits the room, or when nothing more can move.
+        Otherwise withhold it (the rest of the pass makes room) and return False."""
+        short = self._use(client.client_id).swapped - self.room()
+        if short > 0 and self._room_can_grow({client.client_id}):
+            self.withheld, self._grant_need = client.client_id, short
+            return False
+        self._grant(client, now, shared, out, max(0, short))
+        return True
+
+    def _drop(self, holder: _Holder, now: float, reason: int, out: list[Action],
+              move: int = 0) -> None:
+        holder.drop_at, holder.drop_reason, holder.drop_bytes = now, reason, move
+        out.append(Action(DROP, holder.client, 0, reason, move))
 
     def _schedule(self, now: float, admin: bool = False) -> list[Action]:
         out: list[Action] = []
+        self.withheld, self._grant_need, self._alloc_need = None, 0, 0
+        self._expire(now, out)
+        # Holders run: their waiting allocations get the room before a new grant does.
+        self._answer_allocations(now, out)
         if self.settings.mode == "serial":
             self._schedule_serial(now, out, admin)
         elif self._shared_ok():
+            # Everything fits, swapped memory included: each grantee brings its own back.
             while self.queue:
                 self._grant(next(iter(self.queue.values()))[0], now, True, out)
             self.contention_since = None
         else:
             self._schedule_exclusive(now, out, admin)
+        self._make_room(now, out)
         for holder in self.holders.values():
             if holder.drop_at is not None and not holder.unresponsive_reported \
                     and now >= holder.drop_at + self.settings.drop_grace_sec:
@@ -291,16 +415,24 @@ class GpuState:
                 out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
         return out
 
+    def _switch_needs_swap(self) -> bool:
+        """Would handing the GPU to the queue head move memory? Then an early (idle) release
+        would cost a swap each time, so the holder keeps its full turn."""
+        head = self._head()
+        return head is not None and self._use(head.client_id).swapped > 0 and not self.fits()
+
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         if len(self.holders) > 1:
             # Co-runners no longer fit (or the mode changed): the oldest keeps it, the rest requeue.
-            reason = C.NVSHARE_DROP_ADMIN if admin or self.settings.mode != "auto" \
-                else C.NVSHARE_DROP_MEMORY
+            memory = not admin and self.settings.mode == "auto"
+            reason = C.NVSHARE_DROP_MEMORY if memory else C.NVSHARE_DROP_ADMIN
             for holder in list(self.holders.values())[1:]:
                 if holder.drop_at is None:
-                    self._drop(holder, now, reason, out)
-        if not self.holders and self.queue:
-            self._grant(next(iter(self.queue.values()))[0], now, False, out)
+                    move = self._use(holder.client.client_id).swappable if memory else 0
+                    self._drop(holder, now, reason, out, move)
+        head = self._head()
+        if not self.holders and head is not None:
+            self._try_grant(head, now, False, out)
         if not self.holders or not self.queue:
             self.contention_since = None
             return
@@ -308,11 +440,13 @@ class GpuState:
             self.contention_since = now
         if len(self.holders) == 1:
             holder = next(iter(self.holders.values()))
-            if not holder.contended and holder.drop_at is None:
-                holder.contended = True
-                out.append(Action(CONTENDED, holder.client))
-            if holder.drop_at is None and now >= self.contention_since + self.switch_interval():
-                self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+            if holder.drop_at is None:
+                if not holder.contended and not self._switch_needs_swap():
+                    holder.contended = True
+                    out.append(Action(CONTENDED, holder.client))
+                if now >= self.contention_since + self.switch_interval():
+                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
+                               self._holder_must_move())
 
     def _schedule_serial(self, now: float, out: list[Action], admin: bool) -> None:
         job = self.serial_job
@@ -335,7 +469,8 @@ class GpuState:
                 self._drop(holder, now, C.NVSHARE_DROP_ADMIN, out)
         if not self.serial_expired:
             for client, _ in [entry for entry in self.queue.values() if entry[0].job_id == job]:
-                self._grant(client, now, True, out)
+                if not self._try_grant(client, now, True, out):
+                    break
         others_wait = any(entry[0].job_id != job for entry in self.queue.values()) \
             if self.queue else False
         if not others_wait:
@@ -345,9 +480,129 @@ class GpuState:
             self.contention_since = now
         if not self.serial_expired and now >= self.contention_since + self.settings.max_runtime_sec:
             self.serial_expired = True
-            for holder in self.holders.values():
-                if holder.drop_at is None:
-                    self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out)
+            holders = [h for h in self.holders.values() if h.drop_at is None]
+            moves = {c.client_id: move for c, move in _shares(
+                self._next_job_needs(job),
+                [(h.client, self._use(h.client.client_id).swappable) for h in holders])}
+            for holder in holders:
+                self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
+                           moves.get(holder.client.client_id, 0))
+
+    def _next_job_needs(self, job: int) -> int:
+        """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""
+        nxt = next((c.job_id for c, _ in self.queue.values() if c.job_id != job), None)
+        swapped = sum(self._use(c.client_id).swapped for c, _ in self.queue.values()
+                      if c.job_id == nxt)
+        return max(0, swapped - self.room())
+
+    # --- making room ---------------------------------------------------------------------------
+
+    def _expire(self, now: float, out: list[Action]) -> None:
+        grace = self.settings.drop_grace_sec
+        for cid, ask in list(self.swap_asked.items()):
+            if now >= ask.at + grace:   # count it as answered so that the grant is not stuck
+                del self.swap_asked[cid]
+                self.swap_answered.add(cid)
+                client = self.clients.get(cid)
+                if client is not None:
+                    out.append(Action(SWAP_UNANSWERED, client, 0, 0, ask.bytes))
+        for cid, (_, at) in list(self.promised.items()):
+            if now >= at + grace:       # never reported: the allocation failed
+                del self.promised[cid]
+
+    def _answer_allocations(self, now: float, out: list[Action]) -> None:
+        """Answer holders' requests that now have room, lost their lock, or waited too long."""
+        if not self.pending_allocs:
+            return
+        room = self.room() + sum(p.request for p in self.pending_allocs)
+        grace = self.settings.drop_grace_sec
+        requesters = self._requesters()
+        waiting: list[_PendingAlloc] = []
+        for pending in self.pending_allocs:
+            cid = pending.client.client_id
+            if pending.request <= room:
+                room -= pending.request
+                self._answer(pending, now, out)
+            elif cid not in self.holders:
+                # Released meanwhile (dropped): now it is a non-holder's request.
+                deferred = pending.flags & C.NVSHARE_MEM_CAN_DEFER
+                self._answer(pending, now, out, C.NVSHARE_MEM_DEFERRED if deferred else 0)
+            elif now >= pending.since + grace \
+                    or not self._room_can_grow(requesters, other_holders=True):
+                self._answer(pending, now, out, no_room=True)
+            else:
+                waiting.append(pending)
+        self.pending_allocs = waiting
+        self._alloc_need = max(0, sum(p.request for p in waiting) - max(room, 0))
+
+    def _answer(self, pending: _PendingAlloc, now: float, out: list[Action], flags: int = 0,
+                no_room: bool = False) -> None:
+        decision = replace(self.admit(pending.client, pending.request), flags=flags,
+                           no_room=no_room)
+        out.append(Action(MEM_REPLY, pending.client, reply=decision, token=pending.token))
+        cid = pending.client.client_id
+        if decision.status == C.NVSHARE_OK and not flags:
+            size, _ = self.promised.get(cid, (0, now))
+            self.promised[cid] = (size + pending.request, now)
+
+    def _requesters(self) -> set[int]:
+        return {p.client.client_id for p in self.pending_allocs}
+
+    def _room_can_grow(self, exclude: set[int], other_holders: bool = False) -> bool:
+        """Is some memory still on its way out, or someone left to ask (with other_holders, for
+        a holder's allocation: a co-running holder that can be dropped)?"""
+        if self.swap_asked or self._swap_candidates(exclude):
+            return True
+        for cid, holder in self.holders.items():
+            if holder.drop_at is not None and holder.drop_bytes > 0:
+                return True
+            if other_holders and holder.drop_at is None and cid not in exclude \
+                    and self._use(cid).swappable > 0:
+                return True
+        return False
+
+    def _swap_candidates(self, exclude: set[int]) -> list[tuple[ClientInfo, int]]:
+        """Clients without a lock whose resident memory can move and that were not asked in this
+        episode: idle ones (largest first), then waiters from the back of the queue."""
+        place = {cid: n for n, cid in enumerate(self.queue)}
+        found = []
+        for cid, use in self.usage.items():
+            client = self.clients.get(cid)
+            if client is None or use.swappable <= 0 or cid in self.holders or cid in exclude \
+                    or cid in self.swap_asked or cid in self.swap_answered:
+                continue
+            found.append((client, use.swappable))
+        found.sort(key=lambda item: (item[0].client_id in place,
+                                     -place.get(item[0].client_id, 0), -item[1]))
+        return found
+
+    def _make_room(self, now: float, out: list[Action]) -> None:
+        need = self._grant_need + self._alloc_need
+        if need <= 0:
+            self.swap_asked.clear()      # the shortfall episode is over
+            self.swap_answered.clear()
+            return
+        need -= sum(ask.bytes for ask in self.swap_asked.values())
+        need -= sum(h.drop_bytes for h in self.holders.values() if h.drop_at is not None)
+        if need <= 0:
+            return
+        requesters = self._requesters()
+        exclude = requesters | ({self.withheld} if self.withheld is not None else set())
+        for client, move in _shares(need, self._swap_candidates(exclude)):
+            self.swap_asked[client.client_id] = _SwapAsk(move, now)
+            out.append(Action(SWAP_OUT, client, 0, 0, move))
+            need -= move
+        if need > 0 and self._alloc_need > 0:
+            # A running holder's allocation: other co-running holders make the rest, newest first.
+            others = [h for h in reversed(self.holders.values())
+                      if h.drop_at is None and h.client.client_id not in requesters]
+            moves = {c.client_id: move for c, move in _shares(
+                min(need, self._alloc_need),
+                [(h.client, self._use(h.client.client_id).swappable) for h in others])}
+            for holder in others:
+                if moves.get(holder.client.client_id):
+                    self._drop(holder, now, C.NVSHARE_DROP_MEMORY, out,
+                               moves[holder.client.client_id])
 
     # --- status --------------------------------------------------------------------------------
 
@@ -379,3 +634,25 @@ class GpuState:
                          "waiting_sec": round(now - since, 3)} for c, since in self.queue.values()],
             "jobs": jobs, "rogue": rogue,
         }
+
+
+def _add(sums: dict[int, int], key: int, delta: int) -> None:
+    """Per-job sums without entries for jobs that hold nothing."""
+    total = sums.get(key, 0) + delta
+    if total:
+        sums[key] = total
+    else:
+        sums.pop(key, None)
+
+
+def _shares(need: int, candidates: list[tuple[ClientInfo, int]]) -> list[tuple[ClientInfo, int]]:
+    """Split `need` bytes over candidates (client, movable bytes) in their order."""
+    out = []
+    for client, movable in candidates:
+        if need <= 0:
+            break
+        move = min(need, movable)
+        if move > 0:
+            out.append((client, move))
+            need -= move
+    return out

@@ -2,7 +2,8 @@
 
 Prints `export NAME=value` lines that slurmstepd puts in the task's environment: the hook
 (LD_PRELOAD), the placed GPUs (CUDA_VISIBLE_DEVICES, NVSHARE_MANAGED_GPUS), the daemon's socket,
-the job id and the daemon-loss policy. Jobs the daemon does not know print nothing.
+the job id, the daemon-loss policy and, when the config turns swap off, NVSHARE_SWAP=off. Jobs
+the daemon does not know print nothing.
 
 Slurm reads each stdout line literally up to the newline, with no quoting: every value printed here
 is checked to be one line of plain characters, and user-controlled text (an existing LD_PRELOAD) is
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Any, TextIO
 
 from . import config as config_mod
 from . import libnvshare_path, slurm
@@ -51,7 +53,7 @@ def ld_preload(hook: str, existing: str | None) -> str:
     return ":".join(entries)
 
 
-def export_lines(job_id: int, placement: dict, cfg: config_mod.Config, hook: str,
+def export_lines(job_id: int, placement: dict[str, Any], cfg: config_mod.Config, hook: str,
                  existing_preload: str | None) -> list[str]:
     uuids = placement["gpu_uuid"]
     for uuid in uuids:
@@ -60,15 +62,20 @@ def export_lines(job_id: int, placement: dict, cfg: config_mod.Config, hook: str
     if not uuids:
         raise UnsafeValue("the daemon placed the job on no GPU")
     gpus = ",".join(uuids)
-    return [export_line("LD_PRELOAD", ld_preload(hook, existing_preload)),
-            export_line("CUDA_VISIBLE_DEVICES", gpus),
-            export_line("NVSHARE_MANAGED_GPUS", gpus),
-            export_line("NVSHARE_SOCKET", cfg.socket),
-            export_line("NVSHARE_JOB_ID", str(job_id)),
-            export_line("NVSHARE_ON_DAEMON_LOSS", cfg.on_daemon_loss)]
+    lines = [export_line("LD_PRELOAD", ld_preload(hook, existing_preload)),
+             export_line("CUDA_VISIBLE_DEVICES", gpus),
+             export_line("NVSHARE_MANAGED_GPUS", gpus),
+             export_line("NVSHARE_SOCKET", cfg.socket),
+             export_line("NVSHARE_JOB_ID", str(job_id)),
+             export_line("NVSHARE_ON_DAEMON_LOSS", cfg.on_daemon_loss)]
+    if not cfg.swap:
+        # Only "off" is written: the hook's default is on, and a job may still turn it off itself.
+        lines.append(export_line("NVSHARE_SWAP", "off"))
+    return lines
 
 
-def run(environ: dict[str, str], out=sys.stdout, wait_sec: float = DAEMON_WAIT_SEC) -> int:
+def run(environ: dict[str, str], out: TextIO = sys.stdout,
+        wait_sec: float = DAEMON_WAIT_SEC) -> int:
     job_id = slurm.valid_job_id(environ.get("SLURM_JOB_ID"))
     if job_id is None:
         return 0
@@ -103,7 +110,7 @@ def run(environ: dict[str, str], out=sys.stdout, wait_sec: float = DAEMON_WAIT_S
 def main() -> int:
     try:
         return run(dict(os.environ))
-    except Exception as exc:   # a TaskProlog failure would fail the task; say why and let it run
+    except Exception as exc:  # noqa: BLE001 - a TaskProlog failure fails the task; say why, run
         say(ME, slurm.valid_job_id(os.environ.get("SLURM_JOB_ID")),
             f"internal error, task starts without nvshare: {type(exc).__name__}: {exc}")
         return 0

@@ -4,15 +4,22 @@ As a program (one real client process, like one CUDA process under libnvshare.so
 
     python tests/lockclient.py --socket S --job 12 [--step 0] [--mem-limit BYTES]
                                [--on-contended release|ignore] [--on-drop release|ignore]
-                               [--reconnect]
+                               [--reconnect] [--swap]
 
 reads commands on stdin, one a line:
     request UUID [BUSY_SEC]   ask for the lock; once granted it is "busy" BUSY_SEC (default 0)
-    release UUID              give the lock back (LOCK_RELEASED, flags IDLE)
-    mem UUID ALLOC FIXED SWAPPED REQUEST
+    release UUID [no_room]    give the lock back (LOCK_RELEASED, flags IDLE, or NO_ROOM)
+    mem UUID ALLOC FIXED SWAPPED REQUEST [FLAGS]
+                              MEM_UPDATE (seq counts up from 1); also what --swap moves
     quit
 and prints one JSON line per event: registered, grant, contended, drop, released, mem_reply,
-reply, closed, reconnected. "t" is CLOCK_MONOTONIC, comparable between processes.
+prepare_swap_out, swapped_in, reply, closed, reconnected. "t" is CLOCK_MONOTONIC, comparable
+between processes.
+
+--swap moves memory like libnvshare.so (docs/protocol.md "Swap"), with the numbers of the last
+`mem` command: DROP_LOCK `bytes` and PREPARE_SWAP_OUT `bytes` move swappable memory to "host"
+(MEM_UPDATE first, then for a drop LOCK_RELEASED DROPPED|SWAPPED); a grant brings all swapped
+memory back (MEM_UPDATE).
 
 As a module: ClientProc starts that program and lets a test wait for its events.
 """
@@ -38,14 +45,15 @@ def register_frame(job_id: int, step_id: int, pid: int, mem_limit: int = 0) -> b
                                                          "pid": pid, "mem_limit": mem_limit})
 
 
-def gpu_frame(msg_type: int, uuid: str, flags: int = 0) -> bytes:
-    return proto.encode(msg_type, {"gpu_uuid": uuid, "flags": flags})
+def gpu_frame(msg_type: int, uuid: str, flags: int = 0, moved: int = 0) -> bytes:
+    return proto.encode(msg_type, {"gpu_uuid": uuid, "flags": flags, "bytes": moved})
 
 
-def mem_frame(uuid: str, allocated: int, fixed: int, swapped: int, request: int) -> bytes:
+def mem_frame(uuid: str, allocated: int, fixed: int, swapped: int, request: int,
+              flags: int = 0, seq: int = 0) -> bytes:
     return proto.encode(C.NVSHARE_MSG_MEM_UPDATE, {"gpu_uuid": uuid, "allocated": allocated,
                                                     "fixed": fixed, "swapped": swapped,
-                                                    "request": request})
+                                                    "request": request, "flags": flags}, seq)
 
 
 def connect_and_register(path: str, job_id: int, step_id: int = 0, mem_limit: int = 0,
@@ -70,6 +78,8 @@ class _Hook:
         self.held: dict[str, float] = {}       # uuid -> busy until (monotonic)
         self.wanted: dict[str, float] = {}     # uuid -> busy seconds of a pending request
         self.contended: set[str] = set()
+        self.memory: dict[str, list[int]] = {}  # uuid -> [allocated, fixed, swapped] (--swap)
+        self.seq = 0
 
     def emit(self, event: str, **fields: Any) -> None:
         fields.update(event=event, t=time.monotonic())
@@ -97,13 +107,29 @@ class _Hook:
                   message=proto.text(body.message))
         return body.status == C.NVSHARE_OK
 
-    def release(self, uuid: str, flags: int) -> None:
+    def release(self, uuid: str, flags: int, moved: int = 0) -> None:
         with self.state_lock:
             if self.held.pop(uuid, None) is None:
                 return
         self.contended.discard(uuid)
-        self.send(gpu_frame(C.NVSHARE_MSG_LOCK_RELEASED, uuid, flags))
-        self.emit("released", gpu=uuid, flags=flags)
+        self.send(gpu_frame(C.NVSHARE_MSG_LOCK_RELEASED, uuid, flags, moved))
+        self.emit("released", gpu=uuid, flags=flags, bytes=moved)
+
+    def swap_out(self, uuid: str, wanted: int) -> int:
+        """Move up to `wanted` swappable bytes to "host memory" and report it; bytes moved."""
+        mem = self.memory.setdefault(uuid, [0, 0, 0])
+        moved = min(wanted, mem[0] - mem[1])
+        mem[0] -= moved
+        mem[2] += moved
+        self.send(mem_frame(uuid, *mem, 0))
+        return moved
+
+    def swap_in(self, uuid: str) -> None:
+        mem = self.memory.get(uuid)
+        if mem and mem[2]:
+            back, mem[0], mem[2] = mem[2], mem[0] + mem[2], 0
+            self.send(mem_frame(uuid, *mem, 0))
+            self.emit("swapped_in", gpu=uuid, bytes=back)
 
     def release_when_idle(self, uuid: str) -> None:
         delay = self.held.get(uuid, 0) - time.monotonic()
@@ -119,11 +145,13 @@ class _Hook:
     def on_frame(self, frame: proto.Frame) -> None:
         body = frame.body()
         if frame.type in (C.NVSHARE_MSG_LOCK_GRANT, C.NVSHARE_MSG_LOCK_CONTENDED,
-                          C.NVSHARE_MSG_DROP_LOCK):
+                          C.NVSHARE_MSG_DROP_LOCK, C.NVSHARE_MSG_PREPARE_SWAP_OUT):
             uuid = proto.text(body.gpu_uuid)
         if frame.type == C.NVSHARE_MSG_LOCK_GRANT:
             busy = self.wanted.pop(uuid, 0.0)
             self.held[uuid] = time.monotonic() + busy
+            if self.args.swap:
+                self.swap_in(uuid)
             self.emit("grant", gpu=uuid, flags=int(body.flags), switch_ms=int(body.switch_ms))
         elif frame.type == C.NVSHARE_MSG_LOCK_CONTENDED:
             self.emit("contended", gpu=uuid)
@@ -131,12 +159,22 @@ class _Hook:
                 self.contended.add(uuid)
                 self.release_when_idle(uuid)
         elif frame.type == C.NVSHARE_MSG_DROP_LOCK:
-            self.emit("drop", gpu=uuid, reason=int(body.switch_ms))
+            # Released before the event is told: a test that reacts to "drop" with a new request
+            # must not overtake LOCK_RELEASED, as the hook never does.
             if self.args.on_drop == "release":
-                self.release(uuid, C.NVSHARE_RELEASE_DROPPED)
+                moved = self.swap_out(uuid, int(body.bytes)) \
+                    if self.args.swap and body.bytes else 0
+                flags = C.NVSHARE_RELEASE_DROPPED | (C.NVSHARE_RELEASE_SWAPPED if moved else 0)
+                self.release(uuid, flags, moved)
+            self.emit("drop", gpu=uuid, reason=int(body.switch_ms), bytes=int(body.bytes))
+        elif frame.type == C.NVSHARE_MSG_PREPARE_SWAP_OUT:
+            self.emit("prepare_swap_out", gpu=uuid, bytes=int(body.bytes))
+            if self.args.swap and uuid not in self.held:
+                self.swap_out(uuid, int(body.bytes))
         elif frame.type == C.NVSHARE_MSG_MEM_REPLY:
             self.emit("mem_reply", gpu=proto.text(body.gpu_uuid), status=int(body.status),
-                      available=int(body.available), total=int(body.total))
+                      flags=int(body.flags), available=int(body.available),
+                      total=int(body.total), seq=frame.seq)
         elif frame.type == C.NVSHARE_MSG_REPLY:
             self.emit("reply", status=int(body.status), message=proto.text(body.message))
         else:
@@ -185,9 +223,15 @@ class _Hook:
             self.wanted[words[1]] = float(words[2]) if len(words) > 2 else 0.0
             self.send(gpu_frame(C.NVSHARE_MSG_LOCK_REQUEST, words[1]))
         elif words[0] == "release":
-            self.release(words[1], C.NVSHARE_RELEASE_IDLE)
+            no_room = len(words) > 2 and words[2] == "no_room"
+            self.release(words[1], C.NVSHARE_RELEASE_NO_ROOM if no_room
+                         else C.NVSHARE_RELEASE_IDLE)
         elif words[0] == "mem":
-            self.send(mem_frame(words[1], *(int(w) for w in words[2:6])))
+            allocated, fixed, swapped, request = (int(w) for w in words[2:6])
+            flags = int(words[6]) if len(words) > 6 else 0
+            self.memory[words[1]] = [allocated, fixed, swapped]
+            self.seq += 1
+            self.send(mem_frame(words[1], allocated, fixed, swapped, request, flags, self.seq))
         else:
             self.emit("error", error=f"unknown command {line.strip()!r}")
         return True
@@ -202,6 +246,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-contended", choices=("release", "ignore"), default="ignore")
     parser.add_argument("--on-drop", choices=("release", "ignore"), default="release")
     parser.add_argument("--reconnect", action="store_true")
+    parser.add_argument("--swap", action="store_true", help="move memory as the hook does")
     args = parser.parse_args(argv)
     hook = _Hook(args)
     if not hook.register():

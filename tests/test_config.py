@@ -95,6 +95,7 @@ KEYS = {
     "switch_time_multiplier": (5, 5.0, [0.5, 10001, "x"]),
     "switch_time_min": (0.5, 0.5, [0, 1e9, "inf"]),
     "swap_bandwidth": ("25G", 25 << 30, ["fast", "1K", -5, True, "12X"]),
+    "swap": (False, False, ["sometimes", 2, 0.0, "", ["off"], None]),
     "memory_reserve_percent": (10, 10, [-1, 91, 5.5, "5%", True]),
     "max_runtime_sec": ("600", 600, [0, "1h", 1.5]),
     "idle_release_ms": (1, 1.0, [0, 60001]),
@@ -141,6 +142,25 @@ def test_bad_value_from_environment_is_refused_naming_the_variable(tmp_path, key
     bad = ENV_BAD[key]
     with pytest.raises(ConfigError, match=f"environment NVSHARE_{key.upper()}"):
         config.load(tmp_path / "absent.yaml", environ={f"NVSHARE_{key.upper()}": bad})
+
+
+@pytest.mark.parametrize("text,value", [("off", False), ("on", True), ("'off'", False),
+                                        ("No", False), ("TRUE", True), ("'1'", True)])
+def test_swap_takes_yaml_and_word_spellings(tmp_path, text, value):
+    assert load_text(tmp_path, f"swap: {text}\n").swap is value
+
+
+@pytest.mark.parametrize("text,value", [("off", False), ("OFF", False), ("on", True),
+                                        ("false", False), ("0", False), ("yes", True)])
+def test_swap_from_environment(tmp_path, text, value):
+    # NVSHARE_SWAP is also what the hook reads in a job: the same words mean the same there.
+    assert config.load(tmp_path / "absent.yaml", environ={"NVSHARE_SWAP": text}).swap is value
+
+
+def test_default_swap_bandwidth_is_20g():
+    # ~50 GB/s pinned each way measured on an H100, out then in one after the other, with room
+    # for slower links: 20 GiB/s
+    assert Config().swap_bandwidth == 20 << 30 and Config().swap is True
 
 
 def test_unknown_key_is_named(tmp_path):

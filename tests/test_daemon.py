@@ -40,6 +40,26 @@ def gpu_status(sched, uuid=GPU0):
     return next(g for g in sched.client().status()["gpus"] if g["uuid"] == uuid)
 
 
+def wait_for_status(sched, predicate, uuid=GPU0, timeout=5.0):
+    """The GPU's status once predicate(status) holds: the daemon has handled what was sent."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = gpu_status(sched, uuid)
+        if predicate(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"GPU status never matched: {status}")
+        time.sleep(0.02)
+
+
+def wait_for_log(sched, text, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while text not in sched.log():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {text!r} in the scheduler log:\n{sched.log()[-3000:]}")
+        time.sleep(0.02)
+
+
 def wait_for_waiters(sched, count, uuid=GPU0, timeout=5.0):
     """The GPU's FIFO once it holds `count` waiters: client processes send on their own schedule."""
     deadline = time.monotonic() + timeout
@@ -180,7 +200,8 @@ def test_auto_mode_co_runs_then_time_slices_when_memory_does_not_fit(scheduler_f
     assert gpu_status(sched)["co_running"] is True
     # 6G + 12G (10G of it swappable) no longer fits 16G: the newer co-runner is dropped
     b.send(f"mem {GPU0} {12 * G} {2 * G} 0 0")
-    assert b.expect("drop", timeout=2)["reason"] == C.NVSHARE_DROP_MEMORY
+    drop = b.expect("drop", timeout=2)
+    assert (drop["reason"], drop["bytes"]) == (C.NVSHARE_DROP_MEMORY, 10 * G)   # all it can move
     b.send(f"request {GPU0}")
     a.expect("contended", timeout=2)
     assert a.expect("drop", timeout=2)["reason"] == C.NVSHARE_DROP_TIMESLICE
@@ -343,3 +364,153 @@ def test_sigterm_persists_and_exits_zero(scheduler):
     assert not os.path.exists(scheduler.socket)
     scheduler.start()
     assert scheduler.client().query_job(5)["gpu_uuid"] == [GPU0]
+
+
+# --- swap (docs/protocol.md "Memory", "Swap"); --swap clients move memory as the hook does -----
+
+def test_hand_over_asks_the_holder_to_move_what_the_next_one_needs(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                              switch_time_fixed=0.3, memory_reserve_percent=0)
+    register(sched, 1)
+    register(sched, 2)
+    a, b = clients(sched, 1, "--swap"), clients(sched, 2, "--swap")
+    a.send(f"mem {GPU0} {10 * G} {2 * G} 0 0")
+    a.send(f"request {GPU0}")
+    a.expect("grant")
+    b.send(f"mem {GPU0} 0 0 {10 * G} 0")             # 10G in host memory; room is 6G
+    b.send(f"request {GPU0}")
+    drop = a.expect("drop", timeout=3)
+    assert (drop["reason"], drop["bytes"]) == (C.NVSHARE_DROP_TIMESLICE, 4 * G)
+    # a switch that moves memory is not offered for an idle hand-over
+    assert not [e for e in a.events if e["event"] == "contended"]
+    released = a.expect("released")
+    assert (released["flags"], released["bytes"]) == \
+        (C.NVSHARE_RELEASE_DROPPED | C.NVSHARE_RELEASE_SWAPPED, 4 * G)
+    assert b.expect("grant", timeout=2)["flags"] == C.NVSHARE_GRANT_EXCLUSIVE
+    assert b.expect("swapped_in")["bytes"] == 10 * G
+    status = wait_for_status(sched, lambda g: g["memory_used"] == 16 * G)
+    assert (status["memory_swapped"], status["memory_fixed"]) == (4 * G, 2 * G)
+    wait_for_log(sched, f"gpu {GPU0}: job 1 step 0 pid {a.pid}: lock dropped (time slice over); "
+                        f"asked to move 4.0 GiB to host memory")
+    job = sched.client().status(C.NVSHARE_STATUS_JOB, 1)["jobs"][0]
+    assert job["clients"][0]["gpus"][GPU0] == {"allocated": 6 * G, "swapped": 4 * G,
+                                               "state": "idle"}
+    # and back: a needs its 4G, b holds 10G movable with no room left
+    a.send(f"request {GPU0}")
+    assert b.expect("drop", timeout=3)["bytes"] == 4 * G
+    assert a.expect("grant", timeout=2) and a.expect("swapped_in")["bytes"] == 4 * G
+
+
+def test_idle_client_is_asked_once_to_make_room_before_the_grant(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", memory_reserve_percent=0)
+    register(sched, 1)
+    register(sched, 2)
+    idle, head = clients(sched, 1, "--swap"), clients(sched, 2, "--swap")
+    idle.send(f"mem {GPU0} {12 * G} {2 * G} 0 0")
+    wait_for_status(sched, lambda g: g["memory_used"] == 12 * G)
+    head.send(f"mem {GPU0} 0 0 {10 * G} 0")
+    head.send(f"request {GPU0}")
+    ask = idle.expect("prepare_swap_out", timeout=2)
+    assert ask["bytes"] == 6 * G
+    grant = head.expect("grant", timeout=2)
+    assert grant["t"] > ask["t"]                      # granted only once the room was made
+    wait_for_status(sched, lambda g: (g["memory_used"], g["memory_swapped"]) == (16 * G, 6 * G))
+    idle.absent("prepare_swap_out", 0.2)
+    wait_for_log(sched, f"gpu {GPU0}: job 1 step 0 pid {idle.pid}: asked to move 6.0 GiB to "
+                        f"host memory")
+
+
+def test_grant_goes_out_anyway_when_nothing_can_move(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", memory_reserve_percent=0)
+    register(sched, 1)
+    register(sched, 2)
+    pinned, head = clients(sched, 1), clients(sched, 2)
+    pinned.send(f"mem {GPU0} {12 * G} {12 * G} 0 0")
+    wait_for_status(sched, lambda g: g["memory_fixed"] == 12 * G)
+    head.send(f"mem {GPU0} 0 0 {8 * G} 0")
+    head.send(f"request {GPU0}")
+    head.expect("grant", timeout=2)
+    pinned.absent("prepare_swap_out", 0.1)
+    wait_for_log(sched, f"gpu {GPU0}: job 2 step 0 pid {head.pid}: lock granted although 4.0 GiB "
+                        f"of its swapped memory does not fit: nothing more can move")
+
+
+def test_allocation_of_a_non_holder_without_room_is_deferred(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", memory_reserve_percent=0)
+    register(sched, 1)
+    register(sched, 2)
+    holder, other = clients(sched, 1), clients(sched, 2)
+    holder.send(f"mem {GPU0} {12 * G} 0 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    other.send(f"mem {GPU0} 0 0 0 {6 * G} {C.NVSHARE_MEM_CAN_DEFER}")
+    reply = other.expect("mem_reply")
+    assert (reply["status"], reply["flags"], reply["seq"]) == \
+        (C.NVSHARE_OK, C.NVSHARE_MEM_DEFERRED, 1)
+    other.send(f"mem {GPU0} 0 0 0 {6 * G} 0")        # cannot defer: the driver decides
+    reply = other.expect("mem_reply")
+    assert (reply["status"], reply["flags"], reply["seq"]) == (C.NVSHARE_OK, 0, 2)
+    # the deferred bytes come back as swapped: they count against the job, not the room
+    other.send(f"mem {GPU0} 0 0 {6 * G} 1")
+    reply = other.expect("mem_reply")
+    assert (reply["flags"], reply["available"]) == (0, 10 * G)
+    assert gpu_status(sched)["memory_swapped"] == 6 * G
+
+
+def test_holder_allocation_is_answered_once_room_is_made(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", memory_reserve_percent=0)
+    register(sched, 1)
+    register(sched, 2)
+    holder, idle = clients(sched, 1), clients(sched, 2, "--swap")
+    idle.send(f"mem {GPU0} {8 * G} 0 0 0")
+    holder.send(f"mem {GPU0} {6 * G} {6 * G} 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    wait_for_status(sched, lambda g: g["memory_used"] == 14 * G)      # room 2G
+    holder.send(f"mem {GPU0} {6 * G} {6 * G} 0 {6 * G} {C.NVSHARE_MEM_CAN_DEFER}")
+    ask = idle.expect("prepare_swap_out", timeout=2)
+    assert ask["bytes"] == 4 * G
+    reply = holder.expect("mem_reply", timeout=2)
+    assert (reply["status"], reply["flags"], reply["seq"]) == (C.NVSHARE_OK, 0, 2)
+    assert reply["t"] > ask["t"]
+    assert gpu_status(sched)["memory_used"] == 10 * G
+
+
+def test_holder_allocation_is_answered_after_grace_without_room(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", memory_reserve_percent=0,
+                              drop_grace_sec=0.5)
+    register(sched, 1)
+    register(sched, 2)
+    holder, idle = clients(sched, 1), clients(sched, 2)      # idle never moves anything
+    idle.send(f"mem {GPU0} {8 * G} 0 0 0")
+    holder.send(f"mem {GPU0} {6 * G} {6 * G} 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    wait_for_status(sched, lambda g: g["memory_used"] == 14 * G)
+    sent = time.monotonic()
+    holder.send(f"mem {GPU0} {6 * G} {6 * G} 0 {6 * G} {C.NVSHARE_MEM_CAN_DEFER}")
+    idle.expect("prepare_swap_out", timeout=2)
+    reply = holder.expect("mem_reply", timeout=5)
+    assert reply["status"] == C.NVSHARE_OK and reply["t"] - sent >= 0.5
+    wait_for_log(sched, f"gpu {GPU0}: job 2 step 0 pid {idle.pid}: did not answer "
+                        f"PREPARE_SWAP_OUT")
+    wait_for_log(sched, f"gpu {GPU0}: job 1 step 0 pid {holder.pid}: allocation answered "
+                        f"without the room it waited for")
+
+
+def test_no_room_release_is_a_release_and_is_logged(scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                              switch_time_fixed=30)
+    register(sched, 1)
+    register(sched, 2)
+    a, b = clients(sched, 1), clients(sched, 2)
+    a.send(f"request {GPU0}")
+    a.expect("grant")
+    b.send(f"request {GPU0}")
+    a.expect("contended")
+    a.send(f"release {GPU0} no_room")
+    b.expect("grant", timeout=2)
+    wait_for_log(sched, f"gpu {GPU0}: job 1 step 0 pid {a.pid}: lock given back: no room on "
+                        f"the GPU to bring its swapped memory back")
+    a.send(f"request {GPU0}")                       # it asks again later and queues as usual
+    assert wait_for_waiters(sched, 1) == [1]

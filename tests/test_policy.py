@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, UNRESPONSIVE, ClientInfo, GpuSettings,
-                                    GpuState)
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED,
+                                    UNRESPONSIVE, ClientInfo, GpuSettings, GpuState)
 from nvshare_slurm.proto import C
 
 G = 1 << 30
+DEFER = C.NVSHARE_MEM_CAN_DEFER
 
 
 def gpu(**settings) -> GpuState:
@@ -23,6 +24,11 @@ def client(n: int, job: int | None = None, limit: int = 0) -> ClientInfo:
 
 def kinds(actions):
     return [(a.kind, a.client.client_id) for a in actions]
+
+
+def moves(actions):
+    """(kind, client, bytes): what each action asks to move (or, for a grant, what did not fit)."""
+    return [(a.kind, a.client.client_id, a.bytes) for a in actions]
 
 
 def test_concurrent_fifo_contention_and_timeslice():
@@ -88,6 +94,7 @@ def test_auto_mode_shares_while_memory_fits_then_falls_back():
     assert [x.flags for x in g.request(b, 0)] == [C.NVSHARE_GRANT_SHARED]
     actions, _ = g.mem_update(b, 1, 9 * G, 4 * G, 0)            # 17G > 16G
     assert kinds(actions) == [(DROP, 2)] and actions[0].value == C.NVSHARE_DROP_MEMORY
+    assert actions[0].bytes == 5 * G                             # all its swappable memory
     assert g.release(2, 1.1) == []
     assert kinds(g.request(b, 1.2)) == [(CONTENDED, 1)]
     assert g.next_deadline() == pytest.approx(4.2)
@@ -96,16 +103,23 @@ def test_auto_mode_shares_while_memory_fits_then_falls_back():
 
 
 def test_auto_switch_interval_formula():
+    # moved = what the holder must move out for the head + the head's swapped bytes (protocol.md
+    # "Swap" 5); the holder's swappable memory alone no longer counts, since a switch to a head
+    # that fits the room moves none of it.
     g = gpu(mode="concurrent", switch_time_mode="auto", switch_time_min=2.0,
             switch_time_multiplier=20.0, swap_bandwidth=10 * G)
     a, b = client(1), client(2)
     g.request(a, 0)
     assert g.switch_interval() == 2.0                            # nothing to move: the floor
-    g.mem_update(a, 0, 6 * G, 1 * G, 0)                          # 5G swappable
+    g.mem_update(a, 0, 6 * G, 1 * G, 0)                          # 5G swappable, room 10G
     g.request(b, 0)
-    g.mem_update(b, 0, 0, 0, 3 * G)                              # 3G swapped out, to come back
-    assert g.switch_interval() == pytest.approx(20 * 8 / 10)     # multiplier x 8G / 10G/s
-    assert g.next_deadline() == pytest.approx(16.0)
+    assert g.switch_interval() == 2.0                            # b has nothing to bring back
+    g.mem_update(b, 0, 0, 0, 3 * G)                              # 3G in host memory: it fits
+    assert g.switch_interval() == pytest.approx(20 * 3 / 10)     # multiplier x 3G / 10G/s
+    assert g.next_deadline() == pytest.approx(6.0)
+    g.mem_update(b, 0, 0, 0, 13 * G)                             # room 10G: a must move 3G out
+    assert g.switch_interval() == pytest.approx(20 * 16 / 10)    # (3G + 13G) / 10G/s x 20
+    assert g.next_deadline() == pytest.approx(32.0)
 
 
 def test_serial_mode_one_job_at_a_time():
@@ -166,3 +180,280 @@ def test_switch_to_auto_grants_waiters_shared():
     actions = g.update_settings(GpuSettings(mode="auto", memory_reserve_percent=0), 1)
     assert [(x.kind, x.client.client_id, x.flags) for x in actions] == \
         [(GRANT, 2, C.NVSHARE_GRANT_SHARED)]
+
+
+# --- memory with swap (docs/protocol.md "Memory", "Swap") ---------------------------------------
+
+def test_admission_counts_own_swapped_memory_and_others_fixed():
+    g = gpu(memory_reserve_percent=25)                           # usable 12G
+    a = client(1, limit=6 * G)
+    b, c = client(2), client(3)
+    # the job's usage against its limit is resident + swapped: 2G + 3G + 2G > 6G
+    _, d = g.mem_update(a, 0, 2 * G, 0, 3 * G, 2 * G)
+    assert (d.status, d.total, d.available) == (C.NVSHARE_ERR_NOMEM, 6 * G, 1 * G)
+    _, d = g.mem_update(a, 0, 2 * G, 0, 3 * G, 1 * G)
+    assert d.status == C.NVSHARE_OK
+    g.mem_update(b, 0, 4 * G, 4 * G, 0)                          # 4G that can never move
+    # 4G + own 1G resident + own 4G swapped + b's fixed 4G = 13G > 12G; a's 2G swappable is no
+    # obstacle (it can move), and neither is a's swapped memory
+    _, d = g.mem_update(c, 0, 1 * G, 0, 4 * G, 4 * G)
+    assert d.status == C.NVSHARE_ERR_NOMEM
+    _, d = g.mem_update(c, 0, 1 * G, 0, 4 * G, 3 * G)
+    assert (d.status, d.available) == (C.NVSHARE_OK, 7 * G)      # 12G - its own 5G
+
+
+def test_grant_waits_until_the_heads_swapped_memory_fits():
+    g = gpu()                                                     # 16G, no reserve
+    head, idle = client(1), client(2)
+    g.mem_update(idle, 0, 12 * G, 2 * G, 0)                      # room 4G, 10G of it can move
+    g.mem_update(head, 0, 0, 0, 10 * G)
+    actions = g.request(head, 1)
+    assert moves(actions) == [(SWAP_OUT, 2, 6 * G)]             # the shortfall, no grant yet
+    assert list(g.queue) == [1] and not g.holders
+    # re-evaluated on every event, but asked once
+    assert g.tick(2) == []
+    assert g.mem_update(head, 2, 0, 0, 10 * G)[0] == []
+    assert g.next_deadline() == 6.0                              # its answer's grace
+    actions, _ = g.mem_update(idle, 3, 6 * G, 2 * G, 6 * G)      # moved 6G: room 10G
+    assert moves(actions) == [(GRANT, 1, 0)]
+    assert actions[0].flags == C.NVSHARE_GRANT_EXCLUSIVE
+
+
+def test_prepare_swap_out_goes_once_to_non_holders_with_movable_memory():
+    g = gpu()
+    holder, head, idle_big, idle_small, waiter_near, waiter_far, pinned = (
+        client(n) for n in range(1, 8))
+    g.request(holder, 0)
+    g.mem_update(head, 0, 1 * G, 0, 8 * G)            # its own 1G moving would not help it
+    g.mem_update(idle_big, 0, 4 * G, 1 * G, 0)         # 3G movable
+    g.mem_update(idle_small, 0, 2 * G, 1 * G, 0)       # 1G movable
+    g.mem_update(waiter_near, 0, 3 * G, 0, 0)          # runs right after the head: asked last
+    g.mem_update(waiter_far, 0, 2 * G, 0, 0)
+    g.mem_update(pinned, 0, 2 * G, 2 * G, 0)           # nothing movable: never asked
+    for waiter in (head, waiter_near, waiter_far):
+        g.request(waiter, 0)
+    # 14G resident, room 2G, the head needs 8G: 6G short once the holder (no memory) is gone
+    actions = g.release(1, 1)
+    assert moves(actions) == [(SWAP_OUT, 3, 3 * G), (SWAP_OUT, 4, 1 * G), (SWAP_OUT, 6, 2 * G)]
+    assert g.tick(2) == []
+    assert g.mem_update(idle_big, 2, 1 * G, 1 * G, 3 * G)[0] == []    # 5G room: others pending
+    assert g.mem_update(idle_small, 2, 1 * G, 1 * G, 1 * G)[0] == []
+    actions, _ = g.mem_update(waiter_far, 3, 0, 0, 2 * G)
+    assert moves(actions) == [(GRANT, 2, 0), (CONTENDED, 2, 0)]  # the next one fits: no swap
+    # the shortfall episode is over: a new one asks again, even those asked before
+    g.mem_update(head, 4, 9 * G, 0, 0)                 # it brought its memory back
+    g.mem_update(waiter_near, 4, 3 * G, 0, 4 * G)      # 16G resident: room 0, needs 4G
+    actions = g.release(2, 5)
+    assert moves(actions) == [(SWAP_OUT, 2, 4 * G)]   # the old head, now idle, 9G movable
+
+
+def test_holder_that_released_without_moving_enough_is_asked_like_others():
+    g = gpu()
+    a, b = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 10 * G, 2 * G, 0)
+    g.mem_update(b, 0, 0, 0, 10 * G)
+    g.request(b, 0)
+    assert moves(g.release(1, 1)) == [(SWAP_OUT, 1, 4 * G)]
+    assert moves(g.mem_update(a, 2, 6 * G, 2 * G, 4 * G)[0]) == [(GRANT, 2, 0)]
+
+
+def test_grant_anyway_when_nothing_can_move():
+    g = gpu()
+    pinned, head = client(1), client(2)
+    g.mem_update(pinned, 0, 12 * G, 12 * G, 0)
+    g.mem_update(head, 0, 0, 0, 8 * G)
+    actions = g.request(head, 0)
+    assert moves(actions) == [(GRANT, 2, 4 * G)]       # granted, 4G short (the daemon warns)
+
+
+@pytest.mark.parametrize("answer", [(12 * G, 12 * G), (12 * G, 0)])
+def test_grant_anyway_when_the_asked_clients_could_not_move(answer):
+    g = gpu()
+    idle, head = client(1), client(2)
+    g.mem_update(idle, 0, 12 * G, 0, 0)
+    g.mem_update(head, 0, 0, 0, 8 * G)
+    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    # its report says it moved nothing: everything fixed now (its cgroup cannot hold the swap),
+    # or unchanged (its gate was open); either way it was asked once and answered
+    actions, _ = g.mem_update(idle, 1, *answer, 0)
+    assert moves(actions) == [(GRANT, 2, 4 * G)]
+
+
+def test_unanswered_prepare_swap_out_is_given_up_after_grace():
+    g = gpu(drop_grace_sec=5.0)
+    idle, head, other = client(1), client(2), client(3)
+    g.mem_update(idle, 0, 6 * G, 0, 0)
+    g.mem_update(other, 0, 4 * G, 0, 0)
+    g.mem_update(head, 0, 0, 0, 10 * G)                  # room 6G, 4G short
+    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    _, d = g.mem_update(idle, 1, 6 * G, 0, 0, 7 * G, DEFER)   # an allocation: not its answer
+    assert d.flags == C.NVSHARE_MEM_DEFERRED
+    assert g.next_deadline() == 5.0
+    assert g.tick(4.9) == []
+    # no answer: the next one is asked, and when it does not answer either, the grant goes out
+    assert moves(g.tick(5.0)) == [(SWAP_UNANSWERED, 1, 4 * G), (SWAP_OUT, 3, 4 * G)]
+    assert moves(g.tick(10.0)) == [(SWAP_UNANSWERED, 3, 4 * G), (GRANT, 2, 4 * G)]
+
+
+def test_hand_over_drop_carries_the_bytes_and_no_contention_notice():
+    g = gpu(switch_time_fixed=10.0)
+    a, b = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 10 * G, 2 * G, 0)
+    g.mem_update(b, 0, 0, 0, 10 * G)
+    # an idle release would cost a swap each time: a keeps its turn, told nothing
+    assert g.request(b, 1) == []
+    assert g.next_deadline() == 11.0
+    actions = g.tick(11.0)
+    assert moves(actions) == [(DROP, 1, 4 * G)]         # b's 10G - room 6G
+    assert actions[0].value == C.NVSHARE_DROP_TIMESLICE
+    assert g.mem_update(a, 11.5, 6 * G, 2 * G, 4 * G)[0] == []
+    assert moves(g.release(1, 11.6)) == [(GRANT, 2, 0)]
+
+
+def test_contention_notice_when_the_swapped_head_fits_anyway():
+    g = gpu()
+    a, b = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 4 * G, 0, 0)
+    g.mem_update(b, 0, 0, 0, 4 * G)                      # 8G together: no swap at the switch
+    assert kinds(g.request(b, 1)) == [(CONTENDED, 1)]
+    assert moves(g.tick(11)) == [(DROP, 1, 0)]
+
+
+def test_auto_mode_grants_swapped_clients_shared_while_all_fits():
+    g = gpu(mode="auto")
+    a, b = client(1), client(2)
+    g.mem_update(a, 0, 6 * G, 0, 0)
+    g.request(a, 0)
+    g.mem_update(b, 0, 0, 0, 10 * G)                     # 16G in all: fits, b brings its own back
+    assert [(x.kind, x.flags) for x in g.request(b, 1)] == [(GRANT, C.NVSHARE_GRANT_SHARED)]
+    assert g.room() == 0
+    actions, _ = g.mem_update(b, 2, 11 * G, 1 * G, 0)   # 17G: b is the newer co-runner
+    assert moves(actions) == [(DROP, 2, 10 * G)] and actions[0].value == C.NVSHARE_DROP_MEMORY
+
+
+def test_allocation_without_room_is_deferred_for_a_non_holder_that_can_defer():
+    g = gpu()
+    holder, other = client(1), client(2)
+    g.request(holder, 0)
+    g.mem_update(holder, 0, 12 * G, 0, 0)                # room 4G
+    _, d = g.mem_update(other, 0, 0, 0, 0, 6 * G, DEFER)
+    assert (d.status, d.flags) == (C.NVSHARE_OK, C.NVSHARE_MEM_DEFERRED)
+    _, d = g.mem_update(other, 0, 0, 0, 0, 6 * G)        # cannot defer: the driver decides
+    assert (d.status, d.flags) == (C.NVSHARE_OK, 0)
+    _, d = g.mem_update(other, 0, 0, 0, 0, 4 * G, DEFER)  # fits the room: resident now
+    assert (d.status, d.flags) == (C.NVSHARE_OK, 0)
+    _, d = g.mem_update(other, 0, 0, 0, 6 * G, 1, DEFER)  # cuMemGetInfo's probe: never deferred
+    assert (d.status, d.flags, d.available) == (C.NVSHARE_OK, 0, 10 * G)
+
+
+def test_holder_allocation_waits_for_the_room_it_makes():
+    g = gpu()
+    a, idle, waiter = client(1), client(2), client(3)
+    g.request(a, 0)
+    g.mem_update(a, 0, 6 * G, 6 * G, 0)
+    g.mem_update(idle, 0, 8 * G, 0, 0)                    # room 2G
+    actions, d = g.mem_update(a, 1, 6 * G, 6 * G, 0, 6 * G, DEFER, token=77)
+    assert d is None                                      # its MEM_REPLY waits
+    assert moves(actions) == [(SWAP_OUT, 2, 4 * G)]
+    assert g.next_deadline() == 6.0
+    assert g.tick(2) == []
+    actions, _ = g.mem_update(idle, 3, 4 * G, 0, 4 * G)   # room 6G now
+    assert kinds(actions) == [(MEM_REPLY, 1)]
+    reply = actions[0].reply
+    assert (actions[0].token, reply.status, reply.flags, reply.no_room) == \
+        (77, C.NVSHARE_OK, 0, False)
+    # the promised room is taken until a reports the allocation
+    _, d = g.mem_update(waiter, 4, 0, 0, 0, 4 * G, DEFER)
+    assert d.flags == C.NVSHARE_MEM_DEFERRED
+    g.mem_update(a, 5, 12 * G, 6 * G, 0)
+    assert g.room() == 0 and g.promised == {}
+
+
+def test_holder_allocation_answered_after_grace_without_room():
+    g = gpu(drop_grace_sec=5.0)
+    a, idle = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 6 * G, 6 * G, 0)
+    g.mem_update(idle, 0, 8 * G, 0, 0)
+    actions, d = g.mem_update(a, 1, 6 * G, 6 * G, 0, 6 * G, 0, token=9)
+    assert d is None and moves(actions) == [(SWAP_OUT, 2, 4 * G)]
+    assert g.tick(5.9) == []
+    actions = g.tick(6.0)
+    assert kinds(actions) == [(SWAP_UNANSWERED, 2), (MEM_REPLY, 1)]
+    assert (actions[1].token, actions[1].reply.status, actions[1].reply.no_room) == \
+        (9, C.NVSHARE_OK, True)
+    assert g.next_deadline() == 11.0                      # the promise lapses unless reported
+
+
+def test_holder_allocation_answered_once_nothing_more_can_move():
+    g = gpu()
+    a, idle = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 6 * G, 6 * G, 0)
+    g.mem_update(idle, 0, 8 * G, 0, 0)
+    actions, d = g.mem_update(a, 1, 6 * G, 6 * G, 0, 6 * G, DEFER, token=4)
+    assert d is None and moves(actions) == [(SWAP_OUT, 2, 4 * G)]
+    # it could move only 2G (room 4G); nobody else to ask: answer now, not after the grace
+    actions, _ = g.mem_update(idle, 2, 6 * G, 0, 2 * G)
+    assert kinds(actions) == [(MEM_REPLY, 1)] and actions[0].reply.no_room
+    assert g.pending_allocs == []
+
+
+def test_holder_allocation_drops_the_newer_co_runner_with_the_bytes_it_must_move():
+    g = gpu(mode="auto")
+    a, b, idle = client(1), client(2), client(3)
+    g.mem_update(a, 0, 4 * G, 4 * G, 0)
+    g.mem_update(b, 0, 6 * G, 0, 0)
+    g.mem_update(idle, 0, 4 * G, 0, 0)                    # room 2G
+    g.request(a, 0)
+    g.request(b, 0)
+    actions, d = g.mem_update(a, 1, 4 * G, 4 * G, 0, 8 * G, DEFER, token=3)
+    # 22G wanted no longer fits: b stops co-running and moves its 6G; that covers the 6G short,
+    # so the idle client is left alone
+    assert d is None and moves(actions) == [(DROP, 2, 6 * G)]
+    assert actions[0].value == C.NVSHARE_DROP_MEMORY
+    actions, _ = g.mem_update(b, 2, 0, 0, 6 * G)
+    assert kinds(actions) == [(MEM_REPLY, 1)] and actions[0].token == 3
+    assert g.release(2, 3) == []
+    assert g.request(b, 4) == []               # a keeps the GPU; b waits, no idle hand-over
+    assert list(g.queue) == [2]
+
+
+def test_serial_holder_allocation_drops_another_client_of_the_job():
+    g = gpu(mode="serial")
+    a1, a2 = client(1, job=1), client(2, job=1)
+    g.request(a1, 0)
+    g.request(a2, 0)
+    g.mem_update(a1, 0, 4 * G, 4 * G, 0)
+    g.mem_update(a2, 0, 8 * G, 0, 0)                      # room 4G
+    actions, d = g.mem_update(a1, 1, 4 * G, 4 * G, 0, 8 * G, DEFER, token=1)
+    assert d is None and moves(actions) == [(DROP, 2, 4 * G)]
+    assert actions[0].value == C.NVSHARE_DROP_MEMORY
+
+
+def test_serial_max_runtime_drop_carries_the_next_jobs_shortfall():
+    g = gpu(mode="serial", max_runtime_sec=100)
+    a, b = client(1), client(2)
+    g.mem_update(a, 0, 12 * G, 2 * G, 0)
+    g.mem_update(b, 0, 0, 0, 8 * G)
+    g.request(a, 0)
+    g.request(b, 1)
+    actions = g.tick(101)
+    assert moves(actions) == [(DROP, 1, 4 * G)]
+    assert actions[0].value == C.NVSHARE_DROP_MAX_RUNTIME
+    g.mem_update(a, 102, 8 * G, 2 * G, 4 * G)
+    assert moves(g.release(1, 102)) == [(GRANT, 2, 0)]
+
+
+def test_disconnect_ends_asks_and_frees_the_room():
+    g = gpu()
+    idle, head = client(1), client(2)
+    g.mem_update(idle, 0, 10 * G, 0, 0)
+    g.mem_update(head, 0, 0, 0, 10 * G)
+    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    # the asked client exits, taking its memory with it: the head fits now
+    assert moves(g.remove_client(1, 1)) == [(GRANT, 2, 0)]
+    assert g.swap_asked == {} and g.job_allocated == {} and g.job_swapped == {2: 10 * G}

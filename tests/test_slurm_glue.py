@@ -116,7 +116,15 @@ def test_export_lines_name_placement_socket_job_policy():
         "export NVSHARE_SOCKET=/run/nvshare/scheduler.sock",
         "export NVSHARE_JOB_ID=42",
         "export NVSHARE_ON_DAEMON_LOSS=run",
-    ]
+    ]                                            # swap on (the default): nothing to say
+
+
+def test_export_lines_turn_swap_off_when_the_config_does():
+    cfg = Config(socket="/run/nvshare/scheduler.sock", swap=False)
+    lines = taskprolog.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", None)
+    assert lines[-1] == "export NVSHARE_SWAP=off"
+    assert [line for line in lines if "NVSHARE_SWAP" in line] == ["export NVSHARE_SWAP=off"]
+    assert all(line.startswith("export ") and "\n" not in line for line in lines)
 
 
 @pytest.mark.parametrize("existing, expected", [
@@ -248,3 +256,20 @@ def test_taskprolog_ignores_nvshare_overrides_in_the_job_environment(tmp_path, f
     env = slurm_env(tmp_path, fake_slurm.bindir, 1, NVSHARE_SCHEDULING_MODE="bogus")
     out = io.StringIO()
     assert taskprolog.run(env, out=out, wait_sec=0.1) == 0   # no ConfigError from the user's env
+
+
+def test_taskprolog_exports_swap_off_from_the_node_config_only(tmp_path, scheduler_factory):
+    sched = scheduler_factory()
+    sched.client().register_job(31, uid=0, gid=0, slots=1)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(yaml.safe_dump({"socket": sched.socket, "swap": False}))
+    # the job's own NVSHARE_SWAP=on is no config source for the TaskProlog
+    env = {"SLURM_JOB_ID": "31", "NVSHARE_CONFIG": str(cfg), "NVSHARE_SWAP": "on"}
+    out = io.StringIO()
+    assert taskprolog.run(env, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert "export NVSHARE_SWAP=off" in lines and "export NVSHARE_JOB_ID=31" in lines
+    cfg.write_text(yaml.safe_dump({"socket": sched.socket}))
+    out = io.StringIO()
+    assert taskprolog.run(env, out=out) == 0
+    assert "NVSHARE_SWAP" not in out.getvalue() and "NVSHARE_JOB_ID=31" in out.getvalue()
