@@ -1,62 +1,163 @@
 """A deterministic PyTorch training loop for the GPU tests and benchmarks.
 
-Prints one JSON document: the loss of every step as a float.hex() string (bit-exact comparison) and
-each step's end time (time.time()), so a test can compare losses and read a timeline.
-  python train.py --steps 200 --width 1024 [--sleep-ms 0] [--mem-gb 0] [--out FILE]
+Every batch is drawn on the GPU from a seeded CUDA generator (--data gpu, the default): the host
+only launches work, so a compute-bound job keeps the GPU saturated and a bursty job's busy fraction
+is set by its sleep, not by the CPU making data. --data cpu makes each batch on the host and copies
+it over, as a CPU data loader would (and as the tier-4 tests were timed). Same seed and arguments,
+same losses, bit for bit (deterministic algorithms, no TF32, a fixed cuBLAS workspace). A ballast
+(--mem-gb) is rewritten every step, so the job really uses that memory.
+
+Prints one JSON document: the loss of every step as a float.hex() string (bit-exact comparison),
+each step's start and end time (time.time()), and what the run measured of itself.
+
+  python train.py --steps 200 --width 1024 [--model mlp|transformer] [--depth 4] [--batch 256]
+                  [--sleep-ms 0 | --busy-fraction F] [--mem-gb 0] [--seed 1234] [--out FILE]
+                  [--data gpu|cpu] [--max-seconds S]
+
+--busy-fraction F runs the first steps without sleeping, takes their median time as the GPU time of
+a step, then sleeps after every step so that the GPU is busy about F of the time; the JSON says
+which sleep that was and which fraction it reached.
 """
 import argparse
 import json
+import math
 import os
+import statistics
 import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the cuBLAS setting)
+import torch.nn.functional as F  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block. Attention is spelled out because the fused kernels'
+    backward passes are not deterministic."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.ln2 = torch.nn.LayerNorm(width)
+        self.fc1 = torch.nn.Linear(width, 4 * width)
+        self.fc2 = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, width: int, depth: int, heads: int):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[Block(width, heads) for _ in range(depth)])
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+def build_model(args) -> torch.nn.Module:
+    if args.model == "transformer":
+        return Transformer(args.width, args.depth, args.heads)
+    layers = []
+    for _ in range(args.depth):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
+
+
+def ballast_intact(ballast) -> bool | None:
+    """Whether the ballast still holds its 1.0s (it may have been swapped out and back)."""
+    if ballast is None:
+        return None
+    lo, hi = torch.aminmax(ballast)  # no ballast-sized temporary, unlike ballast == 1.0
+    return bool(lo.item() == 1.0 and hi.item() == 1.0)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=256, help="transformer: tokens per sample")
+    ap.add_argument("--heads", type=int, default=16, help="transformer: attention heads")
     ap.add_argument("--sleep-ms", type=float, default=0.0, help="host think time per step (bursty job)")
+    ap.add_argument("--busy-fraction", type=float, default=0.0,
+                    help="sleep so that the GPU is busy this fraction of the time (0 < F < 1)")
     ap.add_argument("--mem-gb", type=float, default=0.0, help="extra device memory to hold (ballast)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--data", choices=("gpu", "cpu"), default="gpu",
+                    help="where batches are drawn: on the GPU, or on the host and copied over")
+    ap.add_argument("--max-seconds", type=float, default=0.0,
+                    help="stop after this many seconds of training even if steps remain (0: never)")
+    ap.add_argument("--device", default="cuda", help="cuda (cpu only to smoke-test this script)")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
+    if not 0.0 <= args.busy_fraction < 1.0:
+        ap.error("--busy-fraction must be in [0, 1)")
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    dev = torch.device("cuda")
-    layers = []
-    for _ in range(args.depth):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10)).to(dev)
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device(args.device)
+    model = build_model(args).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    gen = torch.Generator(device=dev if args.data == "gpu" else "cpu")
+    gen.manual_seed(args.seed)
+    data_dev = gen.device
+    shape = (args.batch, args.seq, args.width) if args.model == "transformer" else (args.batch, args.width)
     ballast = None
     if args.mem_gb > 0:
-        ballast = torch.ones(int(args.mem_gb * (1 << 30)) // 4, dtype=torch.float32, device=dev)
-    losses, times = [], []
+        ballast = torch.full((int(args.mem_gb * (1 << 30)) // 4,), 1.0, dtype=torch.float32, device=dev)
+    # --busy-fraction times steps warm..calib; the first steps pay for cuBLAS, the allocator and
+    # lazily loaded kernels (the optimizer's momentum path starts on the second step).
+    warm = 3
+    calib = warm + min(max(3, args.steps // 10), 10) if args.busy_fraction else 0
+    sleep_s = args.sleep_ms / 1000.0
+    losses, starts, times, durations = [], [], [], []
     start = time.time()
-    for _ in range(args.steps):
-        x = torch.randn(args.batch, args.width, generator=gen).to(dev)
-        y = torch.randint(0, 10, (args.batch,), generator=gen).to(dev)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+    for step in range(args.steps):
+        t0 = time.time()
+        x = torch.randn(shape, generator=gen, device=data_dev).to(dev)
+        y = torch.randint(0, 10, (args.batch,), generator=gen, device=data_dev).to(dev)
+        loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if ballast is not None:
-            ballast.add_(0.0)  # touch the ballast so it must be resident
-        losses.append(float(loss.item()).hex())
-        times.append(time.time())
-        if args.sleep_ms:
-            time.sleep(args.sleep_ms / 1000.0)
-    result = {"pid": os.getpid(), "start": start, "end": time.time(), "losses": losses,
-              "times": times, "device": torch.cuda.get_device_name(0)}
+            ballast.mul_(1.0)  # the job keeps using its memory, so it must be resident
+        losses.append(float(loss.item()).hex())  # .item() waits for the step's GPU work
+        t1 = time.time()
+        starts.append(t0)
+        times.append(t1)
+        durations.append(t1 - t0)
+        if calib and step + 1 == calib:
+            busy = statistics.median(durations[warm:])
+            sleep_s = busy * (1.0 - args.busy_fraction) / args.busy_fraction
+        if args.max_seconds and t1 - starts[0] >= args.max_seconds:
+            break
+        if sleep_s and step + 1 < args.steps:
+            time.sleep(sleep_s)
+    measured = slice(calib, None) if calib < len(times) else slice(0, None)
+    span = times[-1] - starts[measured][0] if times else 0.0
+    result = {"pid": os.getpid(), "start": start, "end": time.time(), "losses": losses, "times": times,
+              "step_starts": starts,
+              "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
+              "sleep_ms": sleep_s * 1000.0,
+              "step_ms_median": statistics.median(durations) * 1000.0 if durations else 0.0,
+              "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0,
+              "ballast_ok": ballast_intact(ballast)}
     text = json.dumps(result)
     if args.out == "-":
         print(text)
