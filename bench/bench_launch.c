@@ -1,9 +1,12 @@
 /* bench_launch: what libnvshare.so adds to a kernel launch while the lock is held.
  *
- *   bench_launch [LAUNCHES] [HOOK_LIB]
+ *   bench_launch [LAUNCHES] [HOOK_LIB] [ROUNDS]
  *
- * Runs itself twice, without and with LD_PRELOAD=HOOK_LIB (same binary, same driver, same run), and
- * prints ns per cuLaunchKernel of an empty kernel for each and their ratio. The kernel is a PTX
+ * Runs itself 2 x ROUNDS times (default 5), without and with LD_PRELOAD=HOOK_LIB, interleaved and
+ * with the order swapped every round, so that warm-up, clock and thermal drift fall on both sides
+ * alike (a single "without, then with" run measured the hook as faster than no hook). Each run
+ * warms up, then times LAUNCHES launches; the medians over the rounds and their ratio are printed,
+ * and a last line `result {json}` for the benchmark harness. The kernel is a PTX
  * `.entry empty()` loaded with cuModuleLoadData, so the real driver runs it on any GPU of sm_50 or
  * newer; the fake driver of tests/c knows the name "empty" as a zero-length kernel. The driver is
  * reached with dlopen + dlsym, as most frameworks do, so no CUDA toolkit is needed to build this.
@@ -101,7 +104,10 @@ static int child(const char *self, long launches, const char *preload, double *i
     int fds[2];
     if (pipe(fds) != 0)
         return -1;
+    fflush(stdout);
     pid_t pid = fork();
+    if (pid < 0)
+        return -1;
     if (pid == 0) {
         dup2(fds[1], STDOUT_FILENO);
         close(fds[0]);
@@ -117,23 +123,49 @@ static int child(const char *self, long launches, const char *preload, double *i
     }
     close(fds[1]);
     char buf[128] = {0};
-    ssize_t got = read(fds[0], buf, sizeof buf - 1);
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof buf - 1 && (n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)n;
     close(fds[0]);
     int status;
     waitpid(pid, &status, 0);
-    if (got <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || sscanf(buf, "%lf %lf", issue, total) != 2)
+    if (got == 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || sscanf(buf, "%lf %lf", issue, total) != 2)
         return -1;
     return 0;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *values, int n)
+{
+    double sorted[64];
+    memcpy(sorted, values, sizeof(double) * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof(double), by_value);
+    return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+static void print_list(const char *name, const double *values, int n)
+{
+    printf("\"%s\": [", name);
+    for (int i = 0; i < n; i++)
+        printf("%s%.1f", i ? ", " : "", values[i]);
+    printf("]");
+}
+
 int main(int argc, char **argv)
 {
-    long launches = argc > 1 ? atol(argv[1]) : 1000000;
+    long launches = argc > 1 ? atol(argv[1]) : 200000;
     if (getenv("BENCH_LAUNCH_CHILD"))
         return measure(launches);
     const char *hook = argc > 2 ? argv[2] : getenv("NVSHARE_LIB");
-    if (!hook) {
-        fprintf(stderr, "usage: bench_launch [LAUNCHES] HOOK_LIB (or NVSHARE_LIB=...)\n");
+    int rounds = argc > 3 ? atoi(argv[3]) : 5;
+    if (!hook || launches <= 0 || rounds < 1 || rounds > 64) {
+        fprintf(stderr, "usage: bench_launch [LAUNCHES] HOOK_LIB [ROUNDS 1..64] (or NVSHARE_LIB=...)\n");
         return 2;
     }
     char self[4096];
@@ -141,16 +173,38 @@ int main(int argc, char **argv)
     if (len <= 0)
         return 1;
     self[len] = '\0';
-    double plain_issue, plain_total, hook_issue, hook_total;
-    if (child(self, launches, NULL, &plain_issue, &plain_total) != 0 ||
-        child(self, launches, hook, &hook_issue, &hook_total) != 0) {
-        fprintf(stderr, "bench_launch: a measurement failed (see its message above)\n");
-        return 1;
+    double plain_issue[64], plain_total[64], hook_issue[64], hook_total[64], ratio[64];
+    printf("round  without ns  with ns   ratio   (%ld empty-kernel launches each, lock held)\n", launches);
+    for (int r = 0; r < rounds; r++) {
+        /* ABBA...: the side that runs first alternates, so neither always gets the warmer machine. */
+        int hook_first = r % 2;
+        for (int k = 0; k < 2; k++) {
+            int hooked = (k == 0) == hook_first;
+            int rc = hooked ? child(self, launches, hook, &hook_issue[r], &hook_total[r])
+                            : child(self, launches, NULL, &plain_issue[r], &plain_total[r]);
+            if (rc != 0) {
+                fprintf(stderr, "bench_launch: round %d %s the hook failed (see its message above)\n", r + 1,
+                        hooked ? "with" : "without");
+                return 1;
+            }
+        }
+        ratio[r] = hook_issue[r] / plain_issue[r];
+        printf("%5d  %10.1f  %8.1f  %6.3f   (%s first)\n", r + 1, plain_issue[r], hook_issue[r], ratio[r],
+               hook_first ? "with" : "without");
     }
-    printf("launches            %ld empty kernels, lock held\n", launches);
-    printf("without the hook    %8.1f ns per launch (%8.1f ns incl. completion)\n", plain_issue, plain_total);
-    printf("with libnvshare.so  %8.1f ns per launch (%8.1f ns incl. completion)\n", hook_issue, hook_total);
-    printf("overhead            %+8.1f ns per launch, ratio %.3f\n", hook_issue - plain_issue,
-           hook_issue / plain_issue);
+    double plain = median(plain_issue, rounds), hooked = median(hook_issue, rounds);
+    printf("without the hook    %8.1f ns per launch (median of %d; %8.1f ns incl. completion)\n", plain, rounds,
+           median(plain_total, rounds));
+    printf("with libnvshare.so  %8.1f ns per launch (median of %d; %8.1f ns incl. completion)\n", hooked, rounds,
+           median(hook_total, rounds));
+    printf("overhead            %+8.1f ns per launch, ratio of medians %.3f, median of round ratios %.3f\n",
+           hooked - plain, hooked / plain, median(ratio, rounds));
+    printf("result {\"launches\": %ld, \"rounds\": %d, \"plain_ns\": %.1f, \"hook_ns\": %.1f, "
+           "\"overhead_ns\": %.1f, \"ratio\": %.4f, \"median_round_ratio\": %.4f, ",
+           launches, rounds, plain, hooked, hooked - plain, hooked / plain, median(ratio, rounds));
+    print_list("plain_rounds_ns", plain_issue, rounds);
+    printf(", ");
+    print_list("hook_rounds_ns", hook_issue, rounds);
+    printf("}\n");
     return 0;
 }
