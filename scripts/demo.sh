@@ -3,20 +3,55 @@
 # one-node Slurm cluster with the nvshare GRES in a temp dir, runs two `sbatch --gres=nvshare:1`
 # jobs that share one GPU, shows nvshare-status while they run, then who held the GPU when.
 # Everything it starts is stopped on exit; running it again starts from scratch.
+#
+# The environment can change how (scripts/gpu-slurm-e2e.sh uses these on the GPU machine):
+#   NVSHARE_SLURM_ROOT    Slurm and munge are unpacked under this root (usr/sbin/slurmd, env.sh; see
+#                         gpu-machine-slurm.sh): use them and install nothing (no apt-get, no pip)
+#   NVSHARE_PYTHON        run nvshare-slurm as `$NVSHARE_PYTHON -m nvshare_slurm.<module>` with the
+#                         caller's PYTHONPATH, instead of the console scripts of $NVSHARE_PREFIX
+#   NVSHARE_DEMO_JOB      the batch script the two jobs run (default: a few seconds of GPU work)
+#   NVSHARE_DEMO_SRUN     a command to run as an `srun --gres=nvshare:1` step while the jobs run
+#   NVSHARE_DEMO_TIMEOUT  seconds the jobs may take (default 60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it starts slurmctld, slurmd, munged)"; exit 1; }
 PREFIX=${NVSHARE_PREFIX:-/opt/nvshare}
 DEMO=${NVSHARE_DEMO_DIR:-/tmp/nvshare-demo}
+TIMEOUT=${NVSHARE_DEMO_TIMEOUT:-60}
+SLURM_ROOT=${NVSHARE_SLURM_ROOT:-}
 
-echo "== installing (scripts/install.sh)"
-bash scripts/install.sh
+if [ -n "$SLURM_ROOT" ]; then
+  echo "== using Slurm unpacked in $SLURM_ROOT (nothing installed)"
+  [ -x "$SLURM_ROOT/usr/sbin/slurmd" ] && [ -f "$SLURM_ROOT/env.sh" ] \
+    || { echo "demo.sh: no unpacked Slurm in $SLURM_ROOT (gpu-machine-slurm.sh install)"; exit 1; }
+  # shellcheck disable=SC1091
+  . "$SLURM_ROOT/env.sh"
+  SBIN=$SLURM_ROOT/usr/sbin
+else
+  echo "== installing (scripts/install.sh)"
+  bash scripts/install.sh
+  SBIN=/usr/sbin
+fi
+if [ -n "${NVSHARE_PYTHON:-}" ]; then
+  PY_BIN=$(command -v "$NVSHARE_PYTHON")
+  "$PY_BIN" -c 'import nvshare_slurm' || { echo "demo.sh: $PY_BIN cannot import nvshare_slurm (PYTHONPATH)"; exit 1; }
+fi
+# The command line of one of nvshare-slurm's entry points (scheduler, status, prolog, epilog, taskprolog).
+nvshare_cmd() {
+  if [ -n "${NVSHARE_PYTHON:-}" ]; then
+    case $1 in scheduler) echo "$PY_BIN -m nvshare_slurm.daemon" ;; *) echo "$PY_BIN -m nvshare_slurm.$1" ;; esac
+  else
+    echo "$PREFIX/bin/nvshare-$1"
+  fi
+}
 
 pids=()
+SRUN_PID=
 cleanup() {
   set +e
-  [ -n "${SLURM_CONF:-}" ] && [ -e "$SLURM_CONF" ] && scancel --full -u root >/dev/null 2>&1
+  [ -n "$SRUN_PID" ] && kill "$SRUN_PID" 2>/dev/null
+  [ -n "${SLURM_CONF:-}" ] && [ -e "$SLURM_CONF" ] && timeout 10 scancel --full -u root >/dev/null 2>&1
   sleep 1
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
@@ -34,7 +69,8 @@ chmod 755 "$DEMO"; chmod 1777 "$DEMO/jobs"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   GPU=real
   echo "== NVIDIA GPU found: $(nvidia-smi -L | head -1); using NVML and the real driver"
-  GPUS_YAML=""
+  # Debug: the scheduler logs every lock grant and release, the timeline at the end reads them.
+  GPUS_YAML="log_level: debug"
 else
   GPU=fake
   echo "== no NVIDIA GPU: using the fake CUDA driver (tests/c/build/libcuda.so.1)"
@@ -58,9 +94,14 @@ switch_time_fixed: 1.0
 $GPUS_YAML
 YAML
 for kind in prolog epilog taskprolog; do
-  # slurmd passes no environment: the wrapper names the config files.
-  printf '#!/bin/sh\nexport NVSHARE_CONFIG=%s\nexport SLURM_CONF=%s\nexec %s\n' \
-    "$DEMO/nvshare/nvshare.yaml" "$SLURM_CONF" "$PREFIX/bin/nvshare-$kind" > "$DEMO/$kind.sh"
+  # slurmd passes no environment: the wrapper names the config files (and, when nvshare-slurm or
+  # Slurm are not installed, where Python and scontrol find their libraries).
+  {
+    printf '#!/bin/sh\nexport NVSHARE_CONFIG=%s\nexport SLURM_CONF=%s\n' "$DEMO/nvshare/nvshare.yaml" "$SLURM_CONF"
+    [ -n "${NVSHARE_PYTHON:-}" ] && printf "export PYTHONPATH='%s'\n" "${PYTHONPATH:-}"
+    [ -n "$SLURM_ROOT" ] && printf "export LD_LIBRARY_PATH='%s'\n" "${LD_LIBRARY_PATH:-}"
+    printf 'exec %s\n' "$(nvshare_cmd $kind)"
+  } > "$DEMO/$kind.sh"
   chmod 755 "$DEMO/$kind.sh"
 done
 
@@ -97,26 +138,41 @@ TaskProlog=$DEMO/taskprolog.sh
 NodeName=$HOST NodeAddr=127.0.0.1 Port=$SLURMD_PORT CPUs=4 RealMemory=1000 Gres=nvshare:gpu0:4 State=UNKNOWN
 PartitionName=demo Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 CONF
+if [ -n "$SLURM_ROOT" ]; then
+  # Unpacked, not installed: Slurm's plugins are not where it looks by default, and on a cgroup v2
+  # machine without systemd (a container) slurmd needs a cgroup.conf beside slurm.conf that keeps
+  # it away from systemd.
+  echo "PluginDir=$SLURM_ROOT/usr/lib/x86_64-linux-gnu/slurm-wlm" >> "$SLURM_CONF"
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
+  fi
+fi
 echo "NodeName=$HOST Name=nvshare Type=gpu0 Count=4" > "$DEMO/gres.conf"
 
 echo "== starting munged, nvshare-scheduler, slurmctld, slurmd (logs in $DEMO)"
 install -m 600 /etc/munge/munge.key "$DEMO/munge/munge.key"
 chmod 700 "$DEMO/munge"
-/usr/sbin/munged -F --force --socket="$DEMO/munge/munge.sock" --key-file="$DEMO/munge/munge.key" \
+"$SBIN/munged" -F --force --socket="$DEMO/munge/munge.sock" --key-file="$DEMO/munge/munge.key" \
   --log-file="$DEMO/munge/munged.log" --pid-file="$DEMO/munge/munged.pid" \
   --seed-file="$DEMO/munge/munged.seed" & pids+=($!)
 for _ in $(seq 50); do [ -S "$DEMO/munge/munge.sock" ] && break; sleep 0.1; done
 chmod 755 "$DEMO/munge"
-NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml "$PREFIX/bin/nvshare-scheduler" \
+# shellcheck disable=SC2046
+NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml $(nvshare_cmd scheduler) \
   > "$DEMO/nvshare/scheduler.log" 2>&1 & pids+=($!)
-/usr/sbin/slurmctld -D -i -f "$SLURM_CONF" > "$DEMO/slurmctld.out" 2>&1 & pids+=($!)
-for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
-/usr/sbin/slurmd -D -N "$HOST" -f "$SLURM_CONF" > "$DEMO/slurmd.out" 2>&1 & pids+=($!)
-for _ in $(seq 150); do sinfo -h -o %t 2>/dev/null | grep -qx idle && break; sleep 0.2; done
-sinfo -h -o %t | grep -qx idle || { echo "demo.sh: the node did not come up:"; tail "$DEMO"/slurm*.log; exit 1; }
+"$SBIN/slurmctld" -D -i -f "$SLURM_CONF" > "$DEMO/slurmctld.out" 2>&1 & pids+=($!)
+for _ in $(seq 100); do timeout 5 scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
+STEPD=()
+[ -n "$SLURM_ROOT" ] && STEPD=(-d "$SBIN/slurmstepd")
+"$SBIN/slurmd" -D -N "$HOST" -f "$SLURM_CONF" "${STEPD[@]}" > "$DEMO/slurmd.out" 2>&1 & pids+=($!)
+for _ in $(seq 150); do timeout 5 sinfo -h -o %t 2>/dev/null | grep -qx idle && break; sleep 0.2; done
+timeout 5 sinfo -h -o %t | grep -qx idle \
+  || { echo "demo.sh: the node did not come up:"; tail "$DEMO"/slurm*.log "$DEMO"/*.out; exit 1; }
 
 # The job: about 4 s of GPU work in small pieces.
-if [ $GPU = fake ]; then
+if [ -n "${NVSHARE_DEMO_JOB:-}" ]; then
+  install -m 755 "$NVSHARE_DEMO_JOB" "$DEMO/jobs/work.sh"
+elif [ $GPU = fake ]; then
   cat > "$DEMO/jobs/work.sh" <<JOB
 #!/bin/sh
 export LD_LIBRARY_PATH=$REPO/tests/c/build FAKE_CUDA_TRACE=$DEMO/jobs/trace-\$SLURM_JOB_ID
@@ -144,18 +200,36 @@ chmod 755 "$DEMO/jobs/work.sh"
 
 echo "== submitting two jobs: sbatch --gres=nvshare:1 work.sh"
 cd "$DEMO/jobs"
-J1=$(sbatch --parsable --gres=nvshare:1 -J alice work.sh)
-J2=$(sbatch --parsable --gres=nvshare:1 -J bob work.sh)
+J1=$(timeout 30 sbatch --parsable --gres=nvshare:1 -J alice work.sh)
+J2=$(timeout 30 sbatch --parsable --gres=nvshare:1 -J bob work.sh)
 echo "jobs $J1 and $J2"
+RUNNING=2
+if [ -n "${NVSHARE_DEMO_SRUN:-}" ]; then
+  echo "== and a job step: srun --gres=nvshare:1 -J carol $NVSHARE_DEMO_SRUN (output in srun.out)"
+  # shellcheck disable=SC2086
+  ( timeout -k 5 "$TIMEOUT" srun --gres=nvshare:1 -J carol $NVSHARE_DEMO_SRUN > srun.out 2>&1
+    echo $? > srun.rc ) & SRUN_PID=$!
+  RUNNING=3
+fi
 for _ in $(seq 100); do
-  [ "$(squeue -h -t R -o %i | wc -l)" -ge 2 ] && break; sleep 0.2
+  [ "$(timeout 5 squeue -h -t R -o %i | wc -l)" -ge $RUNNING ] && break; sleep 0.2
 done
 sleep 1
 echo "== nvshare-status while they run"
-NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml "$PREFIX/bin/nvshare-status" || true
-NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml "$PREFIX/bin/nvshare-status" show jobs || true
-for _ in $(seq 300); do [ -z "$(squeue -h -o %i)" ] && break; sleep 0.2; done
-[ -z "$(squeue -h -o %i)" ] || { echo "demo.sh: jobs still running after 60 s"; squeue; exit 1; }
+# shellcheck disable=SC2046
+NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml timeout 10 $(nvshare_cmd status) || true
+# shellcheck disable=SC2046
+NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml timeout 10 $(nvshare_cmd status) show jobs || true
+for _ in $(seq $((TIMEOUT * 5))); do [ -z "$(timeout 5 squeue -h -o %i)" ] && break; sleep 0.2; done
+[ -z "$(timeout 5 squeue -h -o %i)" ] || { echo "demo.sh: jobs still running after $TIMEOUT s"; squeue; exit 1; }
+if [ -n "$SRUN_PID" ]; then
+  wait "$SRUN_PID"; SRUN_PID=
+fi
+# Slurm's word on how each job ended, while slurmctld still remembers them.
+for j in $J1 $J2; do
+  timeout 5 scontrol show job -o "$j" 2>/dev/null | tr ' ' '\n' \
+    | grep -E '^(JobId|JobState|ExitCode)=' | tr '\n' ' ' || true; echo
+done > "$DEMO/jobs/states.txt"
 
 echo "== who held the GPU when"
 if [ $GPU = fake ]; then
@@ -186,8 +260,45 @@ overlap = any(a[2] != b[2] and b[0] < a[1] for a, b in zip(spans, spans[1:]))
 print(f"  {len(turns)} turns; the two jobs' GPU work {'OVERLAPPED' if overlap else 'never overlapped'}")
 PY
 else
-  grep -E "job ($J1|$J2)" "$DEMO/nvshare/scheduler.log" | sed 's/^/  /' | tail -20
+  python3 - "$DEMO/nvshare/scheduler.log" <<'PY'
+import re, sys
+from datetime import datetime
+# The scheduler's debug log: "<time> nvshare-scheduler: gpu G: job J step S pid P: lock granted|released"
+line_re = re.compile(r"^(\S+ \S+) nvshare-scheduler: (?:gpu \S+: )?job (\d+) step (\S+) pid (\d+): "
+                     r"(lock granted|lock released|client disconnected)")
+holding, turns = {}, []
+for line in open(sys.argv[1], errors="replace"):
+    m = line_re.match(line)
+    if not m:
+        continue
+    t = datetime.strptime(m[1].replace(",", "."), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    who = (m[2], m[3], m[4])
+    if m[5] == "lock granted":
+        holding.setdefault(who, t)
+    elif who in holding:
+        turns.append([holding.pop(who), t, who])
+if not turns:
+    sys.exit("  no lock grants in the scheduler log")
+turns.sort()
+t0 = turns[0][0]
+merged = []   # one job's back-to-back turns (an idle release and re-grant within 50 ms) are one
+for start, end, who in turns:
+    if merged and merged[-1][2][0] == who[0] and start - merged[-1][1] < 0.05:
+        merged[-1][1] = max(merged[-1][1], end)
+    else:
+        merged.append([start, end, who])
+for start, end, (job, step, pid) in merged[:60]:
+    print(f"  job {job} step {step}: {start - t0:6.2f}s .. {end - t0:6.2f}s")
+if len(merged) > 60:
+    print(f"  ... {len(merged) - 60} more")
+jobs = sorted({w[0] for _, _, w in merged})
+print(f"  {len(merged)} turns of jobs {', '.join(jobs)} over {max(e for _, e, _ in merged) - t0:.1f} s")
+PY
 fi
 echo "== job output"
-for j in $J1 $J2; do echo "-- job $j"; tail -3 "$DEMO/jobs/slurm-$j.out"; done
+for j in $J1 $J2; do
+  echo "-- job $j ($(grep "^JobId=$j " "$DEMO/jobs/states.txt" | cut -d' ' -f2- | xargs))"
+  tail -3 "$DEMO/jobs/slurm-$j.out"
+done
+if [ -f "$DEMO/jobs/srun.out" ]; then echo "-- srun step (exit $(cat "$DEMO/jobs/srun.rc" 2>/dev/null))"; tail -3 "$DEMO/jobs/srun.out"; fi
 echo "== done; logs are in $DEMO"
