@@ -68,6 +68,10 @@ NVSHARE_SLURM_ROOT=$SLURM_ROOT NVSHARE_PYTHON=$PY NVSHARE_DEMO_DIR=$DEMO NVSHARE
   timeout -k 15 "$TIMEOUT" bash scripts/demo.sh
 DEMO_RC=$?
 say "demo.sh exited $DEMO_RC"
+# demo.sh stops what it started on exit; had it been killed, its daemons would still run.
+for pidfile in "$DEMO"/slurmctld.pid "$DEMO"/slurmd.pid "$DEMO"/munge/munged.pid; do
+  [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && say "stopped a leftover $(basename "$pidfile" .pid)"
+done
 rm -f "$JOB_SCRIPT"
 
 # Everything the run left, less munge's key and the sockets.
