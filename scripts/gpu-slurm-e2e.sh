@@ -19,6 +19,7 @@ REPO=$PWD
 OUT=${1:?usage: gpu-slurm-e2e.sh OUTDIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/e2e.log") 2>&1
+TEE_PID=$!
 SLURM_ROOT=/opt/slurmroot
 DEMO=/tmp/nvshare-e2e            # short: munged's socket path must fit a sockaddr_un
 TIMEOUT=${E2E_TIMEOUT:-200}
@@ -181,3 +182,7 @@ passed = all(c["ok"] for c in checks)
 print(f"== {'PASSED' if passed else 'FAILED'}: {sum(c['ok'] for c in checks)} of {len(checks)} checks")
 sys.exit(0 if passed else 1)
 PY
+RC=$?
+exec >&- 2>&-
+wait "$TEE_PID" 2>/dev/null   # e2e.log complete before the caller collects it
+exit $RC
