@@ -19,6 +19,7 @@ ENV_PREFIX = "NVSHARE_"
 
 MODES = ("auto", "concurrent", "serial")
 SWITCH_MODES = ("auto", "fixed")
+AUTO_SHARES = ("turns", "corun")
 DAEMON_LOSS_POLICIES = ("wait", "run")
 ROGUE_POLICIES = ("warn", "kill")
 
@@ -63,6 +64,7 @@ class GpuSpec:
 @dataclass(frozen=True)
 class Config:
     scheduling_mode: str = "auto"
+    auto_share: str = "turns"              # auto while memory fits: turns (measured faster) | corun
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
@@ -93,6 +95,7 @@ class Config:
 _FIELD_TYPES = {f.name: f.type for f in fields(Config)}
 _CHOICES = {
     "scheduling_mode": MODES,
+    "auto_share": AUTO_SHARES,
     "switch_time_mode": SWITCH_MODES,
     "on_daemon_loss": DAEMON_LOSS_POLICIES,
     "rogue_process": ROGUE_POLICIES,

@@ -186,7 +186,7 @@ def test_serial_mode_waits_for_holder_job_then_max_runtime(scheduler_factory, cl
 
 
 def test_auto_mode_co_runs_then_time_slices_when_memory_does_not_fit(scheduler_factory, clients):
-    sched = scheduler_factory(scheduling_mode="auto", switch_time_mode="fixed",
+    sched = scheduler_factory(scheduling_mode="auto", auto_share="corun", switch_time_mode="fixed",
                               switch_time_fixed=0.3, memory_reserve_percent=0)
     register(sched, 1)
     register(sched, 2)

@@ -85,8 +85,22 @@ def test_unresponsive_holder_reported_once_after_grace():
     assert g.tick(100) == []
 
 
-def test_auto_mode_shares_while_memory_fits_then_falls_back():
-    g = gpu(mode="auto", switch_time_mode="fixed", switch_time_fixed=3.0)
+def test_auto_mode_takes_short_turns_while_memory_fits():
+    """The default (auto_share: turns): exclusive turns of switch_time_min that move no memory,
+    handed over early when the holder idles; no co-running."""
+    g = gpu(mode="auto", switch_time_mode="auto", switch_time_min=2.0)
+    a, b = client(1), client(2)
+    g.mem_update(a, 0, 4 * G, 0, 0)
+    g.mem_update(b, 0, 4 * G, 0, 0)
+    assert [(x.kind, x.flags) for x in g.request(a, 0)] == [(GRANT, C.NVSHARE_GRANT_EXCLUSIVE)]
+    assert kinds(g.request(b, 1.0)) == [(CONTENDED, 1)]        # give it back as soon as idle
+    assert g.next_deadline() == pytest.approx(3.0)             # 2 s: no bytes to move
+    assert g.status(1.0, [], [])["co_running"] is False
+    assert [(x.kind, x.flags) for x in g.release(1, 1.5)] == [(GRANT, C.NVSHARE_GRANT_EXCLUSIVE)]
+
+
+def test_auto_corun_shares_while_memory_fits_then_falls_back():
+    g = gpu(mode="auto", auto_share="corun", switch_time_mode="fixed", switch_time_fixed=3.0)
     a, b = client(1), client(2)
     g.mem_update(a, 0, 8 * G, 8 * G, 0)
     g.mem_update(b, 0, 8 * G, 8 * G, 0)
@@ -165,7 +179,7 @@ def test_memory_admission_limits_and_views():
 
 
 def test_admin_mode_change_drops_extra_co_runners():
-    g = gpu(mode="auto")
+    g = gpu(mode="auto", auto_share="corun")
     g.request(client(1), 0)
     g.request(client(2), 0)
     actions = g.update_settings(GpuSettings(mode="concurrent", switch_time_mode="fixed",
@@ -177,7 +191,8 @@ def test_switch_to_auto_grants_waiters_shared():
     g = gpu()
     g.request(client(1), 0)
     g.request(client(2), 0)
-    actions = g.update_settings(GpuSettings(mode="auto", memory_reserve_percent=0), 1)
+    actions = g.update_settings(GpuSettings(mode="auto", auto_share="corun",
+                                            memory_reserve_percent=0), 1)
     assert [(x.kind, x.client.client_id, x.flags) for x in actions] == \
         [(GRANT, 2, C.NVSHARE_GRANT_SHARED)]
 
@@ -323,7 +338,7 @@ def test_contention_notice_when_the_swapped_head_fits_anyway():
 
 
 def test_auto_mode_grants_swapped_clients_shared_while_all_fits():
-    g = gpu(mode="auto")
+    g = gpu(mode="auto", auto_share="corun")
     a, b = client(1), client(2)
     g.mem_update(a, 0, 6 * G, 0, 0)
     g.request(a, 0)
@@ -403,7 +418,7 @@ def test_holder_allocation_answered_once_nothing_more_can_move():
 
 
 def test_holder_allocation_drops_the_newer_co_runner_with_the_bytes_it_must_move():
-    g = gpu(mode="auto")
+    g = gpu(mode="auto", auto_share="corun")
     a, b, idle = client(1), client(2), client(3)
     g.mem_update(a, 0, 4 * G, 4 * G, 0)
     g.mem_update(b, 0, 6 * G, 0, 0)
