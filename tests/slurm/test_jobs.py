@@ -12,9 +12,10 @@ from nvshare_slurm import libnvshare_path
 
 from .cluster import registered_jobs, read_env, wait_until, BIN
 
-# The job writes its environment, then waits (at most 60 s) for the test to let it finish.
+# The job writes its environment, then waits (at most 60 s) for the test to let it finish. The file
+# appears only once complete (write, then rename): the test reads it as soon as it exists.
 HOLD = """#!/bin/sh
-env -0 > {out}
+env -0 > {out}.part && mv {out}.part {out}
 i=0; while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 """
 
