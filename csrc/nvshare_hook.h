@@ -147,6 +147,7 @@ struct nvshare_gpu {
     int vmm;                      /* -1 not known yet, 0 unsupported, 1 usable */
     int swap_blocked;             /* host memory could not take a swap: report everything fixed */
     int swap_busy;                /* the keeper moves memory now (under mu): a grant must wait for it */
+    atomic_int swap_abort;        /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
     size_t granularity;
     int n_access;
     CUmemAccessDesc access[NVSHARE_MAX_GPUS];

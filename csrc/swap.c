@@ -413,6 +413,10 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
         struct nvshare_swap_entry *e = &g->swap_entries[i];
         if (!e->resident)
             continue;
+        if (atomic_load(&g->swap_abort)) {
+            nvshare_debug("gpu %s: swap-out stopped: the GPU was granted meanwhile", g->uuid);
+            break;
+        }
         if (!e->host && r->cuMemHostAlloc(&e->host, e->size, 0) != CUDA_SUCCESS) {
             e->host = NULL;
             nvshare_log("gpu %s: cannot pin %zu bytes of host memory for swap; the rest stays on the GPU",
