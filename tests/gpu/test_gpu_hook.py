@@ -66,10 +66,12 @@ def test_serial_mode_never_overlaps(gpu_jobs):
 
 def test_auto_mode_small_jobs_progress_together(gpu_jobs):
     """auto while memory fits: short exclusive turns handed over as soon as the holder idles, so
-    both jobs step along together, interleaved, and neither waits for a whole switch interval."""
+    two bursty jobs (50 ms host pauses, longer than the 20 ms idle threshold cap) step along
+    together, interleaved, and neither waits for a whole switch interval. (Jobs whose pauses are
+    shorter than the threshold keep the GPU for their turn: that is the point of the threshold.)"""
     jobs = gpu_jobs(scheduling_mode="auto")
     (ja, ua), (jb, ub) = jobs.register(), jobs.register()
-    args = ("--steps", "400", "--width", "2048", "--batch", "1024")
+    args = ("--steps", "200", "--width", "2048", "--batch", "1024", "--sleep-ms", "50")
     a, b = [finish(p) for p in (jobs.popen(train_cmd(*args), ja, ua), jobs.popen(train_cmd(*args), jb, ub))]
     lo, hi = max(a["times"][0], b["times"][0]), min(a["times"][-1], b["times"][-1])
     assert hi - lo > 2.0, "the two jobs hardly ran at the same time"
