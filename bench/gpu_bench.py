@@ -940,6 +940,9 @@ def merge(paths: list[Path]) -> dict:
     for p in paths[1:]:
         merged["pending"] = sorted(set(merged.get("pending", []))
                                    | set(json.loads(p.read_text()).get("pending", [])))
+    # A unit one run left pending and a later run measured is not pending any more.
+    measured = {f"{w}/{a}" for w, arms in merged.get("workloads", {}).items() for a in arms}
+    merged["pending"] = [u for u in merged.get("pending", []) if u not in measured]
     relative(merged)
     return merged
 
