@@ -124,6 +124,9 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+# A job submitted while the last one's nodes still complete is marked "Resources" and would wait
+# for the next periodic pass (60 s main, 30 s backfill by default): schedule every second instead.
+SchedulerParameters=sched_interval=1,bf_interval=1
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none

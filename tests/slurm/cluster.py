@@ -95,7 +95,8 @@ class SlurmCluster:
         self._write_wrappers()
         node_lines = "\n".join(
             f"NodeName={n.name} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={n.port} "
-            f"CPUs=8 RealMemory=2000 Gres={n.gres} State=UNKNOWN" for n in self.nodes.values())
+            f"CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=2000 Gres={n.gres} "
+            f"State=UNKNOWN" for n in self.nodes.values())
         self.conf.write_text(f"""\
 ClusterName=nvstest
 SlurmctldHost={self.host}(127.0.0.1)
@@ -117,6 +118,9 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+# A job submitted while the last one's nodes still complete is marked "Resources" and would wait
+# for the next periodic pass (60 s main, 30 s backfill by default): schedule every second instead.
+SchedulerParameters=sched_interval=1,bf_interval=1
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -311,7 +315,13 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
 
     def diagnostics(self) -> str:
         parts = [self.run([BIN / "sinfo", "-R"]).stdout, self.run([BIN / "squeue"]).stdout,
-                 self.tail("slurmctld")]
+                 self.run([BIN / "sinfo", "-N", "-o", "%N %T %C %m %e %G"]).stdout,
+                 self.run([BIN / "squeue", "-t", "all", "-o", "%i %T %R %N"]).stdout]
+        pending = self.run([BIN / "squeue", "-h", "-t", "PD", "-o", "%i"]).stdout.split()
+        parts += [self.run([BIN / "scontrol", "show", "job", job]).stdout for job in pending[:3]]
+        if pending:
+            parts.append(self.run([BIN / "scontrol", "show", "node"]).stdout)
+        parts.append(self.tail("slurmctld"))
         parts += [self.tail(f"slurmd-{n}") for n in self.nodes]
         parts += [f"--- {n.log_path}\n" + n.log_path.read_text(errors="replace")[-3000:]
                   for n in self.nodes.values() if n.log_path.exists()]

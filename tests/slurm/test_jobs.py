@@ -27,13 +27,6 @@ def hold_job(cluster, tmp, *args, name="hold", cwd=None):
     return job, out, go
 
 
-@pytest.fixture
-def jobdir(cluster, request):
-    d = cluster.base / "jobs" / request.node.name[:40]
-    d.mkdir(mode=0o777)
-    return d
-
-
 def test_job_without_nvshare_is_untouched(healthy, jobdir):
     job, out, go = hold_job(healthy, jobdir, "-w", "n1")
     wait_until(out.exists, 30, "job start", healthy.diagnostics)
