@@ -75,6 +75,17 @@ static int read_all(int fd, void *buf, size_t len)
     return 0;
 }
 
+/* Fills a frame header with the next seq, which it returns. */
+static uint32_t fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t length)
+{
+    hdr->magic = NVSHARE_MAGIC;
+    hdr->version = NVSHARE_PROTO_VERSION;
+    hdr->type = type;
+    hdr->length = length;
+    hdr->seq = atomic_fetch_add(&seq_counter, 1) + 1;
+    return hdr->seq;
+}
+
 static int send_frame(uint16_t type, const void *payload, uint32_t length, uint32_t *seq_out)
 {
     struct {
@@ -83,12 +94,7 @@ static int send_frame(uint16_t type, const void *payload, uint32_t length, uint3
     } frame;
     if (length > sizeof frame.payload)
         return -1;
-    uint32_t seq = atomic_fetch_add(&seq_counter, 1) + 1;
-    frame.hdr.magic = NVSHARE_MAGIC;
-    frame.hdr.version = NVSHARE_PROTO_VERSION;
-    frame.hdr.type = type;
-    frame.hdr.length = length;
-    frame.hdr.seq = seq;
+    uint32_t seq = fill_header(&frame.hdr, type, length);
     memcpy(frame.payload, payload, length);
     pthread_mutex_lock(&send_mu);
     int rc = sock_fd >= 0 ? write_all(sock_fd, &frame, sizeof frame.hdr + length) : -1;
@@ -166,12 +172,7 @@ int nvshare_mem_request(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
         fill_mem_update(&frame.body, g, request, flags);
         /* Reserve the seq before sending so the reply cannot overtake the bookkeeping. */
         pthread_mutex_lock(&send_mu);
-        uint32_t seq = atomic_fetch_add(&seq_counter, 1) + 1;
-        frame.hdr.magic = NVSHARE_MAGIC;
-        frame.hdr.version = NVSHARE_PROTO_VERSION;
-        frame.hdr.type = NVSHARE_MSG_MEM_UPDATE;
-        frame.hdr.length = sizeof frame.body;
-        frame.hdr.seq = seq;
+        uint32_t seq = fill_header(&frame.hdr, NVSHARE_MSG_MEM_UPDATE, sizeof frame.body);
         pthread_mutex_lock(&conn_mu);
         p->seq = seq;
         pthread_mutex_unlock(&conn_mu);
@@ -265,11 +266,7 @@ static int register_client(int fd)
     reg.pid = (int32_t)getpid();
     reg.mem_limit = nvshare_cfg.mem_limit;
     struct { struct nvshare_hdr hdr; struct nvshare_client_register body; } frame;
-    frame.hdr.magic = NVSHARE_MAGIC;
-    frame.hdr.version = NVSHARE_PROTO_VERSION;
-    frame.hdr.type = NVSHARE_MSG_CLIENT_REGISTER;
-    frame.hdr.length = sizeof reg;
-    frame.hdr.seq = atomic_fetch_add(&seq_counter, 1) + 1;
+    fill_header(&frame.hdr, NVSHARE_MSG_CLIENT_REGISTER, sizeof reg);
     frame.body = reg;
     if (write_all(fd, &frame, sizeof frame) != 0)
         return -1;

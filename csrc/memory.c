@@ -71,36 +71,26 @@ static void remember(uint64_t key, int kind, uint64_t size, struct nvshare_gpu *
     g->allocated += size;
 }
 
-/* With mem_mu held; the GPU it was on, or NULL when the hook never saw it. */
-static struct nvshare_gpu *forget(uint64_t key, int kind)
+/* With mem_mu held: the live entry for (key, kind), or NULL. */
+static struct alloc *find(uint64_t key, int kind)
 {
     if (!alloc_cap)
         return NULL;
-    size_t s = slot_of(key, kind, alloc_cap);
-    while (allocs[s].kind) {
-        if (allocs[s].kind == kind && allocs[s].key == key) {
-            struct nvshare_gpu *g = allocs[s].gpu;
-            g->allocated -= allocs[s].size;
-            allocs[s].kind = -1;
-            return g;
-        }
-        s = (s + 1) & (alloc_cap - 1);
-    }
+    for (size_t s = slot_of(key, kind, alloc_cap); allocs[s].kind; s = (s + 1) & (alloc_cap - 1))
+        if (allocs[s].kind == kind && allocs[s].key == key)
+            return &allocs[s];
     return NULL;
 }
 
-/* With mem_mu held; the GPU of a live allocation, or NULL. */
-static struct nvshare_gpu *lookup(uint64_t key, int kind)
+/* With mem_mu held; the GPU it was on, or NULL when the hook never saw it. */
+static struct nvshare_gpu *forget(uint64_t key, int kind)
 {
-    if (!alloc_cap)
+    struct alloc *a = find(key, kind);
+    if (!a)
         return NULL;
-    size_t s = slot_of(key, kind, alloc_cap);
-    while (allocs[s].kind) {
-        if (allocs[s].kind == kind && allocs[s].key == key)
-            return allocs[s].gpu;
-        s = (s + 1) & (alloc_cap - 1);
-    }
-    return NULL;
+    a->gpu->allocated -= a->size;
+    a->kind = -1;
+    return a->gpu;
 }
 
 static uint64_t allocated_on(struct nvshare_gpu *g)
@@ -135,11 +125,12 @@ static int accounted(struct nvshare_gpu *g)
     return g && nvshare_cfg.active && atomic_load(&g->mode) != GPU_PASS;
 }
 
-/* CUDA_SUCCESS when the allocation may go to the driver; *deferred when the daemon said to make it
- * without GPU memory for now (flags NVSHARE_MEM_CAN_DEFER only). */
+/* CUDA_SUCCESS when the allocation may go to the driver. With NVSHARE_MEM_CAN_DEFER in flags,
+ * *deferred says whether the daemon said to make it without GPU memory for now. */
 static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int *deferred)
 {
-    *deferred = 0;
+    if (deferred)
+        *deferred = 0;
     if (!accounted(g) || bytes == 0)
         return CUDA_SUCCESS;
     uint64_t allocated = allocated_on(g);
@@ -157,7 +148,8 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
                     (unsigned long long)reply.available, (unsigned long long)reply.total);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *deferred = answered && (reply.flags & NVSHARE_MEM_DEFERRED);
+    if (deferred)
+        *deferred = answered && (reply.flags & NVSHARE_MEM_DEFERRED);
     return CUDA_SUCCESS;
 }
 
@@ -218,8 +210,7 @@ void nvshare_memory_after_fork(void)
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *g = nvshare_gpu_for_current();                                       \
-        int deferred_;                                                                           \
-        CUresult rc = admit(g, (request_expr), 0, &deferred_);                                   \
+        CUresult rc = admit(g, (request_expr), 0, NULL);                                         \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
         nvshare_in_hook++;                                                                       \
@@ -284,8 +275,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     struct nvshare_gpu *g = NULL;
     if (nvshare_cfg.active && !nvshare_in_hook && prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
         g = nvshare_gpu_for_device(prop->location.id);
-    int deferred;
-    CUresult rc = admit(g, size, 0, &deferred);
+    CUresult rc = admit(g, size, 0, NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
     nvshare_in_hook++;
@@ -315,7 +305,8 @@ static int free_swappable(CUdeviceptr dptr, CUresult *rc)
     if (!nvshare_cfg.active || nvshare_in_hook || !dptr)
         return 0;
     pthread_mutex_lock(&mem_mu);
-    struct nvshare_gpu *g = lookup((uint64_t)dptr, KIND_PTR);
+    struct alloc *a = find((uint64_t)dptr, KIND_PTR);
+    struct nvshare_gpu *g = a ? a->gpu : NULL;
     pthread_mutex_unlock(&mem_mu);
     if (!g || !nvshare_swap_free(g, dptr, rc))
         return 0;
