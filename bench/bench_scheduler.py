@@ -16,7 +16,6 @@ import asyncio
 import datetime
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import psutil
 import yaml
 
+from docsection import replace_section
 from nvshare_slurm import proto
 from nvshare_slurm.client import Client
 from nvshare_slurm.proto import C
@@ -113,15 +113,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def write_section(text: str) -> None:
-    path = REPO / "docs" / "benchmarks.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = "## Scheduler\n\n" + text.strip() + "\n"
-    pattern = re.compile(r"^## Scheduler\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        current = pattern.sub(lambda _: section + "\n", current, count=1)
-    else:
-        current = current.rstrip("\n") + "\n\n" + section
-    path.write_text(current.rstrip("\n") + "\n")
+    replace_section(REPO / "docs" / "benchmarks.md", "Scheduler", "## Scheduler\n\n" + text.strip() + "\n")
 
 
 def main() -> int:

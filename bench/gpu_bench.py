@@ -51,6 +51,7 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from docsection import replace_section  # noqa: E402  (bench/, beside this script)
 
 
 @dataclass(frozen=True)
@@ -953,14 +954,7 @@ def write_docs(results: dict, dirs: list[Path]) -> None:
         for d in dirs:  # no matplotlib here: the figures the run drew
             for png in d.glob("*.png"):
                 shutil.copy(png, FIGURES / png.name)
-    section = markdown(results)
-    current = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    pattern = re.compile(r"^## GPU.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        current = pattern.sub(lambda _: section + "\n", current, count=1)
-    else:
-        current = current.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(current.rstrip("\n") + "\n")
+    replace_section(DOCS, "GPU", markdown(results))
     log(f"wrote the GPU section of {DOCS.relative_to(REPO)} and its figures in {FIGURES.relative_to(REPO)}/")
 
 
