@@ -41,6 +41,8 @@ enum nvshare_msg_type {
     NVSHARE_MSG_WAIT_FOR_MEM = 10,          /* d->c  struct nvshare_gpu_event: the GPU is over-committed, wait */
     NVSHARE_MSG_MEM_AVAILABLE = 11,         /* d->c  struct nvshare_gpu_event: memory is free again */
     NVSHARE_MSG_PREPARE_SWAP_OUT = 12,      /* d->c  struct nvshare_gpu_event: move `bytes` to host memory (docs/protocol.md "Swap") */
+    NVSHARE_MSG_DRAIN_STUCK = 13,           /* c->d  struct nvshare_gpu_event: asked to release, its work there did not finish
+                                               within the drain deadline (bytes: ms waited); it still holds the lock */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
