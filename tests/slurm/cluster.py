@@ -8,6 +8,7 @@ environment) and exec the installed entry points.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -154,12 +155,16 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
     def _write_wrappers(self) -> None:
         # slurmd gives Prolog/Epilog only SLURM_* variables: the wrapper names the config and Slurm's
         # config for scontrol. TaskProlog runs as the user; it needs the node's config too.
+        # A checkout under test given by PYTHONPATH (a second worktree) is what Slurm runs too.
+        pythonpath = os.environ.get("PYTHONPATH")
+        extra = f"export PYTHONPATH={shlex.quote(pythonpath)}\n" if pythonpath else ""
         for kind in ("prolog", "epilog", "taskprolog"):
             path = self.base / f"{kind}.sh"
             path.write_text(
                 "#!/bin/sh\n"
                 f"export NVSHARE_CONFIG={self.base}/$SLURMD_NODENAME/nvshare.yaml\n"
                 f"export SLURM_CONF={self.conf}\n"
+                f"{extra}"
                 f"exec {entry_point('nvshare-' + kind)}\n")
             path.chmod(0o755)
 
