@@ -11,7 +11,7 @@ import sys
 
 from . import slurm
 from .client import Client, DaemonUnavailable, RequestFailed
-from .prolog import DAEMON_WAIT_SEC, drain, load_config, node_name, say, with_daemon
+from .prolog import DAEMON_WAIT_SEC, answer_help, drain, load_config, node_name, say, with_daemon
 from .proto import C
 
 ME = "nvshare-epilog"
@@ -55,6 +55,7 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
 
 
 def main() -> int:
+    answer_help(ME, __doc__, sys.argv[1:])
     try:
         return run(dict(os.environ))
     except Exception as exc:
