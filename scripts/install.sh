@@ -76,6 +76,13 @@ else
 fi
 # The TaskProlog and the hook run as the job's user: everything under the prefix must be readable.
 chmod -R a+rX "$PREFIX"
+# ... and so must the interpreter the venv points to (not one under /root, e.g. pyenv's).
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 \
+    && ! runuser -u nobody -- "$PREFIX/bin/python" -c 'import nvshare_slurm' >/dev/null 2>&1; then
+  say "WARNING: other users cannot run $PREFIX/bin/python ($(readlink -f "$PREFIX/bin/python")) or"
+  say "  import nvshare_slurm: jobs would fail in the TaskProlog. Use a system Python"
+  say "  (NVSHARE_VENV_PYTHON=/usr/bin/python3) and a checkout all users can read."
+fi
 say "nvshare-slurm installed in $PREFIX ($("$PREFIX/bin/python" --version))"
 # An editable install has no data files: the checkout's slurm/ and docs/ are the same files.
 if [ -d "$PREFIX/share/nvshare-slurm" ]; then
