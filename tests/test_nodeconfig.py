@@ -1,9 +1,9 @@
 """nvshare-node-config: what an admin pastes into slurm.conf and gres.conf.
 
-Golden files (tests/data/golden/nodeconfig.*) for the text; NVML is a fake pynvml module (no GPU
-here) driven through the real NvmlInventory; the config's `gpus:` list through the installed command.
-The printed lines are also checked against the Slurm model: typed gpuK = GPU index K, count = GPUs x sharers.
-"""
+Golden files (tests/data/golden/nodeconfig.*, kept as tests/test_render.py keeps its own) for the
+text; NVML is a fake pynvml module (no GPU here) driven through the real NvmlInventory; the config's
+`gpus:` list goes through the installed command. The printed lines are also checked against the
+Slurm model: typed gpuK = GPU index K, count-only = GPUs x sharers."""
 from __future__ import annotations
 
 import json
@@ -18,17 +18,9 @@ import yaml
 
 from conftest import FAKE_GPUS
 from nvshare_slurm import nodeconfig
+from test_render import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 GIB = 1 << 30
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("NVSHARE_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with NVSHARE_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(encoding="utf-8")
 
 
 class FakeNvml(types.ModuleType):
