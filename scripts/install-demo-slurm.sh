@@ -6,7 +6,8 @@
 set -euo pipefail
 need=()
 for cmd in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge make:make; do
-  command -v "${cmd%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${cmd%%:*}" ] || need+=("${cmd#*:}")
+  path=$(command -v "${cmd%%:*}" 2>/dev/null) && [ -f "$path" ] && [ -x "$path" ] && continue
+  [ -f "/usr/sbin/${cmd%%:*}" ] && [ -x "/usr/sbin/${cmd%%:*}" ] || need+=("${cmd#*:}")
 done
 [ -e /etc/munge/munge.key ] || need+=(munge)
 [ ${#need[@]} -eq 0 ] && exit 0

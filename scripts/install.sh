@@ -14,10 +14,16 @@ cd "$(dirname "$0")/.."
 PREFIX=${NVSHARE_PREFIX:-/opt/nvshare}
 PYTHON=${NVSHARE_VENV_PYTHON:-python3}
 say() { echo "install.sh: $*"; }
+# An executable file on PATH or in /usr/sbin (bash's `command -v` also reports non-executable ones).
+have() {
+  local path
+  path=$(command -v "$1" 2>/dev/null) && [ -f "$path" ] && [ -x "$path" ] && return 0
+  [ -f "/usr/sbin/$1" ] && [ -x "/usr/sbin/$1" ]
+}
 
 # --- build prerequisites: a C compiler, a Python 3.10+ with venv (and its headers) ---
 need=()
-command -v gcc >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 || need+=(gcc)
+have gcc || have cc || need+=(gcc)
 if command -v "$PYTHON" >/dev/null 2>&1 \
     && ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
   say "$PYTHON is $("$PYTHON" --version 2>&1); nvshare-slurm needs 3.10 or newer: install one"
@@ -45,7 +51,7 @@ fi
 # --- Slurm: only looked at, never installed ---
 slurm_missing=()
 for cmd in slurmd scontrol munged; do
-  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || slurm_missing+=("$cmd")
+  have "$cmd" || slurm_missing+=("$cmd")
 done
 if [ ${#slurm_missing[@]} -gt 0 ]; then
   say "WARNING: this node has no ${slurm_missing[*]}. nvshare-slurm needs a working Slurm node"
