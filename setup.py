@@ -7,11 +7,10 @@ nvshare_slurm/proto.py reads it.
 
 Which glibc the hook needs decides where the wheel loads. The environment variable NVSHARE_HOOK_CC
 picks the compiler:
-  cc    the system compiler (gcc): what an editable or on-node install uses; the .so needs the glibc
-        of the build machine (2.34 or newer on Debian 12, EL9 and Ubuntu 22.04).
+  cc    (default) setuptools' compiler, gcc: editable, development and on-node installs; the .so
+        needs the glibc of the build machine (2.34 or newer on Debian 12, EL9 and Ubuntu 22.04).
   zig   `python -m ziglang cc -target <arch>-linux-gnu.2.28` (pip package ziglang): links against
         glibc 2.28's symbols, so the .so loads on EL8, Ubuntu 20.04 and everything newer.
-  auto  (default) zig when the ziglang package can be imported, else cc.
 The wheel is tagged manylinux_2_28_<arch> only when the built .so needs nothing newer than glibc 2.28
 (buildtools/elf_needs.py reads that from the file), else with the plain platform tag.
 scripts/build-wheel.sh builds the release wheel with zig and checks it with auditwheel.
@@ -44,17 +43,17 @@ from elf_needs import MANYLINUX_BASELINE, glibc_needed  # noqa: E402
 
 def hook_compiler() -> list[str] | None:
     """The zig command line when zig builds the hook; None for setuptools' own compiler (cc)."""
-    choice = os.environ.get("NVSHARE_HOOK_CC", "auto")
-    if choice not in ("auto", "zig", "cc"):
-        raise SystemExit(f"NVSHARE_HOOK_CC={choice!r}: expected auto, zig or cc")
-    have_zig = importlib.util.find_spec("ziglang") is not None
-    if choice == "cc" or (choice == "auto" and not have_zig):
+    choice = os.environ.get("NVSHARE_HOOK_CC", "cc")
+    if choice not in ("zig", "cc"):
+        raise SystemExit(f"NVSHARE_HOOK_CC={choice!r}: expected zig or cc")
+    if choice == "cc":
         return None
-    if not have_zig:
+    if importlib.util.find_spec("ziglang") is None:
         raise SystemExit("NVSHARE_HOOK_CC=zig needs the ziglang package (pip install ziglang)")
     target = "{}-linux-gnu.{}.{}".format(platform.machine(), *MANYLINUX_BASELINE)
     # clang ignores gcc's optimize("optimize-sibling-calls") on the dlsym wrappers; at -O2 it makes
-    # those tail calls anyway (tests/test_wheel.py checks that dlsym lookups still work).
+    # those tail calls anyway (objdump: both end in `jmp *%rax`), and tests/test_wheel.py runs the
+    # hook tests, dlsym routes included, on this build.
     return [sys.executable, "-m", "ziglang", "cc", "-target", target, "-g0", "-Wno-unknown-attributes"]
 
 
