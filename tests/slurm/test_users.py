@@ -1,6 +1,7 @@
 """Two unprivileged users share one GPU through real Slurm, on a cluster set up as sites run it.
 
-The cluster here is its own (one typed node, u1), with SlurmUser an unprivileged user: slurmctld runs
+The cluster here is its own: one node, u1, whose typed Gres= and gres.conf lines are what
+nvshare-node-config prints for its GPUs, and SlurmUser an unprivileged user: slurmctld runs
 as that user, slurmd (and so Prolog and Epilog) as root. Each user submits with sbatch as themself
 (runuser: munge authenticates them; slurmd runs the job, the TaskProlog and the hook under their uid).
 Both jobs land on GPU 0 (typed GRES gpu0). The checks are what the users and their admin would see:
@@ -11,6 +12,7 @@ taken from the SlurmUser but refused from a job's user.
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
@@ -21,25 +23,37 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
-from .cluster import BIN, SlurmCluster, entry_point, registered_jobs, wait_until
+from .cluster import BIN, FAKE_GPUS, SlurmCluster, entry_point, registered_jobs, wait_until
 
 USERS = ("nvs-alice", "nvs-bob")
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "tests" / "c" / "build"
 NVTEST = BUILD / "nvtest"
 GPU0 = "GPU-fa4e0000-0000-0000-0000-000000000000"
-NODE = ("u1", "nvshare:gpu0:4,nvshare:gpu1:4", ["NodeName=u1 Name=nvshare Type=gpu0 Count=4",
-                                               "NodeName=u1 Name=nvshare Type=gpu1 Count=4"])
+NODE = "u1"
+
+
+def node_gres_from_the_helper(workdir: Path) -> tuple[str, str, list[str]]:
+    """(node, Gres=, gres.conf lines) as nvshare-node-config prints them for the fake GPUs, so that
+    real slurmd judges the helper's output."""
+    config = workdir / "node-config.yaml"
+    config.write_text(yaml.safe_dump({"gpus": FAKE_GPUS}))
+    out = subprocess.run([entry_point("nvshare-node-config"), "--config", str(config), "--node", NODE,
+                          "--typed", "--sharers", "4", "--json"],
+                         capture_output=True, text=True, check=True, timeout=30)
+    printed = json.loads(out.stdout)
+    return NODE, printed["slurm_conf"]["Gres"], printed["gres_conf"]
 
 
 class SiteCluster(SlurmCluster):
     """SlurmCluster with SlurmUser an unprivileged user, who owns slurmctld's state and log files."""
 
     def __init__(self, base: Path, slurm_user: pwd.struct_passwd):
-        super().__init__(base, [NODE])
+        super().__init__(base, [node_gres_from_the_helper(base)])
         self.slurm_user = slurm_user
-        self.nodes[NODE[0]].settings["slurm_user"] = slurm_user.pw_name
+        self.nodes[NODE].settings["slurm_user"] = slurm_user.pw_name
 
     def write(self) -> None:
         super().write()
@@ -130,13 +144,13 @@ def process_uid(pid: int) -> int:
 def test_two_users_share_a_gpu_each_in_their_own_job(site):
     cluster, users = site
     alice, bob = (users[name] for name in USERS)
-    node = cluster.nodes[NODE[0]]
+    node = cluster.nodes[NODE]
     jobdir = cluster.base / "jobs" / "users"
     jobdir.mkdir(mode=0o777)
     jobdir.chmod(0o777)
     ctld_uid = process_uid(cluster.procs["slurmctld"].pid)
     assert ctld_uid == cluster.slurm_user.pw_uid != 0, "slurmctld should run as the SlurmUser"
-    gres = ("-w", NODE[0], "--gres=nvshare:gpu0:1")
+    gres = ("-w", NODE, "--gres=nvshare:gpu0:1")
     bob_job = sbatch_as(cluster, bob.pw_name, jobdir, gpu_work(jobdir / "trace-bob"), "-J", "bobs", *gres)
     wait_until(lambda: bob_job in registered_jobs(node), 30, "bob's job registered", cluster.diagnostics)
     # Alice's job first runs a process that claims to belong to Bob's job.
