@@ -50,12 +50,13 @@ fi
 
 # --- Slurm: only looked at, never installed ---
 slurm_missing=()
-for cmd in slurmd scontrol munged; do
+for cmd in slurmd scontrol; do
   have "$cmd" || slurm_missing+=("$cmd")
 done
 if [ ${#slurm_missing[@]} -gt 0 ]; then
   say "WARNING: this node has no ${slurm_missing[*]}. nvshare-slurm needs a working Slurm node"
-  say "  (slurmd, scontrol, munge); this script never installs Slurm. Install your site's Slurm, e.g."
+  say "  (slurmd and scontrol; munge unless the site uses auth/slurm); this script never installs"
+  say "  Slurm. Install your site's Slurm, e.g."
   say "    Debian/Ubuntu:  apt-get install slurmd slurm-client munge"
   say "    EL8/EL9:        dnf install epel-release && dnf install slurm-slurmd munge"
   say "                    (or the RPMs your site builds: rpmbuild -ta slurm-<version>.tar.bz2)"

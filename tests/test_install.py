@@ -46,8 +46,8 @@ def test_install_on_a_node_without_slurm_installs_no_slurm(tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert not calls.exists(), f"install.sh called a package manager: {calls.read_text()}"
-    assert "WARNING: this node has no slurmd scontrol munged" in out
-    assert "this script never installs Slurm" in out
+    assert "WARNING: this node has no slurmd scontrol" in out
+    assert "this script never installs" in out
     assert "apt-get install slurmd slurm-client munge" in out and "dnf install" in out
     assert (prefix / "bin" / "nvshare-scheduler").exists() and (prefix / "bin" / "nvshare-prolog").exists()
     assert (prefix / "share" / "nvshare-slurm" / "slurm.conf.snippet").exists()
