@@ -59,7 +59,7 @@ class NodeGres:
 
 
 def _printable(text: str) -> str:
-    """NVML's GPU name on one comment line: nothing that could end it or start a new one."""
+    """Text from NVML on one comment line: nothing that could end it or start a new one."""
     return "".join(c if c.isprintable() else "?" for c in text)[:80]
 
 
@@ -68,7 +68,8 @@ def render_text(node_gres: NodeGres, source: str) -> str:
     style = "typed per GPU" if n.typed else "count-only"
     lines = [f"# {PROG}: {n.node}: {len(n.gpus)} GPU(s) from {source}, {n.sharers_per_gpu} sharers "
              f"per GPU, {style}"]
-    lines += [f"#   gpu{g.index}: {g.uuid} {config_mod.format_size(g.memory_total)} {_printable(g.name)}"
+    lines += [f"#   gpu{g.index}: {_printable(g.uuid)} {config_mod.format_size(g.memory_total)} "
+              f"{_printable(g.name)}"
               for g in n.gpus]
     lines += [
         "",
