@@ -120,3 +120,20 @@ def test_metrics_port_in_use_is_logged_and_the_daemon_serves_on(scheduler_factor
         sched = scheduler_factory(metrics_port=port)
         wait_for_log(sched, f"metrics: cannot listen on port {port}")
         assert sched.client().status()["gpus"]
+
+
+def test_the_shipped_dashboard_asks_only_for_metrics_the_daemon_serves(scheduler_factory, clients):  # noqa: F811
+    import json
+    import re
+    from conftest import REPO
+    port = free_port()
+    sched = scheduler_factory(metrics_port=port)
+    register(sched, 1, user="alice")
+    a = clients(sched, 1)
+    a.send(f"request {GPU0}")
+    a.expect("grant", gpu=GPU0)
+    served = {name for name, _ in scrape(port)}
+    dashboard = json.loads((REPO / "slurm" / "grafana-dashboard.json").read_text())
+    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"\bnvshare_[a-z_]+", target["expr"])}
+    assert asked and asked <= served, asked - served
