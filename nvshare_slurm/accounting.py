@@ -51,7 +51,8 @@ class GpuCounters:
 class _Seen:
     """What observe() saw of one GPU last time."""
     holders: dict[int, tuple[int, float | None]] = field(default_factory=dict)  # client: job, drop_at
-    waiting: dict[int, int] = field(default_factory=dict)                       # client: job
+    holding_jobs: set[int] = field(default_factory=set)
+    waiting_jobs: set[int] = field(default_factory=set)      # waiting, none of its clients holding
     swapped: dict[int, tuple[int, int]] = field(default_factory=dict)           # client: job, bytes
 
 
@@ -69,14 +70,13 @@ class UsageLedger:
         seen = self._seen.setdefault(gpu.uuid, _Seen())
         counters = self.gpus.setdefault(gpu.uuid, GpuCounters())
         holders = {cid: (h.client.job_id, h.drop_at) for cid, h in gpu.holders.items()}
-        waiting = {cid: info.job_id for cid, (info, _) in gpu.queue.items()}
         swapped = {cid: (gpu.clients[cid].job_id if cid in gpu.clients else 0, use.swapped)
-                   for cid, use in gpu.usage.items()}
+                   for cid, use in gpu.usage.items() if use.swapped}
 
         moved = 0
         for cid, (job_id, before) in seen.swapped.items():
             after = swapped.get(cid, (job_id, 0))[1]
-            if after < before and cid in swapped:
+            if after < before and cid in gpu.usage:      # brought back, not gone with its client
                 counters.swap_in_bytes += before - after
         for cid, (job_id, after) in swapped.items():
             before = seen.swapped.get(cid, (job_id, 0))[1]
@@ -96,20 +96,24 @@ class UsageLedger:
                 counters.handovers += 1
                 self._job(job_id, gpu.uuid).turns += 1
 
-        self._intervals(gpu.uuid, seen, holders, waiting, now)
-        for job_id in set(gpu.job_allocated) | set(gpu.job_swapped):
-            usage = self._job(job_id, gpu.uuid)
-            in_use = gpu.job_allocated.get(job_id, 0) + gpu.job_swapped.get(job_id, 0)
-            usage.peak_memory = max(usage.peak_memory, in_use)
-        seen.holders, seen.waiting, seen.swapped = holders, waiting, swapped
-
-    def _intervals(self, uuid: str, seen: _Seen, holders: dict[int, tuple[int, float | None]],
-                   waiting: dict[int, int], now: float) -> None:
-        """Open and close each job's held and wait intervals on this GPU."""
         holding_jobs = {job_id for job_id, _ in holders.values()}
-        waiting_jobs = set(waiting.values()) - holding_jobs
-        before = {job_id for job_id, _ in seen.holders.values()} | set(seen.waiting.values())
-        for job_id in before | holding_jobs | waiting_jobs:
+        waiting_jobs = {info.job_id for info, _ in gpu.queue.values()} - holding_jobs
+        self._intervals(gpu.uuid, seen, holding_jobs, waiting_jobs, now)
+        for job_id, allocated in gpu.job_allocated.items():
+            usage = self._job(job_id, gpu.uuid)
+            usage.peak_memory = max(usage.peak_memory, allocated + gpu.job_swapped.get(job_id, 0))
+        for job_id, swapped_bytes in gpu.job_swapped.items():
+            if job_id not in gpu.job_allocated:
+                usage = self._job(job_id, gpu.uuid)
+                usage.peak_memory = max(usage.peak_memory, swapped_bytes)
+        seen.holders, seen.swapped = holders, swapped
+        seen.holding_jobs, seen.waiting_jobs = holding_jobs, waiting_jobs
+
+    def _intervals(self, uuid: str, seen: _Seen, holding_jobs: set[int], waiting_jobs: set[int],
+                   now: float) -> None:
+        """Open and close the held and wait intervals of the jobs whose state changed."""
+        changed = (holding_jobs ^ seen.holding_jobs) | (waiting_jobs ^ seen.waiting_jobs)
+        for job_id in changed:
             usage = self._job(job_id, uuid)
             if job_id in holding_jobs and usage.holding_since is None:
                 usage.holding_since = now

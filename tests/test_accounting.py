@@ -82,6 +82,10 @@ def test_peak_memory_and_swapped_bytes():
     assert u["swapped_out"] == 3 * G
     counters = run.ledger.gpus[run.g.uuid]
     assert counters.swap_out_bytes == 3 * G and counters.swap_in_bytes == 3 * G
+    run(0.5, lambda t: run.g.mem_update(a, t, G, G, 2 * G, 0, 0, 0))     # 2 GiB out again
+    run(0.6, lambda t: run.g.remove_client(1, t))                       # gone: nothing came back
+    assert counters.swap_out_bytes == 5 * G and counters.swap_in_bytes == 3 * G
+    assert run.usage(10, 1.0)["swapped_out"] == 5 * G
 
 
 def test_forget_job_and_usage_line():
