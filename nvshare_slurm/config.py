@@ -84,6 +84,8 @@ class Config:
     rogue_process: str = "warn"            # warn | kill
     rogue_check_sec: float = 10.0
     log_level: str = "info"
+    metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
+    usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +114,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_release_ms": (0.1, 60000),
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
+    "metrics_port": (0, 65535),
 }
 # Booleans as YAML writes them and as people write them in an environment variable.
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, log, proto
+from .accounting import UsageLedger, usage_line
 from .gpustate import (
     CONTENDED,
     DROP,
@@ -55,7 +56,7 @@ _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
-_RESTART_ONLY = ("socket", "state_dir", "gpus")
+_RESTART_ONLY = ("socket", "state_dir", "gpus", "metrics_port")
 
 
 class Connection:
@@ -116,6 +117,7 @@ class Daemon:
                                             GpuSettings.from_config(cfg), name=info.name)
         self.by_index = {g.index: g for g in self.gpus.values()}
         self.rogues = RogueTracker()
+        self.ledger = UsageLedger()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
@@ -208,6 +210,7 @@ class Daemon:
                     self.logger.debug(f"{where}: allocation answered after waiting for room")
             elif action.kind == UNRESPONSIVE:
                 self._unresponsive(gpu, action.client)
+        self.ledger.observe(gpu, self.now())
         self._arm(gpu)
 
     def _warn_now_and_then(self, key: tuple[str, int, str], text: str) -> None:
@@ -463,9 +466,14 @@ class Daemon:
             if client_conn is not None:
                 self._drop_client(client_conn)
                 client_conn.close()
-        self.registry.remove_job(job_id)
+        job = self.registry.remove_job(job_id)
         self._save()
-        self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected)")
+        usage = usage_line(self.ledger.job_usage(job_id, self.now()),
+                           {u: self.gpus[u].index for u in job.gpus if u in self.gpus}
+                           if job is not None else None)
+        self.ledger.forget_job(job_id)
+        self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected); "
+                         f"GPU usage: {usage}")
         self._reply(conn, frame, C.NVSHARE_OK, "unregistered")
 
     def _on_job_query(self, conn: Connection, frame: proto.Frame) -> None:
@@ -525,7 +533,8 @@ class Daemon:
             clients.append({"pid": client.pid, "step_id": client.step_id, "gpus": gpus})
         return {"job_id": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
                 "slots": job.slots, "gpus": list(job.gpus), "gpu_index": list(job.gpu_index),
-                "registered": job.registered, "clients": clients}
+                "registered": job.registered, "clients": clients,
+                "usage": self.ledger.job_usage(job.job_id, self.now())}
 
     def _admin_allowed(self, uid: int) -> bool:
         if uid == 0:
@@ -642,6 +651,17 @@ class Daemon:
         if not await _prepare_socket_path(path):
             self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
             return 1
+        # Before the socket appears: whoever sees the socket finds the metrics too.
+        metrics = None
+        if self.cfg.metrics_port:
+            from .metrics import MetricsServer   # prometheus-client only where metrics are on
+            metrics = MetricsServer(self, self.cfg.metrics_port)
+            try:
+                await metrics.start()
+            except OSError as exc:
+                self.logger.error(f"metrics: cannot listen on port {self.cfg.metrics_port}: "
+                                  f"{exc}; serving without metrics")
+                metrics = None
         self._server = await asyncio.start_unix_server(self._serve, sock=_listening_socket(path),
                                                        limit=2 * proto.MAX_PAYLOAD)
         self._stop = asyncio.Event()
@@ -654,6 +674,8 @@ class Daemon:
         await self._stop.wait()
         self.logger.info("stopping: SIGTERM")
         rogue_task.cancel()
+        if metrics is not None:
+            metrics.close()
         self._server.close()
         for conn in list(self._connections):
             conn.close()

@@ -196,6 +196,15 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
          ("GPU_UUIDs", _join(safe(u, None) for u in uuids))],
         [("Registered", timestamp(registered)), ("RunTime", duration(run_time))],
     ]
+    usage = job.get("usage")
+    if isinstance(usage, dict):
+        for uuid, u in usage.items():
+            u = u if isinstance(u, dict) else {}
+            record.append([("GpuUsage", gpu_label(uuid)), ("Held", duration(u.get("held_sec"))),
+                           ("Waited", duration(u.get("wait_sec"))),
+                           ("PeakMemory", human_size(u.get("peak_memory"))),
+                           ("Swapped", human_size(u.get("swapped_out"))),
+                           ("Turns", number(u.get("turns")))])
     clients = job.get("clients") or []
     if not clients:
         record.append([("Clients", NULL)])
