@@ -7,6 +7,9 @@
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
  *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
  *                             byte, write a new pattern; the data must survive swaps at its address)
+ *   barrier:US:N:RANKS:RANK  (N rounds of an NCCL-like collective: the fake driver's barrier kernel,
+ *                             which runs until all RANKS ranks of the FAKE_CUDA_BARRIER group launched
+ *                             theirs, then US; then synchronise)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -153,6 +156,44 @@ static CUfunction sleep_fn(void)
         fn_ctx = cur;
     }
     return fn;
+}
+
+/* The fake driver's collective (a "barrier" kernel) in the current context. */
+static CUfunction barrier_fn(void)
+{
+    static __thread CUfunction fn;
+    static __thread CUcontext fn_ctx;
+    CUcontext cur = NULL;
+    extern CUresult cuCtxGetCurrent(CUcontext *);
+    cuCtxGetCurrent(&cur);
+    if (!fn || fn_ctx != cur) {
+        CUmodule m;
+        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
+        check("cuModuleGetFunction", api.cuModuleGetFunction(&fn, m, "barrier"));
+        fn_ctx = cur;
+    }
+    return fn;
+}
+
+static void collectives(char *arg)
+{
+    unsigned long long us = strtoull(arg, NULL, 10);
+    int rounds = 1, ranks = 1, rank = 0;
+    char *p = strchr(arg, ':');
+    if (p) {
+        rounds = atoi(++p);
+        if ((p = strchr(p, ':'))) {
+            ranks = atoi(++p);
+            if ((p = strchr(p, ':')))
+                rank = atoi(++p);
+        }
+    }
+    void *params[] = {&us, &ranks, &rank};
+    for (int i = 0; i < rounds; i++) {
+        check("cuLaunchKernel", api.cuLaunchKernel(barrier_fn(), 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        check("cuCtxSynchronize", api.cuCtxSynchronize());
+    }
+    printf("barrier ok rounds=%d\n", rounds);
 }
 
 static void use_device(int d, int create)
@@ -369,6 +410,8 @@ static void run(char *action)
         check("cuMemFree", api.cuMemFree_v2(p));
         free(want);
         free(got);
+    } else if (strcmp(action, "barrier") == 0) {
+        collectives(arg);
     } else if (strcmp(action, "sleep") == 0) {
         usleep((useconds_t)atoi(arg) * 1000);
         printf("sleep ok\n");
