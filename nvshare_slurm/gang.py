@@ -202,7 +202,9 @@ class GangPolicy:
         if self._others_wait(gang):
             if gang.contention_since is None:
                 gang.contention_since = now
-            for gpu in gang.gpus if not gang.ending else ():
+            # Serial GPUs keep a job's lock while it idles, a gang's too.
+            serial = any(gpu.settings.mode == "serial" for gpu in gang.gpus)
+            for gpu in gang.gpus if not gang.ending and not serial else ():
                 contended = gpu.contend_job(gang.job_id)
                 if contended:
                     out.append((gpu, contended))

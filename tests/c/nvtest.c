@@ -142,20 +142,26 @@ static void check(const char *what, CUresult rc)
     }
 }
 
+/* A kernel of the fake driver by name, loaded once per thread and context. */
+static CUfunction fake_kernel(const char *name, CUfunction *fn, CUcontext *fn_ctx)
+{
+    CUcontext cur = NULL;
+    extern CUresult cuCtxGetCurrent(CUcontext *);
+    cuCtxGetCurrent(&cur);
+    if (!*fn || *fn_ctx != cur) {
+        CUmodule m;
+        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
+        check("cuModuleGetFunction", api.cuModuleGetFunction(fn, m, name));
+        *fn_ctx = cur;
+    }
+    return *fn;
+}
+
 static CUfunction sleep_fn(void)
 {
     static __thread CUfunction fn;
     static __thread CUcontext fn_ctx;
-    CUcontext cur = NULL;
-    extern CUresult cuCtxGetCurrent(CUcontext *);
-    cuCtxGetCurrent(&cur);
-    if (!fn || fn_ctx != cur) {
-        CUmodule m;
-        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
-        check("cuModuleGetFunction", api.cuModuleGetFunction(&fn, m, "sleep"));
-        fn_ctx = cur;
-    }
-    return fn;
+    return fake_kernel("sleep", &fn, &fn_ctx);
 }
 
 /* The fake driver's collective (a "barrier" kernel) in the current context. */
@@ -163,16 +169,7 @@ static CUfunction barrier_fn(void)
 {
     static __thread CUfunction fn;
     static __thread CUcontext fn_ctx;
-    CUcontext cur = NULL;
-    extern CUresult cuCtxGetCurrent(CUcontext *);
-    cuCtxGetCurrent(&cur);
-    if (!fn || fn_ctx != cur) {
-        CUmodule m;
-        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
-        check("cuModuleGetFunction", api.cuModuleGetFunction(&fn, m, "barrier"));
-        fn_ctx = cur;
-    }
-    return fn;
+    return fake_kernel("barrier", &fn, &fn_ctx);
 }
 
 static void collectives(char *arg)
