@@ -109,3 +109,23 @@ def test_a_two_rank_job_beside_single_gpu_jobs_on_both_gpus(hook_lib, gang_sched
     gang_end = max(r[3] for r in rows if pid_job[r[0]] is gang)
     for proc in procs[:2]:
         assert min(r[2] for r in rows if r[0] == proc.pid) < gang_end
+
+
+def test_two_jobs_of_one_process_on_two_gpus_each_complete(hook_lib, gang_sched, tmp_path, procs,
+                                                          groups):
+    """One process driving both GPUs (a thread per GPU, the collective across them), twice."""
+    trace = tmp_path / "trace"
+    pid_job = {}
+    for job_id in (521, 522):
+        job = Job(gang_sched, job_id, trace, gpu_index=[0, 1], FAKE_CUDA_BARRIER=groups(job_id))
+        args = ["init", *(f"tbarrier:{r}:{KERNEL_US}:{ROUNDS}:2:{r}" for r in (0, 1)), "join"]
+        proc = start_nvtest(hook_lib, args, job.env)
+        procs.append(proc)
+        pid_job[proc.pid] = job_id
+        time.sleep(0.03)
+    for proc in procs:
+        assert finish(proc, timeout=60).count(f"barrier ok rounds={ROUNDS}") == 2
+    rows = read_trace(trace)
+    assert len(rows) == 4 * ROUNDS
+    for gpu in (GPU0, GPU1):
+        assert overlaps(rows, gpu) == [], f"two jobs' kernels overlap on {gpu}"

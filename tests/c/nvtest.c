@@ -10,6 +10,8 @@
  *   barrier:US:N:RANKS:RANK  (N rounds of an NCCL-like collective: the fake driver's barrier kernel,
  *                             which runs until all RANKS ranks of the FAKE_CUDA_BARRIER group launched
  *                             theirs, then US; then synchronise)
+ *   tbarrier:D:US:N:RANKS:RANK  (the same in a new thread on device D, like one process driving
+ *                             several GPUs; `join` waits for it)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -170,6 +172,21 @@ static CUfunction barrier_fn(void)
     static __thread CUfunction fn;
     static __thread CUcontext fn_ctx;
     return fake_kernel("barrier", &fn, &fn_ctx);
+}
+
+struct rank_thread { int dev; char arg[96]; pthread_t tid; };
+static struct rank_thread rank_threads[8];
+static int n_rank_threads;
+
+static void collectives(char *arg);
+static void use_device(int d, int create);
+
+static void *rank_main(void *p)
+{
+    struct rank_thread *t = p;
+    use_device(t->dev, 0);
+    collectives(t->arg);
+    return NULL;
 }
 
 static void collectives(char *arg)
@@ -409,6 +426,13 @@ static void run(char *action)
         free(got);
     } else if (strcmp(action, "barrier") == 0) {
         collectives(arg);
+    } else if (strcmp(action, "tbarrier") == 0 && n_rank_threads < 8) {
+        struct rank_thread *t = &rank_threads[n_rank_threads++];
+        char *rest = strchr(arg, ':');
+        t->dev = atoi(arg);
+        snprintf(t->arg, sizeof t->arg, "%s", rest ? rest + 1 : "");
+        pthread_create(&t->tid, NULL, rank_main, t);
+        printf("tbarrier started\n");
     } else if (strcmp(action, "sleep") == 0) {
         usleep((useconds_t)atoi(arg) * 1000);
         printf("sleep ok\n");
@@ -438,6 +462,9 @@ static void run(char *action)
         for (int i = 0; i < n_threads; i++)
             pthread_join(threads[i].tid, NULL);
         n_threads = 0;
+        for (int i = 0; i < n_rank_threads; i++)
+            pthread_join(rank_threads[i].tid, NULL);
+        n_rank_threads = 0;
         printf("join ok\n");
     } else if (strcmp(action, "whois") == 0) {
 #define API_WHERE(fn, base) where(base, (void *)api.fn);
