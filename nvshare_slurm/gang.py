@@ -95,9 +95,6 @@ class GangPolicy:
             if gpu.turn is not None and gpu.turn.job_id == job_id:
                 gpu.turn = None
 
-    def gang_of(self, job_id: int) -> Gang | None:
-        return self.gangs.get(job_id)
-
     # --- events --------------------------------------------------------------------------------
 
     def drain_stuck(self, gpu: GpuState, client: ClientInfo, now: float) -> str:
