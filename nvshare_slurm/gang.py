@@ -16,7 +16,7 @@ and the holders' drains would never end (docs/design-scheduler.md "Gang turns").
 - The turn ends on all its GPUs together: one switch interval (the shortest of its GPUs') after
   someone else started waiting for one of them, DROP_LOCK goes to every holder of the gang; the
   GPUs stay claimed until every holder has released. A holder that cannot drain (DRAIN_STUCK, or
-  no release within half of drop_grace_sec while its peers wait) usually waits for a peer the
+  no release within about a turn while its peers wait, see Gang.stuck_after) usually waits for a peer the
   end of the turn shut out: the gang's waiting clients are granted again so that the collective
   can finish, and the end of the turn is retried once the gang runs whole again (every client
   it dropped holds again), or one switch interval after that resumption at the latest.
@@ -65,6 +65,12 @@ class Gang:
         """How long its turn lasts once others wait: the shortest of its GPUs' turns."""
         return min(g.settings.max_runtime_sec if g.settings.mode == "serial"
                    else g.switch_interval() for g in self.gpus)
+
+    def stuck_after(self) -> float:
+        """How long a holder may drain after DROP_LOCK, while its gang's clients wait, before it
+        is taken as stuck without saying so (a hook without DRAIN_STUCK): about a turn, at least
+        a second (a drain that moves memory takes its time), at most half of drop_grace_sec."""
+        return min(self.gpus[0].settings.drop_grace_sec / 2, max(1.0, self.interval()))
 
     def indices(self) -> str:
         return ",".join(str(g.index) for g in self.gpus)
@@ -214,7 +220,7 @@ class GangPolicy:
             return
         # The turn is over and DROP_LOCK went out. A holder that cannot drain usually waits for
         # a peer that the end of the turn shut out: let the gang run whole again, then retry.
-        grace = gang.gpus[0].settings.drop_grace_sec / 2
+        grace = gang.stuck_after()
         stuck = [(gpu, h) for gpu, h in holders if h.drop_at is not None and
                  (h.stuck_at is not None or (waiters and now >= h.drop_at + grace))]
         granting = turns[0].grants  # type: ignore[union-attr]
@@ -266,7 +272,7 @@ class GangPolicy:
         elif gang.ending and gang.resumed_at is not None:
             deadline = gang.resumed_at + gang.interval()
         elif gang.ending and gang.waiters():
-            grace = gang.gpus[0].settings.drop_grace_sec / 2
+            grace = gang.stuck_after()
             pending = [h.drop_at + grace for _, h in gang.holders()
                        if h.drop_at is not None and h.stuck_at is None]
             deadline = min(pending, default=None)
