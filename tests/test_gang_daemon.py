@@ -114,3 +114,17 @@ def test_a_stuck_single_gpu_holder_keeps_its_turn_while_it_reports(scheduler_fac
     assert holder.proc.poll() is None and "has not released the lock" not in sched.log()
     holder.send(f"release {GPU0}")
     waiter.expect("grant")
+
+
+def test_gangs_come_back_after_a_daemon_restart(scheduler_factory, ranks):
+    sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                              switch_time_fixed=30)
+    register(sched, 41, gpu_index=(0, 1))
+    register(sched, 42, gpu_index=(0, 1))
+    sched.restart()
+    a0, b1 = ranks(sched, 41), ranks(sched, 42)
+    a0.send(f"request {GPU0}")
+    a0.expect("grant", gpu=GPU0)
+    b1.send(f"request {GPU1}")
+    b1.absent("grant", 0.3)                         # still job 41's turn on both GPUs
+    assert "GangWaitsFor=gang job 41 goes first" in show_job(sched, 42)
