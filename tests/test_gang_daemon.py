@@ -128,3 +128,28 @@ def test_gangs_come_back_after_a_daemon_restart(scheduler_factory, ranks):
     b1.send(f"request {GPU1}")
     b1.absent("grant", 0.3)                         # still job 41's turn on both GPUs
     assert "GangWaitsFor=gang job 41 goes first" in show_job(sched, 42)
+
+
+def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(scheduler_factory,
+                                                                         ranks):
+    """A hook without DRAIN_STUCK: after one turn (here the 1 s floor) the gang's waiting rank is
+    granted again, and the log says why."""
+    sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                              switch_time_fixed=0.2, drop_grace_sec=60)
+    register(sched, 51, gpu_index=(0, 1))
+    register(sched, 52, gpu_index=(0, 1))
+    a0, a1, b0 = ranks(sched, 51, "--on-drop", "ignore"), ranks(sched, 51), ranks(sched, 52)
+    a0.send(f"request {GPU0}")
+    a0.expect("grant")
+    a1.send(f"request {GPU1}")
+    a1.expect("grant")
+    b0.send(f"request {GPU0}")
+    dropped = a1.expect("drop", gpu=GPU1, timeout=5)["t"]
+    a1.send(f"request {GPU1}")
+    regrant = a1.expect("grant", gpu=GPU1, timeout=5)["t"]
+    assert 0.9 <= regrant - dropped <= 3.0
+    wait_for_log(sched, "after DROP_LOCK while its gang's other clients wait; taken as a stuck "
+                        "drain")
+    b0.absent("grant", 0.2)                          # job 51 still holds GPU 0
+    a0.send(f"release {GPU0}")
+    b0.expect("grant", timeout=5)
