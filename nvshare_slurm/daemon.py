@@ -30,6 +30,7 @@ from .gpustate import (
     UNRESPONSIVE,
     Action,
     ClientInfo,
+    Demand,
     GpuSettings,
     GpuState,
     MemDecision,
@@ -50,7 +51,7 @@ _MODE_BY_CODE = {C.NVSHARE_MODE_AUTO: "auto", C.NVSHARE_MODE_CONCURRENT: "concur
                  C.NVSHARE_MODE_SERIAL: "serial"}
 _SWITCH_BY_CODE = {C.NVSHARE_SWITCH_AUTO: "auto", C.NVSHARE_SWITCH_FIXED: "fixed"}
 _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
-                    C.NVSHARE_MSG_MEM_UPDATE}
+                    C.NVSHARE_MSG_MEM_UPDATE, C.NVSHARE_MSG_DEMAND}
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
@@ -118,6 +119,7 @@ class Daemon:
         self.rogues = RogueTracker()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._sharing: dict[str, tuple[str, str]] = {}   # GPU -> (sharing, reason) last logged
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
         self._connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -128,6 +130,7 @@ class Daemon:
             C.NVSHARE_MSG_LOCK_REQUEST: self._on_lock_request,
             C.NVSHARE_MSG_LOCK_RELEASED: self._on_lock_released,
             C.NVSHARE_MSG_MEM_UPDATE: self._on_mem_update,
+            C.NVSHARE_MSG_DEMAND: self._on_demand,
             C.NVSHARE_MSG_JOB_REGISTER: self._on_job_register,
             C.NVSHARE_MSG_JOB_UNREGISTER: self._on_job_unregister,
             C.NVSHARE_MSG_JOB_QUERY: self._on_job_query,
@@ -208,7 +211,14 @@ class Daemon:
                     self.logger.debug(f"{where}: allocation answered after waiting for room")
             elif action.kind == UNRESPONSIVE:
                 self._unresponsive(gpu, action.client)
+        self._log_sharing(gpu)
         self._arm(gpu)
+
+    def _log_sharing(self, gpu: GpuState) -> None:
+        now = (gpu.sharing, gpu.sharing_reason)
+        if gpu.sharing and self._sharing.get(gpu.uuid, ("", ""))[0] != now[0]:
+            self.logger.info(f"gpu {gpu.uuid}: sharing: {now[0]} ({now[1]})")
+        self._sharing[gpu.uuid] = now
 
     def _warn_now_and_then(self, key: tuple[str, int, str], text: str) -> None:
         now = self.now()
@@ -400,6 +410,21 @@ class Daemon:
             self._mem_reply(conn, gpu, decision, frame.seq)
         elif request:
             self.logger.info(f"{where}: allocation of {_size(request)} waits for room")
+        self.apply(gpu, actions)
+
+    def _on_demand(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is None:
+            return
+        demand = Demand(min(int(body.busy_ppm), 1_000_000) / 1e6, int(body.burst_us) / 1e6,
+                        int(body.gap_us) / 1e6)
+        info = _info(conn)
+        before = gpu.takes_turns(info.client_id)
+        actions = gpu.report_demand(info, demand, self.now())
+        if gpu.takes_turns(info.client_id) != before:
+            self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: "
+                              f"{'takes turns' if not before else 'co-runs'} ({demand.describe()})")
         self.apply(gpu, actions)
 
     # --- request/reply messages ----------------------------------------------------------------
