@@ -207,6 +207,7 @@ class GpuState:
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
     demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
+    asked: set[int] = field(default_factory=set)                               # ever requested here
     sharing: str = ""                      # how the GPU is shared now (status, metrics, log)
     sharing_reason: str = ""
     withheld: int | None = None            # the waiter whose grant waits for room
@@ -333,6 +334,7 @@ class GpuState:
             return []
         if cid not in self.queue:
             self.queue[cid] = (client, now)
+        self.asked.add(cid)
         return self._schedule(now)
 
     def release(self, client_id: int, now: float) -> list[Action]:
@@ -352,6 +354,7 @@ class GpuState:
         self.swap_asked.pop(client_id, None)
         self.swap_answered.discard(client_id)
         self.demand.pop(client_id, None)
+        self.asked.discard(client_id)
         client = self.clients.pop(client_id, None)
         use = self.usage.pop(client_id, None)
         if client is not None:
@@ -485,12 +488,15 @@ class GpuState:
     def _schedule_adaptive(self, now: float, out: list[Action]) -> None:
         """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run."""
         wanting = set(self.queue) | set(self.holders)
-        takers = {cid for cid in wanting if self.takes_turns(cid)}
+        # A busy client between two turns is still busy; one that has not reported yet counts as
+        # busy once it has asked for the lock.
+        takers = {cid for cid, d in self.demand.items() if d.takes_turns and cid in self.clients}
+        takers |= {cid for cid in self.asked if cid not in self.demand}
         if len(takers) <= 1:
             self._corun(now, out)
             self._share("corun", "at most one busy client" if wanting else "idle")
             return
-        light = len(wanting) - len(takers)
+        light = len(wanting - takers)
         self._share("turns", f"{len(takers)} busy clients take turns"
                              + (f", {light} light co-run" if light else ""))
         turn_began = self.contention_since    # a co-runner's grant does not restart the turn

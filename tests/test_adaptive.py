@@ -64,8 +64,8 @@ def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
     for c in (a, b):
         g.report_demand(c, BUSY, 0.0)
     g.report_demand(light, LIGHT, 0.0)
-    assert grants(g.request(a, 0.0)) == [(1, SHARED)]        # alone so far: co-runs
-    actions = g.request(b, 0.1)                              # a second busy one: turns
+    assert grants(g.request(a, 0.0)) == [(1, EXCLUSIVE)]     # b is busy too, between turns
+    actions = g.request(b, 0.1)                              # b asks: a's turn is contended
     assert grants(actions) == [] and (CONTENDED, 1) in kinds(actions)
     assert grants(g.request(light, 0.12)) == [(3, SHARED)]   # the light one never waits
     status = g.status(0.12, [], [])
@@ -73,7 +73,7 @@ def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
     assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
     drop = g.tick(0.1 + g.switch_interval())
     assert kinds(drop) == [(DROP, 1)] and drop[0].value == C.NVSHARE_DROP_TIMESLICE
-    assert grants(g.release(1, 0.16)) == [(2, SHARED)]       # the only busy one asking now
+    assert grants(g.release(1, 0.16)) == [(2, EXCLUSIVE)]    # busy b: the next turn
     actions = g.request(a, 0.17)                             # a wants its next turn
     assert grants(actions) == [] and (CONTENDED, 2) in kinds(actions)
     assert 3 in g.holders                                    # still co-running
