@@ -115,6 +115,13 @@ int nvshare_send_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint
     return send_frame(type, &ev, sizeof ev, seq_out);
 }
 
+int nvshare_send_demand(const struct nvshare_demand *demand)
+{
+    if (!atomic_load(&connected))
+        return -1;
+    return send_frame(NVSHARE_MSG_DEMAND, demand, sizeof *demand, NULL);
+}
+
 static void fill_mem_update(struct nvshare_mem_update *m, struct nvshare_gpu *g, uint64_t request,
                             uint32_t flags)
 {
@@ -446,6 +453,8 @@ void nvshare_client_start(void)
             nvshare_log("cannot start the connection thread; GPU work runs unshared");
             atomic_store(&refused, 1);
             nvshare_gates_open_all("no thread");
+        } else {
+            nvshare_demand_start();
         }
         pthread_attr_destroy(&attr);
     }

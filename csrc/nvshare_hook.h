@@ -24,7 +24,6 @@ NVSHARE_SYMBOLS(NVSHARE_REAL_TYPEDEF, NVSHARE_REAL_TYPEDEF)
 /* Driver functions the hook calls itself but does not interpose. */
 typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *ctx);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *dev);
-typedef CUresult (*cuCtxSynchronize_fn)(void);
 typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext ctx);
 typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *ctx);
 typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *uuid, CUdevice dev);
@@ -51,7 +50,6 @@ struct nvshare_real {
     NVSHARE_SYMBOLS(NVSHARE_REAL_MEMBER, NVSHARE_REAL_MEMBER)
     cuCtxGetCurrent_fn cuCtxGetCurrent;
     cuCtxGetDevice_fn cuCtxGetDevice;
-    cuCtxSynchronize_fn cuCtxSynchronize;
     cuCtxPushCurrent_v2_fn cuCtxPushCurrent_v2;
     cuCtxPopCurrent_v2_fn cuCtxPopCurrent_v2;
     cuDeviceGetUuid_fn cuDeviceGetUuid;
@@ -115,6 +113,8 @@ struct nvshare_gpu {
     atomic_int closing;           /* a release is draining the gate: new entries wait */
     atomic_int inside;            /* threads between gate_enter and gate_leave */
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
+    atomic_int demand_touched;    /* set by every entry, cleared by the demand sampler */
+    atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
     atomic_int mode;              /* enum nvshare_gpu_mode */
     /* slow path, under mu */
     pthread_mutex_t mu;
@@ -176,6 +176,8 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
         if (atomic_load(&g->open) && !atomic_load(&g->closing)) {
             if (!atomic_load_explicit(&g->touched, memory_order_relaxed))
                 atomic_store_explicit(&g->touched, 1, memory_order_relaxed);
+            if (!atomic_load_explicit(&g->demand_touched, memory_order_relaxed))
+                atomic_store_explicit(&g->demand_touched, 1, memory_order_relaxed);
             return g;
         }
         atomic_fetch_sub(&g->inside, 1);
@@ -212,6 +214,12 @@ void nvshare_send_mem_report(struct nvshare_gpu *g);
 int nvshare_mem_request(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
                         struct nvshare_mem_reply *reply, int *answered);
 void nvshare_client_after_fork(void);
+/* DEMAND: what this process asks of a GPU lately (demand.c measures it). */
+int nvshare_send_demand(const struct nvshare_demand *demand);
+
+/* ---- demand (demand.c) ---------------------------------------------------------------------- */
+void nvshare_demand_start(void);
+void nvshare_demand_after_fork(void);
 
 /* ---- memory accounting (memory.c) ----------------------------------------------------------- */
 void nvshare_memory_resend(void);

@@ -19,7 +19,7 @@ ENV_PREFIX = "NVSHARE_"
 
 MODES = ("auto", "concurrent", "serial")
 SWITCH_MODES = ("auto", "fixed")
-AUTO_SHARES = ("turns", "corun")
+AUTO_SHARES = ("adaptive", "turns", "corun")
 DAEMON_LOSS_POLICIES = ("wait", "run")
 ROGUE_POLICIES = ("warn", "kill")
 
@@ -64,11 +64,11 @@ class GpuSpec:
 @dataclass(frozen=True)
 class Config:
     scheduling_mode: str = "auto"
-    auto_share: str = "turns"              # auto while memory fits: turns (measured faster) | corun
+    auto_share: str = "adaptive"           # auto while memory fits: adaptive | turns | corun
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
-    switch_time_min: float = 2.0           # auto: floor of the interval, seconds
+    switch_time_min: float = 0.05          # auto: floor of the interval, seconds
     swap_bandwidth: int = 20 << 30         # bytes/s of a switch's copies, out and in one after the other
     swap: bool = True                      # back allocations so that a paused job's memory can move
     memory_reserve_percent: int = 5

@@ -32,6 +32,7 @@ from .gpustate import (
     UNRESPONSIVE,
     Action,
     ClientInfo,
+    Demand,
     GpuSettings,
     GpuState,
     MemDecision,
@@ -52,7 +53,8 @@ _MODE_BY_CODE = {C.NVSHARE_MODE_AUTO: "auto", C.NVSHARE_MODE_CONCURRENT: "concur
                  C.NVSHARE_MODE_SERIAL: "serial"}
 _SWITCH_BY_CODE = {C.NVSHARE_SWITCH_AUTO: "auto", C.NVSHARE_SWITCH_FIXED: "fixed"}
 _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
-                    C.NVSHARE_MSG_MEM_UPDATE, C.NVSHARE_MSG_DRAIN_STUCK}
+                    C.NVSHARE_MSG_MEM_UPDATE, C.NVSHARE_MSG_DRAIN_STUCK,
+                    C.NVSHARE_MSG_DEMAND}
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
@@ -123,6 +125,7 @@ class Daemon:
         self.ledger = UsageLedger()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._sharing: dict[str, tuple[str, str]] = {}   # GPU -> (sharing, reason) last logged
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
         self._connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -134,6 +137,7 @@ class Daemon:
             C.NVSHARE_MSG_LOCK_RELEASED: self._on_lock_released,
             C.NVSHARE_MSG_MEM_UPDATE: self._on_mem_update,
             C.NVSHARE_MSG_DRAIN_STUCK: self._on_drain_stuck,
+            C.NVSHARE_MSG_DEMAND: self._on_demand,
             C.NVSHARE_MSG_JOB_REGISTER: self._on_job_register,
             C.NVSHARE_MSG_JOB_UNREGISTER: self._on_job_unregister,
             C.NVSHARE_MSG_JOB_QUERY: self._on_job_query,
@@ -217,6 +221,7 @@ class Daemon:
                 self._unresponsive(gpu, action.client)
         self.ledger.observe(gpu, self.now())
         self._gang_pass()
+        self._log_sharing(gpu)
         self._arm(gpu)
 
     def _gang_pass(self) -> None:
@@ -240,6 +245,12 @@ class Daemon:
             self.logger.info(f"job {job.job_id}: a gang on GPUs "
                              f"{','.join(map(str, job.gpu_index))}: it takes its turns on all "
                              f"of them together")
+
+    def _log_sharing(self, gpu: GpuState) -> None:
+        now = (gpu.sharing, gpu.sharing_reason)
+        if gpu.sharing and self._sharing.get(gpu.uuid, ("", ""))[0] != now[0]:
+            self.logger.info(f"gpu {gpu.uuid}: sharing: {now[0]} ({now[1]})")
+        self._sharing[gpu.uuid] = now
 
     def _warn_now_and_then(self, key: tuple[str, int, str], text: str) -> None:
         now = self.now()
@@ -445,6 +456,21 @@ class Daemon:
             f"gpu {gpu.uuid}: {info.label()}: its work there has not finished "
             f"{int(body.bytes)} ms after it was asked to release (DRAIN_STUCK); {resolution}")
         self.apply(gpu, gpu.tick(self.now()))
+
+    def _on_demand(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is None:
+            return
+        demand = Demand(min(int(body.busy_ppm), 1_000_000) / 1e6, int(body.burst_us) / 1e6,
+                        int(body.gap_us) / 1e6)
+        info = _info(conn)
+        before = gpu.takes_turns(info.client_id)
+        actions = gpu.report_demand(info, demand, self.now())
+        if gpu.takes_turns(info.client_id) != before:
+            self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: "
+                              f"{'takes turns' if not before else 'co-runs'} ({demand.describe()})")
+        self.apply(gpu, actions)
 
     # --- request/reply messages ----------------------------------------------------------------
 

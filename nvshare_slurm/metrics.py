@@ -37,13 +37,8 @@ class Source(Protocol):
 
 
 def sharing(gpu: GpuState) -> str:
-    """How the GPU is shared right now, in one word for a label."""
-    if gpu.settings.mode != "auto":
-        return gpu.settings.mode
-    if not gpu.fits():
-        return "swap"
-    co_running = sum(1 for h in gpu.holders.values() if h.shared) > 1
-    return "corun" if co_running or gpu.settings.auto_share == "corun" else "turns"
+    """How the GPU is shared right now, in one word for a label (the policy's own choice)."""
+    return gpu.sharing or gpu.settings.mode
 
 
 class SchedulerCollector:

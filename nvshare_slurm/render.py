@@ -167,6 +167,8 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
          ("SwitchInterval", interval(gpu.get("switch_interval_sec"))),
          ("MaxRuntime", duration(gpu.get("max_runtime_sec"))),
          ("CoRunning", number(bool(gpu.get("co_running"))))],
+        [("Sharing", f"{safe(gpu.get('sharing'))}({safe(gpu.get('sharing_reason'))})"
+                     if gpu.get("sharing") else NULL)],
         [("Holders", _join(holders)), ("Turn", turn_label(gpu.get("turn")))],
         [("Waiting", _join(waiting))],
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],

@@ -13,6 +13,8 @@ reads commands on stdin, one a line:
                               MEM_UPDATE (seq counts up from 1); also what --swap moves
     stuck UUID MS             DRAIN_STUCK: asked to release, its work there has not finished
                               after MS milliseconds (use with --on-drop ignore)
+    demand UUID BUSY_PPM BURST_US GAP_US
+                              DEMAND: what the process asks of the GPU lately
     quit
 and prints one JSON line per event: registered, grant, contended, drop, released, mem_reply,
 prepare_swap_out, swapped_in, reply, closed, reconnected. "t" is CLOCK_MONOTONIC, comparable
@@ -236,6 +238,12 @@ class _Hook:
             self.memory[words[1]] = [allocated, fixed, swapped]
             self.seq += 1
             self.send(mem_frame(words[1], allocated, fixed, swapped, request, flags, self.seq))
+        elif words[0] == "demand":
+            busy_ppm, burst_us, gap_us = (int(w) for w in words[2:5])
+            self.send(proto.encode(C.NVSHARE_MSG_DEMAND, {"gpu_uuid": words[1],
+                                                          "busy_ppm": busy_ppm,
+                                                          "burst_us": burst_us,
+                                                          "gap_us": gap_us}))
         else:
             self.emit("error", error=f"unknown command {line.strip()!r}")
         return True

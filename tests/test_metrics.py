@@ -63,7 +63,7 @@ def test_metrics_after_a_hand_over(scheduler_factory, clients):  # noqa: F811
     assert sample(samples, "nvshare_gpu_memory_bytes", kind="used", **gpu) == 2 * G
     assert sample(samples, "nvshare_gpu_memory_bytes", kind="fixed", **gpu) == G
     assert sample(samples, "nvshare_gpu_memory_bytes", kind="total", **gpu) == 16 * G
-    assert sample(samples, "nvshare_gpu_info", mode="concurrent", sharing="concurrent", **gpu) == 1
+    assert sample(samples, "nvshare_gpu_info", mode="concurrent", sharing="turns", **gpu) == 1
     assert sample(samples, "nvshare_jobs_registered") == 2
     held_a = sample(samples, "nvshare_job_gpu_held_seconds_total", job=1, user="alice", **gpu)
     wait_b = sample(samples, "nvshare_job_gpu_wait_seconds_total", job=2, user="bob", **gpu)
