@@ -38,10 +38,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch-jobs", default="1,2")
     ap.add_argument("--arms", default="alone,colocate,mps,nvshare")
-    ap.add_argument("--steps", type=int, default=150, help="W1 steps per batch job")
+    ap.add_argument("--steps", type=int, default=200, help="W1 steps per batch job (~24 s alone)")
     ap.add_argument("--probe-seconds", type=float, default=10.0)
     ap.add_argument("--every", type=float, default=0.3)
-    ap.add_argument("--start-delay", type=float, default=8.0,
+    ap.add_argument("--start-delay", type=float, default=6.0,
                     help="the probe idles this long first, so the batch jobs are training")
     args = ap.parse_args()
     out = Path(args.out)
