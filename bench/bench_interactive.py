@@ -60,7 +60,7 @@ def main() -> int:
     alone_train: dict[int, float] = {}
     for n in [int(x) for x in args.batch_jobs.split(",")]:
         for arm in args.arms.split(","):
-            key = f"{n}batch/{arm}"
+            key = f"{n}batch-{arm}"
             log(f"{key}: running")
             sched = mps = None
             try:
@@ -73,11 +73,11 @@ def main() -> int:
                             alone_train[i] = train_phase(r)
                 else:
                     if arm == "nvshare":
-                        sched = Scheduler("auto", Path(logs / f"{key.replace('/', '-')}-sched"),
-                                          logs / f"{key.replace('/', '-')}-scheduler.log", None)
+                        sched = Scheduler("auto", Path(logs / f"{key}-sched"),
+                                          logs / f"{key}-scheduler.log", None)
                         envs = [sched.job_env(base)[1] for _ in range(n + 1)]
                     elif arm == "mps":
-                        mps = Mps(logs / f"{key.replace('/', '-')}-mps")
+                        mps = Mps(logs / f"{key}-mps")
                         envs = [mps.client_env(base) for _ in range(n + 1)]
                     else:
                         envs = [base] * (n + 1)

@@ -691,7 +691,7 @@ def plots(results: dict, out: Path) -> list[Path]:
         axes[1].bar(list(x), thr, color=["#48c" if a.startswith("nvshare") else "#999" for a in names])
         axes[1].axhline(1.0, color="k", lw=0.8)
         target = TARGETS.get(wname)
-        if target and target[0] == "train":
+        if target and target[0] == "train" and isinstance(target[1], float):
             axes[1].axhline(1 / target[1], color="#c33", lw=0.8, ls="--", label=f"target {1 / target[1]:.2f}")
             axes[1].legend(fontsize=7)
         axes[1].set_title("aggregate throughput vs serial")
