@@ -164,6 +164,21 @@ void nvshare_read_settings(void)
             nvshare_log("NVSHARE_ON_DAEMON_LOSS=%s is neither 'wait' nor 'run'; using 'wait'", policy);
     }
 
+    nvshare_cfg.drain_timeout_ms = NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT;
+    const char *drain = getenv("NVSHARE_DRAIN_TIMEOUT_MS");
+    if (drain && *drain && (parse_u32(drain, &nvshare_cfg.drain_timeout_ms) != 0 || !nvshare_cfg.drain_timeout_ms)) {
+        nvshare_log("NVSHARE_DRAIN_TIMEOUT_MS=%s is not a positive number of milliseconds; using %u", drain,
+                    NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT);
+        nvshare_cfg.drain_timeout_ms = NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT;
+    }
+    nvshare_cfg.daemon_timeout_ms = NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT;
+    const char *silent = getenv("NVSHARE_DAEMON_TIMEOUT_MS");
+    if (silent && *silent && (parse_u32(silent, &nvshare_cfg.daemon_timeout_ms) != 0 || !nvshare_cfg.daemon_timeout_ms)) {
+        nvshare_log("NVSHARE_DAEMON_TIMEOUT_MS=%s is not a positive number of milliseconds; using %u", silent,
+                    NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT);
+        nvshare_cfg.daemon_timeout_ms = NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT;
+    }
+
     const char *limit = getenv("NVSHARE_MEM_LIMIT");
     if (limit && *limit && nvshare_parse_size(limit, &nvshare_cfg.mem_limit) != 0) {
         nvshare_log("NVSHARE_MEM_LIMIT=%s is not a size (bytes, 512M, 20G); no limit set", limit);
