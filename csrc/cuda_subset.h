@@ -76,6 +76,10 @@ typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam;
 typedef struct CUctxCreateParams_st CUctxCreateParams;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct CUarrayMapInfo_st CUarrayMapInfo;
+typedef struct CUextSemaphore_st *CUexternalSemaphore;
+typedef struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS;
+typedef struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS;
 
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;

@@ -55,6 +55,11 @@
                             unsigned long long g, CUstream h)
 #define NVP_DISCARD_BATCH (CUdeviceptr *a, size_t *b, size_t c, unsigned long long d, CUstream e)
 #define NVP_UPLOAD (CUgraphExec a, CUstream b)
+#define NVP_MAPARRAY (CUarrayMapInfo *a, unsigned int b, CUstream c)
+#define NVP_SEM_SIGNAL (const CUexternalSemaphore *a, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *b, \
+                        unsigned int c, CUstream d)
+#define NVP_SEM_WAIT (const CUexternalSemaphore *a, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS *b, \
+                      unsigned int c, CUstream d)
 #define NVP_SET8 (CUdeviceptr a, unsigned char b, size_t c)
 #define NVP_SET16 (CUdeviceptr a, unsigned short b, size_t c)
 #define NVP_SET32 (CUdeviceptr a, unsigned int b, size_t c)
@@ -280,6 +285,13 @@
     GATE(cuStreamBatchMemOp, NVP_BATCHOP, NVA_4)                                               \
     GATE(cuStreamBatchMemOp_ptsz, NVP_BATCHOP, NVA_4)                                          \
     GATE(cuStreamBatchMemOp_v2, NVP_BATCHOP, NVA_4)                                            \
-    GATE(cuStreamBatchMemOp_v2_ptsz, NVP_BATCHOP, NVA_4)
+    GATE(cuStreamBatchMemOp_v2_ptsz, NVP_BATCHOP, NVA_4)                                      \
+    /* stream-ordered work that is not a kernel */                                             \
+    GATE(cuMemMapArrayAsync, NVP_MAPARRAY, NVA_3)                                              \
+    GATE(cuMemMapArrayAsync_ptsz, NVP_MAPARRAY, NVA_3)                                         \
+    GATE(cuSignalExternalSemaphoresAsync, NVP_SEM_SIGNAL, NVA_4)                               \
+    GATE(cuSignalExternalSemaphoresAsync_ptsz, NVP_SEM_SIGNAL, NVA_4)                          \
+    GATE(cuWaitExternalSemaphoresAsync, NVP_SEM_WAIT, NVA_4)                                   \
+    GATE(cuWaitExternalSemaphoresAsync_ptsz, NVP_SEM_WAIT, NVA_4)
 
 #endif
