@@ -15,6 +15,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--pause-in-capture", type=float, default=0.05,
+                    help="host seconds inside each capture: long enough for an idle hand-over")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -31,7 +33,9 @@ def main() -> int:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                y_static = torch.tanh(x_static @ w) @ w
+                h = torch.tanh(x_static @ w)
+                time.sleep(args.pause_in_capture)  # host work mid-capture (tokenizer, Python)
+                y_static = h @ w
         except RuntimeError as exc:  # a broken capture: what issue 10 item 1 was about
             failures.append(f"round {r}: {exc}".splitlines()[0])
             torch.cuda.synchronize()

@@ -90,7 +90,7 @@ def test_graph_capture_and_replay_while_another_job_forces_hand_overs(gpu_jobs):
     jobs = gpu_jobs(scheduling_mode="concurrent", switch_time_mode="fixed", switch_time_fixed=0.2)
     (ja, ua), (jb, ub) = jobs.register(), jobs.register()
     assert ua == ub
-    args = ("--rounds", "30", "--replays", "20")
+    args = ("--rounds", "60", "--replays", "20")
     plain = subprocess.run(_graph_cmd(*args), env=jobs.env(ja, ua, hooked=False), capture_output=True,
                            text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr[-3000:]
@@ -103,7 +103,10 @@ def test_graph_capture_and_replay_while_another_job_forces_hand_overs(gpu_jobs):
     assert graphs.returncode == 0, err[-3000:]
     assert other.returncode == 0, other_err[-3000:]
     shared = json.loads(out.strip().splitlines()[-1])
-    _out("graph_replay.json", {"alone": alone, "shared": shared, "stderr": err[-3000:]})
+    grants = [line for line in jobs.sched.log().splitlines() if f"job {ja} " in line and "lock granted" in line]
+    _out("graph_replay.json", {"alone": alone, "shared": shared, "stderr": err[-3000:],
+                               "grants_to_graph_job": len(grants)})
+    assert len(grants) >= 3, "the graph job was never made to hand over: the test proved nothing"
     assert shared["failures"] == []
     assert shared["mismatches"] == 0
     assert shared["sums"] == alone["sums"]
