@@ -150,6 +150,11 @@
     OWN(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                                     \
     OWN(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                     \
     OWN(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev))                                    \
+    /* swappable memory described as the one allocation it is */                               \
+    OWN(cuMemGetAddressRange_v2, (CUdeviceptr *base, size_t *size, CUdeviceptr ptr))           \
+    OWN(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr ptr))                        \
+    OWN(cuPointerGetAttributes, (unsigned int n, int *attrs, void **data, CUdeviceptr ptr))    \
+    OWN(cuIpcGetMemHandle, (CUipcMemHandle *handle, CUdeviceptr ptr))                          \
     OWN(cuMemGetInfo, (unsigned int *free_bytes, unsigned int *total_bytes))                   \
     OWN(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes))                           \
     /* kernels and graphs */                                                                   \

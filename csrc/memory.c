@@ -717,3 +717,70 @@ NVSHARE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         *bytes = (size_t)nvshare_cfg.mem_limit;
     return rc;
 }
+
+/* ---- swappable memory described as cuMemAlloc would describe it --------------------------- */
+/* The driver sees chunks of 256 MiB mapped under one reservation; programs that ask for the range
+ * of a pointer (allocator bookkeeping, NCCL registration) expect the whole allocation. */
+NVSHARE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    REAL_OR_FAIL(cuMemGetAddressRange_v2);
+    CUdeviceptr b;
+    size_t n;
+    if (nvshare_cfg.active && !nvshare_in_hook && nvshare_swap_range(ptr, &b, &n)) {
+        if (base)
+            *base = b;
+        if (size)
+            *size = n;
+        return CUDA_SUCCESS;
+    }
+    return nvshare_real.cuMemGetAddressRange_v2(base, size, ptr);
+}
+
+/* With the driver's answer in *data: the range attributes of a swappable allocation corrected. */
+static void describe_range(int attr, void *data, CUdeviceptr ptr)
+{
+    CUdeviceptr base;
+    size_t size;
+    if (!data || !nvshare_cfg.active || nvshare_in_hook ||
+        (attr != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attr != CU_POINTER_ATTRIBUTE_RANGE_SIZE) ||
+        !nvshare_swap_range(ptr, &base, &size))
+        return;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+        *(CUdeviceptr *)data = base;
+    else
+        *(size_t *)data = size;
+}
+
+NVSHARE_EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
+{
+    REAL_OR_FAIL(cuPointerGetAttribute);
+    CUresult rc = nvshare_real.cuPointerGetAttribute(data, attr, ptr);
+    if (rc == CUDA_SUCCESS)
+        describe_range(attr, data, ptr);
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr ptr)
+{
+    REAL_OR_FAIL(cuPointerGetAttributes);
+    CUresult rc = nvshare_real.cuPointerGetAttributes(n, attrs, data, ptr);
+    for (unsigned int i = 0; rc == CUDA_SUCCESS && attrs && data && i < n; i++)
+        describe_range(attrs[i], data[i], ptr);
+    return rc;
+}
+
+/* Legacy IPC needs memory from cuMemAlloc; swappable memory is not (issue 10 item 7 is open): say
+ * what to do instead of leaving the job with the driver's bare error. */
+NVSHARE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
+{
+    REAL_OR_FAIL(cuIpcGetMemHandle);
+    CUresult rc = nvshare_real.cuIpcGetMemHandle(handle, ptr);
+    CUdeviceptr base;
+    size_t size;
+    static atomic_int told;
+    if (rc != CUDA_SUCCESS && nvshare_cfg.active && !nvshare_in_hook && nvshare_swap_range(ptr, &base, &size) &&
+        !atomic_exchange(&told, 1))
+        nvshare_log("cudaIpcGetMemHandle on swappable memory failed (CUDA error %d): CUDA IPC needs "
+                    "NVSHARE_SWAP=off for this job", rc);
+    return rc;
+}

@@ -182,6 +182,7 @@ struct nvshare_gpu {
     int swap_busy;                /* the keeper moves memory now (under mu): a grant must wait for it */
     atomic_int swap_abort;        /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
     size_t granularity;
+    int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */
     int n_access;
     CUmemAccessDesc access[NVSHARE_MAX_GPUS];
 };
@@ -300,6 +301,8 @@ size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size);
 CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred);
 /* Frees va if it is a swappable allocation of g: 1 (rc in *rc) or 0 when it is not one. */
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc);
+/* The whole swappable allocation that ptr lies in (what cuMemAlloc would describe): 1 when found. */
+int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* swap_mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
 void nvshare_swap_lock(struct nvshare_gpu *g);
 void nvshare_swap_unlock(struct nvshare_gpu *g);

@@ -55,6 +55,7 @@ static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = g->device;
+    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)g->rdma;
     return prop;
 }
 
@@ -73,8 +74,11 @@ static int vmm_usable(struct nvshare_gpu *g)
         return 0;
     }
     nvshare_in_hook++;
-    int supported = 0;
+    int supported = 0, rdma = 0;
     size_t granularity = 0;
+    if (r->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, g->device) ==
+        CUDA_SUCCESS)
+        g->rdma = rdma != 0;
     CUmemAllocationProp prop = device_prop(g);
     if (r->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                 g->device) == CUDA_SUCCESS && supported &&
@@ -232,6 +236,28 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     if (rc == CUDA_SUCCESS)
         *dptr = base;
     return rc;
+}
+
+int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+    int n = atomic_load(&nvshare_n_gpus), found = 0;
+    for (int k = 0; k < n && !found; k++) {
+        struct nvshare_gpu *g = &nvshare_gpus[k];
+        pthread_mutex_lock(&g->swap_mu);
+        for (size_t i = 0; i < g->swap_count && !found; i++) {
+            struct nvshare_swap_entry *e = &g->swap_entries[i];
+            if (ptr < e->va || ptr - e->va >= e->size)
+                continue;
+            found = 1;
+            *base = e->base;
+            *size = 0;
+            for (size_t j = 0; j < g->swap_count; j++)
+                if (g->swap_entries[j].base == e->base)
+                    *size += g->swap_entries[j].size;
+        }
+        pthread_mutex_unlock(&g->swap_mu);
+    }
+    return found;
 }
 
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)

@@ -266,3 +266,13 @@ def test_a_job_the_daemon_learns_late_is_still_gated(hook_lib, scheduler, tmp_pa
     while "client registered" not in scheduler.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "client registered" in scheduler.log()
+
+
+# ---- swappable memory looks like cuMemAlloc's ---------------------------------------------------
+
+def test_the_range_of_a_swappable_pointer_is_its_whole_allocation(hook_lib, scheduler, tmp_path):
+    """300 MiB are mapped as a 256 MiB and a 44 MiB chunk; the driver alone would describe the chunk."""
+    job = Job(scheduler, 251, tmp_path / "trace", gpu_index=[0])
+    out = run_nvtest(hook_lib, ["init", "ctx:0", f"range:{300 * MIB}:{260 * MIB}"], env=job.env)
+    assert f"range rc=0 base_off=0 size={300 * MIB} attr rc=0 base_off=0 size={300 * MIB}" in out.stdout, \
+        out.stdout + out.stderr

@@ -677,6 +677,8 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return CUDA_SUCCESS;
 }
 
+static void note_mapping(CUdeviceptr ptr, size_t size, int mapped);
+
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags)
 {
@@ -684,7 +686,10 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     NEED_INIT();
     struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
-    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    note_mapping(ptr, size, 1);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
@@ -699,7 +704,10 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    note_mapping(ptr, size, 0);
+    return CUDA_SUCCESS;
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -1069,7 +1077,63 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-#define FAKE_FUNCS_MORE(F) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
+/* -- address ranges: like the driver, a VMM pointer's range is its mapping, not the reservation -- */
+struct fmapping { uint64_t va, size; struct fmapping *next; };
+static struct fmapping *mappings;
+
+static void note_mapping(CUdeviceptr ptr, size_t size, int mapped)
+{
+    pthread_mutex_lock(&mu);
+    if (mapped) {
+        struct fmapping *m = malloc(sizeof *m);
+        *m = (struct fmapping){ptr, size, mappings};
+        mappings = m;
+    } else {
+        for (struct fmapping **pp = &mappings; *pp; pp = &(*pp)->next)
+            if ((*pp)->va == ptr) {
+                struct fmapping *m = *pp;
+                *pp = m->next;
+                free(m);
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    NEED_CTX();
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mu);
+    for (struct falloc *a = allocs; a && rc; a = a->next)
+        if (ptr >= a->ptr && ptr - a->ptr < a->size) {
+            if (base) *base = a->ptr;
+            if (size) *size = a->size;
+            rc = CUDA_SUCCESS;
+        }
+    for (struct fmapping *m = mappings; m && rc; m = m->next)
+        if (ptr >= m->va && ptr - m->va < m->size) {
+            if (base) *base = m->va;
+            if (size) *size = m->size;
+            rc = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
+{
+    CUdeviceptr base;
+    size_t size;
+    CUresult rc = cuMemGetAddressRange_v2(&base, &size, ptr);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *(CUdeviceptr *)data = base;
+    else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *(size_t *)data = size;
+    else return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+#define FAKE_FUNCS_MORE(F) F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
     F(cuStreamEndCapture) F(cuStreamEndCapture_ptsz) F(cuGraphInstantiateWithFlags) F(cuGraphLaunch)           \
     F(cuGraphLaunch_ptsz) F(cuGraphUpload) F(cuDeviceGetGraphMemAttribute) F(cuDeviceGetDefaultMemPool)       \
     F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \

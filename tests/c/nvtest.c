@@ -14,6 +14,7 @@
  *   vmkeep:BYTES (create, map, release the handle at once: still mapped)  vmdrop (unmap them)
  *   totalmem  stamp (CLOCK_MONOTONIC ns)  peer:D (enable access to device D's primary context)
  *   reset:D (cuDevicePrimaryCtxReset_v2)  manyctx:D:N (N new contexts on D; the last stays current)
+ *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -243,6 +244,8 @@ CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 
 static CUdeviceptr async_allocs[MAX_ALLOCS];
 static int n_async;
@@ -346,6 +349,19 @@ static int run_more(const char *action, char *arg)
         check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&peer, dev));
         check("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(peer, 0));
         printf("peer %s ok\n", arg);
+    } else if (strcmp(action, "range") == 0) {
+        char *off = strchr(arg, ':');
+        size_t size = strtoull(arg, NULL, 10), offset = off ? strtoull(off + 1, NULL, 10) : 0;
+        CUdeviceptr p, base = 0, start = 0;
+        size_t got = 0, attr_size = 0;
+        check("cuMemAlloc", api.cuMemAlloc_v2(&p, size));
+        CUresult rc = cuMemGetAddressRange_v2(&base, &got, p + offset);
+        CUresult rc2 = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + offset);
+        if (rc2 == CUDA_SUCCESS)
+            rc2 = cuPointerGetAttribute(&attr_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + offset);
+        printf("range rc=%d base_off=%lld size=%zu attr rc=%d base_off=%lld size=%zu\n", rc,
+               (long long)(base - p), got, rc2, (long long)(start - p), attr_size);
+        check("cuMemFree", api.cuMemFree_v2(p));
     } else if (strcmp(action, "manyctx") == 0) {
         char *n = strchr(arg, ':');
         int count = n ? atoi(n + 1) : 1;
@@ -448,6 +464,8 @@ static void run(char *action)
         CUdevice dev;
         CUcontext cur;
         extern CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
         extern CUresult cuCtxGetCurrent(CUcontext *);
         (void)cur;
         check("cuCtxGetDevice", cuCtxGetDevice(&dev));
