@@ -49,6 +49,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
 
 typedef int CUstreamCaptureMode;
 #define CU_STREAM_CAPTURE_MODE_GLOBAL 0

@@ -108,6 +108,7 @@ static void load_driver_once(void)
     RESOLVE(cuDeviceGetDefaultMemPool);
     RESOLVE(cuDeviceGetMemPool);
     RESOLVE(cuDeviceGetGraphMemAttribute);
+    RESOLVE(cuCtxFromGreenCtx);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -215,6 +216,36 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     REAL_OR_FAIL(cuCtxDestroy_v2);
     nvshare_ctx_forget(ctx);
     return nvshare_real.cuCtxDestroy_v2(ctx);
+}
+
+/* ---- green contexts: their streams' work lives in a context of their own, drained with the rest -- */
+static CUcontext context_of_green(CUgreenCtx green)
+{
+    CUcontext ctx = NULL;
+    if (!green || !nvshare_real.cuCtxFromGreenCtx)
+        return NULL;
+    nvshare_in_hook++;
+    if (nvshare_real.cuCtxFromGreenCtx(&ctx, green) != CUDA_SUCCESS)
+        ctx = NULL;
+    nvshare_in_hook--;
+    return ctx;
+}
+
+NVSHARE_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+{
+    REAL_OR_FAIL(cuGreenCtxCreate);
+    CUresult rc = nvshare_real.cuGreenCtxCreate(green, desc, dev, flags);
+    if (rc == CUDA_SUCCESS && green && !nvshare_in_hook)
+        nvshare_ctx_remember(context_of_green(*green), dev);
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green)
+{
+    REAL_OR_FAIL(cuGreenCtxDestroy);
+    if (!nvshare_in_hook)
+        nvshare_ctx_forget(context_of_green(green));
+    return nvshare_real.cuGreenCtxDestroy(green);
 }
 
 /* ---- primary contexts: cudaDeviceReset must not leave the keeper a dead context to push -------- */

@@ -112,6 +112,9 @@
     OWN(cuDevicePrimaryCtxReset, (CUdevice dev))                                               \
     OWN(cuDevicePrimaryCtxReset_v2, (CUdevice dev))                                            \
     OWN(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags))                           \
+    OWN(cuGreenCtxCreate, (CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev,            \
+                           unsigned int flags))                                                \
+    OWN(cuGreenCtxDestroy, (CUgreenCtx green))                                                 \
     /* graph capture: a drain waits for open captures instead of breaking them */              \
     OWN(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode))                  \
     OWN(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode))             \

@@ -46,7 +46,7 @@ typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool pool, int attr, void *
 typedef CUresult (*cuDeviceGetDefaultMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
 typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
 typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice dev, int attr, void *value);
-typedef CUresult (*cuStreamIsCapturing_fn)(CUstream stream, CUstreamCaptureStatus *status);
+typedef CUresult (*cuCtxFromGreenCtx_fn)(CUcontext *ctx, CUgreenCtx green);
 
 struct nvshare_real {
 #define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
@@ -75,6 +75,7 @@ struct nvshare_real {
     cuDeviceGetDefaultMemPool_fn cuDeviceGetDefaultMemPool;
     cuDeviceGetMemPool_fn cuDeviceGetMemPool;
     cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute;
+    cuCtxFromGreenCtx_fn cuCtxFromGreenCtx;  /* green contexts' work is drained with their context */
 };
 extern struct nvshare_real nvshare_real;
 

@@ -276,3 +276,18 @@ def test_the_range_of_a_swappable_pointer_is_its_whole_allocation(hook_lib, sche
     out = run_nvtest(hook_lib, ["init", "ctx:0", f"range:{300 * MIB}:{260 * MIB}"], env=job.env)
     assert f"range rc=0 base_off=0 size={300 * MIB} attr rc=0 base_off=0 size={300 * MIB}" in out.stdout, \
         out.stdout + out.stderr
+
+
+def test_work_on_a_green_context_stream_is_drained(hook_lib, concurrent, tmp_path, procs):
+    """A green context is a context of its own: synchronising the primary one does not wait for it."""
+    trace = tmp_path / "trace"
+    green = Job(concurrent, 261, trace, gpu_index=[0])
+    other = Job(concurrent, 262, trace, gpu_index=[0])
+    first = start_nvtest(hook_lib, ["init", "ctx:0", "greenlaunch:400000", "sleep:1500"], green.env)
+    procs.append(first)
+    wait_for_line(first, "greenlaunch ok")
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:20000", "sync"], other.env))
+    finish(first)
+    finish(procs[1])
+    rows = read_trace(trace)
+    assert len(rows) == 2 and overlaps(rows, GPU0) == []

@@ -1133,7 +1133,29 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
     return CUDA_SUCCESS;
 }
 
-#define FAKE_FUNCS_MORE(F) F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
+/* -- green contexts: a context of their own (the resource split is not modelled) -- */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+{
+    (void)desc; (void)flags;
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *green = (CUgreenCtx)new_ctx(dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx green) { NEED_INIT(); *ctx = (CUcontext)green; return CUDA_SUCCESS; }
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green) { return cuCtxDestroy_v2((CUcontext)green); }
+EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx green, unsigned int flags, int priority)
+{
+    (void)priority;
+    NEED_INIT();
+    if (cuCtxPushCurrent_v2((CUcontext)green) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = cuStreamCreate(s, flags);
+    cuCtxPopCurrent_v2(NULL);
+    return rc;
+}
+
+#define FAKE_FUNCS_MORE(F) F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)             \
+    F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
     F(cuStreamEndCapture) F(cuStreamEndCapture_ptsz) F(cuGraphInstantiateWithFlags) F(cuGraphLaunch)           \
     F(cuGraphLaunch_ptsz) F(cuGraphUpload) F(cuDeviceGetGraphMemAttribute) F(cuDeviceGetDefaultMemPool)       \
     F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \

@@ -15,6 +15,7 @@
  *   totalmem  stamp (CLOCK_MONOTONIC ns)  peer:D (enable access to device D's primary context)
  *   reset:D (cuDevicePrimaryCtxReset_v2)  manyctx:D:N (N new contexts on D; the last stays current)
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
+ *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -245,6 +246,8 @@ CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 
 static CUdeviceptr async_allocs[MAX_ALLOCS];
@@ -362,6 +365,17 @@ static int run_more(const char *action, char *arg)
         printf("range rc=%d base_off=%lld size=%zu attr rc=%d base_off=%lld size=%zu\n", rc,
                (long long)(base - p), got, rc2, (long long)(start - p), attr_size);
         check("cuMemFree", api.cuMemFree_v2(p));
+    } else if (strcmp(action, "greenlaunch") == 0) {
+        unsigned long long us = strtoull(arg, NULL, 10);
+        CUdevice dev;
+        CUgreenCtx green;
+        CUstream s;
+        check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+        check("cuGreenCtxCreate", cuGreenCtxCreate(&green, NULL, dev, 0));
+        check("cuGreenCtxStreamCreate", cuGreenCtxStreamCreate(&s, green, 0, 0));
+        void *params[] = {&us};
+        check("cuLaunchKernel", api.cuLaunchKernel(sleep_fn(), 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+        printf("greenlaunch ok\n");
     } else if (strcmp(action, "manyctx") == 0) {
         char *n = strchr(arg, ':');
         int count = n ? atoi(n + 1) : 1;
@@ -465,6 +479,8 @@ static void run(char *action)
         CUcontext cur;
         extern CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
         extern CUresult cuCtxGetCurrent(CUcontext *);
         (void)cur;
