@@ -153,10 +153,13 @@ class ScriptedDaemon:
     """A socket that answers CLIENT_REGISTER, then follows a script; records what the hook sends
     as (monotonic time, type, body) and answers heartbeats and questions unless told to be silent."""
 
-    def __init__(self, path: Path, silent: bool = False, drop_after_grant: float | None = None):
+    def __init__(self, path: Path, silent: bool = False, drop_after_grant: float | None = None,
+                 drop_bytes: int = 0):
         self.path = str(path)
         self.silent = silent
         self.drop_after_grant = drop_after_grant
+        self.drop_bytes = drop_bytes
+        self.dropped = False
         self.received: list[tuple[float, int, object]] = []
         self.cond = threading.Condition()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -191,9 +194,11 @@ class ScriptedDaemon:
                 elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
                     uuid = proto.text(frame.body().gpu_uuid)
                     self._send(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": uuid})
-                    if self.drop_after_grant is not None:
+                    if self.drop_after_grant is not None and not self.dropped:
+                        self.dropped = True  # once: the next grant keeps the GPU
                         threading.Timer(self.drop_after_grant, self._send,
-                                        (C.NVSHARE_MSG_DROP_LOCK, {"gpu_uuid": uuid})).start()
+                                        (C.NVSHARE_MSG_DROP_LOCK, {"gpu_uuid": uuid,
+                                                                   "bytes": self.drop_bytes})).start()
         except (OSError, ConnectionError, proto.ProtocolError):
             pass
 
@@ -291,3 +296,31 @@ def test_work_on_a_green_context_stream_is_drained(hook_lib, concurrent, tmp_pat
     finish(procs[1])
     rows = read_trace(trace)
     assert len(rows) == 2 and overlaps(rows, GPU0) == []
+
+
+@pytest.mark.parametrize("peer", [False, True])
+def test_memory_a_peer_gpu_may_reach_is_not_swapped(hook_lib, tmp_path, procs, peer):
+    """Once GPU1's context may access GPU0's memory, GPU1's kernels could touch it past GPU0's gate:
+    a DROP_LOCK that asks GPU0 to move its memory out must leave it where it is."""
+    daemon = ScriptedDaemon(tmp_path / "d.sock", drop_after_grant=0.3, drop_bytes=64 * MIB)
+    steps = ["init", "ctx:1", *(["peer:0"] if peer else []), "ctx:0", f"alloc:{64 * MIB}", "launch:1000",
+             "sync", "sleep:1500"]
+    proc = start_nvtest(hook_lib, steps, scripted_env(tmp_path / "d.sock", tmp_path / "trace"))
+    procs.append(proc)
+    _, released = daemon.wait_for(C.NVSHARE_MSG_LOCK_RELEASED)
+    finish(proc)
+    assert released.bytes == (0 if peer else 64 * MIB)
+
+
+def test_freeing_swappable_memory_waits_for_its_own_gpu(hook_lib, tmp_path, procs):
+    """cuMemFree from a thread whose current context is on GPU1 must still wait for GPU0's kernel
+    before the memory is unmapped (cuMemFree's contract)."""
+    ScriptedDaemon(tmp_path / "d.sock")
+    trace = tmp_path / "trace"
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{4 * MIB}", "launch:400000", "ctx:1", "freeall",
+                                   "stamp"], scripted_env(tmp_path / "d.sock", trace))
+    procs.append(proc)
+    out = finish(proc)
+    freed_at = int(out.split("stamp ")[1].split()[0])
+    kernel_end = read_trace(trace)[0][3]
+    assert freed_at >= kernel_end, "the memory was unmapped while GPU0's kernel could still use it"
