@@ -220,9 +220,9 @@ static void read_frames(int fd)
         uint64_t now = nvshare_now_ns();
         if (ready < 0 && errno != EINTR)
             return;
+        if (nvshare_outbox_silent())  /* a question went unanswered, or the daemon reads nothing */
+            return;
         if (ready <= 0) {
-            if (nvshare_outbox_silent())
-                return;
             if (heartbeat_sent && now - heartbeat_sent > (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull) {
                 nvshare_log("nvshare-scheduler answered no heartbeat for %u ms; treating it as lost",
                             nvshare_cfg.daemon_timeout_ms);

@@ -45,6 +45,7 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
@@ -128,6 +129,30 @@ typedef struct CUmemPoolProps_st {
 #define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
 /* CUgraphMem_attribute */
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    int Format;                 /* CUarray_format */
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    int Format;                 /* CUarray_format */
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+/* CUarray_format: the plain element formats (the rest are sized as 4 bytes by the hook) */
+#define CU_AD_FORMAT_UNSIGNED_INT8 0x01
+#define CU_AD_FORMAT_UNSIGNED_INT16 0x02
+#define CU_AD_FORMAT_UNSIGNED_INT32 0x03
+#define CU_AD_FORMAT_SIGNED_INT8 0x08
+#define CU_AD_FORMAT_SIGNED_INT16 0x09
+#define CU_AD_FORMAT_SIGNED_INT32 0x0a
+#define CU_AD_FORMAT_HALF 0x10
+#define CU_AD_FORMAT_FLOAT 0x20
 
 #define CU_MEM_ACCESS_FLAGS_PROT_NONE 0
 #define CU_MEM_ACCESS_FLAGS_PROT_READ 1

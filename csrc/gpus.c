@@ -215,14 +215,17 @@ void nvshare_primary_ctx_retained(CUdevice dev, CUcontext ctx)
     g->primary = ctx;
 }
 
-/* cudaDeviceReset, or the last release: the driver destroys the primary context. */
-void nvshare_primary_ctx_gone(CUdevice dev)
+/* cudaDeviceReset, or a release that may be the last: the driver may destroy the primary context.
+ * Returns the context forgotten (NULL when none was known). */
+CUcontext nvshare_primary_ctx_gone(CUdevice dev)
 {
     struct nvshare_gpu *g = nvshare_cfg.active ? nvshare_gpu_for_device(dev) : NULL;
-    if (g && g->primary) {
-        nvshare_ctx_forget(g->primary);
+    CUcontext primary = g ? g->primary : NULL;
+    if (primary) {
+        nvshare_ctx_forget(primary);
         g->primary = NULL;
     }
+    return primary;
 }
 
 struct nvshare_gpu *nvshare_gpu_for_current(void)

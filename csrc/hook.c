@@ -109,6 +109,7 @@ static void load_driver_once(void)
     RESOLVE(cuDeviceGetMemPool);
     RESOLVE(cuDeviceGetGraphMemAttribute);
     RESOLVE(cuCtxFromGreenCtx);
+    RESOLVE(cuDevicePrimaryCtxGetState);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -258,19 +259,28 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return rc;
 }
 
-/* Forget first, as cuCtxDestroy does; a context still retained elsewhere is found again on use. */
-#define PRIMARY_GONE_WRAPPER(name)                                                               \
+/* Forget first, as cuCtxDestroy does (a drain must not push it while the driver destroys it). A
+ * release that leaves the context alive (others still retain it) puts it back at once. */
+#define PRIMARY_GONE_WRAPPER(name, may_survive)                                                  \
     NVSHARE_EXPORT CUresult name(CUdevice dev)                                                   \
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
-        if (!nvshare_in_hook)                                                                    \
-            nvshare_primary_ctx_gone(dev);                                                       \
-        return nvshare_real.name(dev);                                                           \
+        if (nvshare_in_hook)                                                                     \
+            return nvshare_real.name(dev);                                                       \
+        CUcontext primary = nvshare_primary_ctx_gone(dev);                                       \
+        CUresult rc = nvshare_real.name(dev);                                                    \
+        unsigned int flags;                                                                      \
+        int active = 0;                                                                          \
+        if ((may_survive) && primary && nvshare_real.cuDevicePrimaryCtxGetState &&            \
+            nvshare_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&  \
+            active)                                                                              \
+            nvshare_primary_ctx_retained(dev, primary);                                          \
+        return rc;                                                                               \
     }
-PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset)
-PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset_v2)
-PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease)
-PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease_v2)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset, 0)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset_v2, 0)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease, 1)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease_v2, 1)
 
 /* Kernels of the current context may now reach peer's memory, past peer's gate: that memory must
  * never be swapped out from under them. */

@@ -153,6 +153,12 @@
     OWN(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                                     \
     OWN(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                     \
     OWN(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev))                                    \
+    OWN(cuArrayCreate_v2, (CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc))                 \
+    OWN(cuArray3DCreate_v2, (CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc))             \
+    OWN(cuArrayDestroy, (CUarray array))                                                       \
+    OWN(cuMipmappedArrayCreate, (CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, \
+                                 unsigned int levels))                                         \
+    OWN(cuMipmappedArrayDestroy, (CUmipmappedArray array))                                     \
     /* swappable memory described as the one allocation it is */                               \
     OWN(cuMemGetAddressRange_v2, (CUdeviceptr *base, size_t *size, CUdeviceptr ptr))           \
     OWN(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr ptr))                        \

@@ -17,7 +17,7 @@ static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* KIND_HANDLE: the app's own cuMemCreate. It holds GPU memory until released *and* unmapped, so a
  * handle released while mapped stays counted until its last KIND_MAP entry (key = address) goes. */
-enum { KIND_PTR = 1, KIND_HANDLE = 2, KIND_MAP = 3 };
+enum { KIND_PTR = 1, KIND_HANDLE = 2, KIND_MAP = 3, KIND_ARRAY = 4 };
 struct alloc {
     uint64_t key;      /* device pointer, generic allocation handle, or mapped address */
     uint64_t size;     /* bytes counted (0 for KIND_MAP) */
@@ -784,3 +784,55 @@ NVSHARE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr pt
                     "NVSHARE_SWAP=off for this job", rc);
     return rc;
 }
+
+/* ---- CUDA arrays: sized from their descriptor ----------------------------------------------- */
+/* The driver does not say what an array takes (cuArrayGetMemoryRequirements answers only for
+ * deferred-mapping arrays), so the hook counts elements x element size x channels, per mip level:
+ * a lower bound, the driver's padding and tiling not included. */
+static uint64_t element_bytes(int format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned int channels, unsigned int levels)
+{
+    uint64_t total = 0;
+    for (unsigned int l = 0; l < (levels ? levels : 1); l++) {
+        total += (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * element_bytes(format) * (channels ? channels : 1);
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : h;
+        d = d > 1 ? d / 2 : d;
+    }
+    return total;
+}
+
+#define ARRAY_CREATE_WRAPPER(name, params, call, handle_type, bytes_expr)                        \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *g = nvshare_gpu_for_current();                                       \
+        uint64_t bytes = desc ? (bytes_expr) : 0;                                                \
+        CUresult rc = admit(g, bytes, 0, NULL);                                                  \
+        if (rc != CUDA_SUCCESS)                                                                  \
+            return rc;                                                                           \
+        nvshare_in_hook++;                                                                       \
+        rc = nvshare_real.name call;                                                             \
+        nvshare_in_hook--;                                                                       \
+        if (rc == CUDA_SUCCESS && array)                                                         \
+            record(g, (uint64_t)(uintptr_t)*array, KIND_ARRAY, bytes);                           \
+        return rc;                                                                               \
+    }
+
+ARRAY_CREATE_WRAPPER(cuArrayCreate_v2, (CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc), (array, desc),
+                     CUarray, array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1))
+ARRAY_CREATE_WRAPPER(cuArray3DCreate_v2, (CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc), (array, desc),
+                     CUarray, array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1))
+ARRAY_CREATE_WRAPPER(cuMipmappedArrayCreate, (CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                              unsigned int levels), (array, desc, levels), CUmipmappedArray,
+                     array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels))
+FREE_WRAPPER(cuArrayDestroy, (CUarray array), (array), (uintptr_t)array, KIND_ARRAY)
+FREE_WRAPPER(cuMipmappedArrayDestroy, (CUmipmappedArray array), (array), (uintptr_t)array, KIND_ARRAY)

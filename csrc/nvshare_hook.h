@@ -47,6 +47,7 @@ typedef CUresult (*cuDeviceGetDefaultMemPool_fn)(CUmemoryPool *pool, CUdevice de
 typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
 typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice dev, int attr, void *value);
 typedef CUresult (*cuCtxFromGreenCtx_fn)(CUcontext *ctx, CUgreenCtx green);
+typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *flags, int *active);
 
 struct nvshare_real {
 #define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
@@ -76,6 +77,7 @@ struct nvshare_real {
     cuDeviceGetMemPool_fn cuDeviceGetMemPool;
     cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute;
     cuCtxFromGreenCtx_fn cuCtxFromGreenCtx;  /* green contexts' work is drained with their context */
+    cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;  /* a release that leaves it alive */
 };
 extern struct nvshare_real nvshare_real;
 
@@ -213,7 +215,7 @@ void nvshare_capture_began(struct nvshare_gpu *g, CUstream stream);
 void nvshare_capture_ended(CUstream stream);
 /* The primary context of dev, retained through the hook; gone after a reset or its last release. */
 void nvshare_primary_ctx_retained(CUdevice dev, CUcontext ctx);
-void nvshare_primary_ctx_gone(CUdevice dev);
+CUcontext nvshare_primary_ctx_gone(CUdevice dev);
 
 /* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
  * Both sides use sequentially consistent atomics, so one of them always sees the other. */

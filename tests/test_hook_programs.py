@@ -124,6 +124,17 @@ def test_a_released_handle_counts_until_it_is_unmapped(hook_lib, scheduler, tmp_
     assert wait_memory(scheduler, GPU0, 0) == 0
 
 
+def test_cuda_arrays_are_counted(hook_lib, scheduler, tmp_path, procs):
+    job = Job(scheduler, 214, tmp_path / "trace", gpu_index=[0])
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", "array:1024:1024", "sleep:20000", "arrayfree", "sleep:20000"],
+                        job.env)
+    procs.append(proc)
+    wait_for_line(proc, "array rc=0")
+    assert wait_memory(scheduler, GPU0, 16 * MIB) == 16 * MIB  # 1024 x 1024 float4
+    wait_for_line(proc, "arrayfree ok", timeout=30)
+    assert wait_memory(scheduler, GPU0, 0) == 0
+
+
 def test_device_total_memory_is_the_jobs_limit(hook_lib, scheduler, tmp_path):
     job = Job(scheduler, 213, tmp_path / "trace", gpu_index=[0], NVSHARE_MEM_LIMIT="1G")
     out = run_nvtest(hook_lib, ["init", "ctx:0", "totalmem"], env=job.env)

@@ -1154,7 +1154,44 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx green, unsigned i
     return rc;
 }
 
-#define FAKE_FUNCS_MORE(F) F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)             \
+/* -- CUDA arrays: take element bytes x channels of device memory per level -- */
+struct farray { int dev; uint64_t size; };
+
+static uint64_t fake_element_bytes(int format)
+{
+    return format == CU_AD_FORMAT_UNSIGNED_INT8 || format == CU_AD_FORMAT_SIGNED_INT8 ? 1
+         : format == CU_AD_FORMAT_UNSIGNED_INT16 || format == CU_AD_FORMAT_SIGNED_INT16 || format == CU_AD_FORMAT_HALF ? 2 : 4;
+}
+
+static CUresult fake_array(void **out, size_t w, size_t h, size_t d, int format, unsigned int channels)
+{
+    NEED_CTX();
+    struct farray *a = malloc(sizeof *a);
+    a->dev = current()->dev;
+    a->size = (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * fake_element_bytes(format) * channels;
+    if (take_device_memory(a->dev, a->size) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *d)
+{ return fake_array((void **)array, d->Width, d->Height, 0, d->Format, d->NumChannels); }
+EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{ return fake_array((void **)array, d->Width, d->Height, d->Depth, d->Format, d->NumChannels); }
+EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    NEED_INIT();
+    struct farray *a = (struct farray *)array;
+    give_device_memory(a->dev, a->size);
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+#define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
+    F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
     F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
     F(cuStreamEndCapture) F(cuStreamEndCapture_ptsz) F(cuGraphInstantiateWithFlags) F(cuGraphLaunch)           \
     F(cuGraphLaunch_ptsz) F(cuGraphUpload) F(cuDeviceGetGraphMemAttribute) F(cuDeviceGetDefaultMemPool)       \

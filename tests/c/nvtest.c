@@ -16,6 +16,7 @@
  *   reset:D (cuDevicePrimaryCtxReset_v2)  manyctx:D:N (N new contexts on D; the last stays current)
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
+ *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -247,6 +248,10 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+static CUarray arrays[64];
+static int n_arrays;
 CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 
@@ -376,6 +381,19 @@ static int run_more(const char *action, char *arg)
         void *params[] = {&us};
         check("cuLaunchKernel", api.cuLaunchKernel(sleep_fn(), 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
         printf("greenlaunch ok\n");
+    } else if (strcmp(action, "array") == 0) {
+        char *h = strchr(arg, ':');
+        CUDA_ARRAY_DESCRIPTOR d = {strtoull(arg, NULL, 10), h ? strtoull(h + 1, NULL, 10) : 0, CU_AD_FORMAT_FLOAT, 4};
+        CUarray a;
+        CUresult rc = cuArrayCreate_v2(&a, &d);
+        if (rc == CUDA_SUCCESS && n_arrays < 64)
+            arrays[n_arrays++] = a;
+        printf("array rc=%d\n", rc);
+    } else if (strcmp(action, "arrayfree") == 0) {
+        for (int i = 0; i < n_arrays; i++)
+            check("cuArrayDestroy", cuArrayDestroy(arrays[i]));
+        n_arrays = 0;
+        printf("arrayfree ok\n");
     } else if (strcmp(action, "manyctx") == 0) {
         char *n = strchr(arg, ':');
         int count = n ? atoi(n + 1) : 1;
@@ -480,6 +498,10 @@ static void run(char *action)
         extern CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+static CUarray arrays[64];
+static int n_arrays;
 CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
         extern CUresult cuCtxGetCurrent(CUcontext *);

@@ -34,9 +34,6 @@ ALLOWED = {
     "cuLaunchCooperativeKernelMultiDevice": "deprecated, one call for several GPUs: not gated (documented)",
     "cuMemAllocHost": "pinned host memory, not GPU memory",
     "cuMemHostAlloc": "pinned host memory, not GPU memory",
-    "cuArrayCreate": "CUDA arrays: not accounted yet (documented in docs/design-hook.md)",
-    "cuArray3DCreate": "as cuArrayCreate",
-    "cuMipmappedArrayCreate": "as cuArrayCreate",
 }
 GRAPH_BUILDING = re.compile(r"^cuGraph(?!Launch|Upload)")  # building a graph runs nothing
 
