@@ -117,6 +117,20 @@ static int parse_u32(const char *text, uint32_t *out)
     return 0;
 }
 
+/* A positive number of milliseconds from the environment, else the default (said when malformed). */
+static uint32_t read_ms(const char *name, uint32_t fallback)
+{
+    const char *text = getenv(name);
+    uint32_t ms;
+    if (!text || !*text)
+        return fallback;
+    if (parse_u32(text, &ms) != 0 || !ms) {
+        nvshare_log("%s=%s is not a positive number of milliseconds; using %u", name, text, fallback);
+        return fallback;
+    }
+    return ms;
+}
+
 int nvshare_gpu_is_managed(const char *uuid)
 {
     if (nvshare_cfg.managed_all)
@@ -164,20 +178,8 @@ void nvshare_read_settings(void)
             nvshare_log("NVSHARE_ON_DAEMON_LOSS=%s is neither 'wait' nor 'run'; using 'wait'", policy);
     }
 
-    nvshare_cfg.drain_timeout_ms = NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT;
-    const char *drain = getenv("NVSHARE_DRAIN_TIMEOUT_MS");
-    if (drain && *drain && (parse_u32(drain, &nvshare_cfg.drain_timeout_ms) != 0 || !nvshare_cfg.drain_timeout_ms)) {
-        nvshare_log("NVSHARE_DRAIN_TIMEOUT_MS=%s is not a positive number of milliseconds; using %u", drain,
-                    NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT);
-        nvshare_cfg.drain_timeout_ms = NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT;
-    }
-    nvshare_cfg.daemon_timeout_ms = NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT;
-    const char *silent = getenv("NVSHARE_DAEMON_TIMEOUT_MS");
-    if (silent && *silent && (parse_u32(silent, &nvshare_cfg.daemon_timeout_ms) != 0 || !nvshare_cfg.daemon_timeout_ms)) {
-        nvshare_log("NVSHARE_DAEMON_TIMEOUT_MS=%s is not a positive number of milliseconds; using %u", silent,
-                    NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT);
-        nvshare_cfg.daemon_timeout_ms = NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT;
-    }
+    nvshare_cfg.drain_timeout_ms = read_ms("NVSHARE_DRAIN_TIMEOUT_MS", NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT);
+    nvshare_cfg.daemon_timeout_ms = read_ms("NVSHARE_DAEMON_TIMEOUT_MS", NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT);
 
     const char *limit = getenv("NVSHARE_MEM_LIMIT");
     if (limit && *limit && nvshare_parse_size(limit, &nvshare_cfg.mem_limit) != 0) {

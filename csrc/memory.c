@@ -356,7 +356,8 @@ static int free_swappable(CUdeviceptr dptr, CUresult *rc)
     return 1;
 }
 
-#define FREE_SWAPPABLE_WRAPPER(name, params, call)                                               \
+/* `after` runs when the driver freed it (not for swappable memory, which swap.c frees). */
+#define FREE_SWAPPABLE_WRAPPER(name, params, call, after)                                        \
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
@@ -366,13 +367,15 @@ static int free_swappable(CUdeviceptr dptr, CUresult *rc)
         nvshare_in_hook++;                                                                       \
         rc = nvshare_real.name call;                                                             \
         nvshare_in_hook--;                                                                       \
-        if (rc == CUDA_SUCCESS)                                                                  \
+        if (rc == CUDA_SUCCESS) {                                                                \
             unrecord((uint64_t)dptr, KIND_PTR);                                                  \
+            after;                                                                               \
+        }                                                                                        \
         return rc;                                                                               \
     }
 
 FREE_WRAPPER(cuMemFree, (CUdeviceptr_v1 dptr), (dptr), dptr, KIND_PTR)
-FREE_SWAPPABLE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), (dptr))
+FREE_SWAPPABLE_WRAPPER(cuMemFree_v2, (CUdeviceptr dptr), (dptr), (void)0)
 
 
 /* ---- the job's view ------------------------------------------------------------------------- */
@@ -648,25 +651,11 @@ ASYNC_ALLOC_WRAPPER(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize
 ASYNC_ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                    CUstream stream), (dptr, bytesize, pool, stream), pool)
 
-/* A stream-ordered free of a swappable allocation frees it at once: it waits for the device first. */
-#define ASYNC_FREE_WRAPPER(name)                                                                 \
-    NVSHARE_EXPORT CUresult name(CUdeviceptr dptr, CUstream stream)                              \
-    {                                                                                            \
-        REAL_OR_FAIL(name);                                                                      \
-        CUresult rc;                                                                             \
-        if (free_swappable(dptr, &rc))                                                           \
-            return rc;                                                                           \
-        nvshare_in_hook++;                                                                       \
-        rc = nvshare_real.name(dptr, stream);                                                    \
-        nvshare_in_hook--;                                                                       \
-        if (rc == CUDA_SUCCESS && !nvshare_in_hook) {                                            \
-            unrecord((uint64_t)dptr, KIND_PTR); /* a cuMemAlloc freed this way */                \
-            pools_changed(nvshare_gpu_for_current());                                            \
-        }                                                                                        \
-        return rc;                                                                               \
-    }
-ASYNC_FREE_WRAPPER(cuMemFreeAsync)
-ASYNC_FREE_WRAPPER(cuMemFreeAsync_ptsz)
+/* A stream-ordered free of a swappable allocation frees it at once: it waits for the device first.
+ * Any other goes back to its pool, whose reserve is what counts (a cuMemAlloc freed this way too). */
+#define POOL_SAMPLE() (nvshare_in_hook ? (void)0 : pools_changed(nvshare_gpu_for_current()))
+FREE_SWAPPABLE_WRAPPER(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), POOL_SAMPLE())
+FREE_SWAPPABLE_WRAPPER(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), POOL_SAMPLE())
 
 NVSHARE_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {

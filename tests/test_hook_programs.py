@@ -100,39 +100,32 @@ def test_cuda13_entry_points_come_back_wrapped(hook_lib, query, expected):
 
 # ---- memory the hook did not see ----------------------------------------------------------------
 
+def shown_until(lib: Path, sched, procs, job: Job, make: list[str], shown: int, undo: str, undone: str) -> None:
+    """Runs `make`, checks the daemon shows `shown` bytes on GPU0 while the process holds on, then
+    after the `undo` action (which prints `undone`) that it shows none."""
+    proc = start_nvtest(lib, ["init", "ctx:0", *make, "sleep:20000", undo, "sleep:20000"], job.env)
+    procs.append(proc)
+    assert wait_memory(sched, GPU0, shown) == shown
+    wait_for_line(proc, undone, timeout=30)
+    assert wait_memory(sched, GPU0, 0) == 0
+
+
 def test_memory_a_pool_keeps_after_free_is_reported(hook_lib, scheduler, tmp_path, procs):
     """cudaMallocAsync with a pool that keeps freed memory (PyTorch's backend:cudaMallocAsync): the
     GPU memory stays taken after cuMemFreeAsync, so the daemon must go on seeing it until a trim."""
     job = Job(scheduler, 211, tmp_path / "trace", gpu_index=[0])
-    proc = start_nvtest(hook_lib, ["init", "ctx:0", "poolkeep", f"asyncalloc:{64 * MIB}", "asyncfreeall",
-                                   "sleep:20000", "pooltrim", "sleep:20000"], job.env)
-    procs.append(proc)
-    wait_for_line(proc, "asyncfreeall ok")
-    assert wait_memory(scheduler, GPU0, 64 * MIB) == 64 * MIB
-    wait_for_line(proc, "pooltrim ok", timeout=30)
-    assert wait_memory(scheduler, GPU0, 0) == 0
+    shown_until(hook_lib, scheduler, procs, job, ["poolkeep", f"asyncalloc:{64 * MIB}", "asyncfreeall"], 64 * MIB,
+                "pooltrim", "pooltrim ok")
 
 
 def test_a_released_handle_counts_until_it_is_unmapped(hook_lib, scheduler, tmp_path, procs):
     job = Job(scheduler, 212, tmp_path / "trace", gpu_index=[0])
-    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"vmkeep:{4 * MIB}", "sleep:20000", "vmdrop", "sleep:20000"],
-                        job.env)
-    procs.append(proc)
-    wait_for_line(proc, "vmkeep ok")
-    assert wait_memory(scheduler, GPU0, 4 * MIB) == 4 * MIB
-    wait_for_line(proc, "vmdrop ok", timeout=30)
-    assert wait_memory(scheduler, GPU0, 0) == 0
+    shown_until(hook_lib, scheduler, procs, job, [f"vmkeep:{4 * MIB}"], 4 * MIB, "vmdrop", "vmdrop ok")
 
 
 def test_cuda_arrays_are_counted(hook_lib, scheduler, tmp_path, procs):
     job = Job(scheduler, 214, tmp_path / "trace", gpu_index=[0])
-    proc = start_nvtest(hook_lib, ["init", "ctx:0", "array:1024:1024", "sleep:20000", "arrayfree", "sleep:20000"],
-                        job.env)
-    procs.append(proc)
-    wait_for_line(proc, "array rc=0")
-    assert wait_memory(scheduler, GPU0, 16 * MIB) == 16 * MIB  # 1024 x 1024 float4
-    wait_for_line(proc, "arrayfree ok", timeout=30)
-    assert wait_memory(scheduler, GPU0, 0) == 0
+    shown_until(hook_lib, scheduler, procs, job, ["array:1024:1024"], 16 * MIB, "arrayfree", "arrayfree ok")  # float4
 
 
 def test_device_total_memory_is_the_jobs_limit(hook_lib, scheduler, tmp_path):
@@ -143,19 +136,25 @@ def test_device_total_memory_is_the_jobs_limit(hook_lib, scheduler, tmp_path):
 
 # ---- contexts -----------------------------------------------------------------------------------
 
-def test_work_in_the_300th_context_is_drained_too(hook_lib, concurrent, tmp_path, procs):
-    """The context table used to stop at 256 entries: work in later contexts ran on after release."""
+def drained_before_the_waiter(lib: Path, sched, tmp_path: Path, procs, steps: list[str], ready: str) -> None:
+    """Runs `steps` (a 400 ms kernel somewhere, then host work) in one job; once it printed `ready`,
+    a second job waits for the GPU. The first job's release must wait for that kernel."""
     trace = tmp_path / "trace"
-    many = Job(concurrent, 221, trace, gpu_index=[0])
-    other = Job(concurrent, 222, trace, gpu_index=[0])
-    first = start_nvtest(hook_lib, ["init", "manyctx:0:300", "launch:400000", "sleep:1500"], many.env)
+    first_job, other = Job(sched, 271, trace, gpu_index=[0]), Job(sched, 272, trace, gpu_index=[0])
+    first = start_nvtest(lib, ["init", *steps, "sleep:1500"], first_job.env)
     procs.append(first)
-    wait_for_line(first, "launch ok", timeout=60)
-    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:20000", "sync"], other.env))
+    wait_for_line(first, ready, timeout=60)
+    procs.append(start_nvtest(lib, ["init", "ctx:0", "launch:20000", "sync"], other.env))
     finish(first)
     finish(procs[1])
     rows = read_trace(trace)
     assert len(rows) == 2 and overlaps(rows, GPU0) == []
+
+
+def test_work_in_the_300th_context_is_drained_too(hook_lib, concurrent, tmp_path, procs):
+    """The context table used to stop at 256 entries: work in later contexts ran on after release."""
+    drained_before_the_waiter(hook_lib, concurrent, tmp_path, procs, ["manyctx:0:300", "launch:400000"],
+                              "launch ok")
 
 
 # ---- a daemon that is there but does not behave -------------------------------------------------
@@ -296,17 +295,8 @@ def test_the_range_of_a_swappable_pointer_is_its_whole_allocation(hook_lib, sche
 
 def test_work_on_a_green_context_stream_is_drained(hook_lib, concurrent, tmp_path, procs):
     """A green context is a context of its own: synchronising the primary one does not wait for it."""
-    trace = tmp_path / "trace"
-    green = Job(concurrent, 261, trace, gpu_index=[0])
-    other = Job(concurrent, 262, trace, gpu_index=[0])
-    first = start_nvtest(hook_lib, ["init", "ctx:0", "greenlaunch:400000", "sleep:1500"], green.env)
-    procs.append(first)
-    wait_for_line(first, "greenlaunch ok")
-    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:20000", "sync"], other.env))
-    finish(first)
-    finish(procs[1])
-    rows = read_trace(trace)
-    assert len(rows) == 2 and overlaps(rows, GPU0) == []
+    drained_before_the_waiter(hook_lib, concurrent, tmp_path, procs, ["ctx:0", "greenlaunch:400000"],
+                              "greenlaunch ok")
 
 
 @pytest.mark.parametrize("peer", [False, True])

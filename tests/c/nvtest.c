@@ -261,6 +261,17 @@ struct vm_kept { CUdeviceptr va; size_t size; };
 static struct vm_kept vm_kept[64];
 static int n_vm_kept;
 
+/* What cudaMalloc would give: pinned memory on dev. */
+static CUmemAllocationProp device_memory(CUdevice dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    return prop;
+}
+
 static CUmemoryPool current_pool(void)
 {
     CUdevice dev;
@@ -319,11 +330,7 @@ static int run_more(const char *action, char *arg)
         size_t size = strtoull(arg, NULL, 10);
         CUdevice dev;
         check("cuCtxGetDevice", cuCtxGetDevice(&dev));
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = dev;
+        CUmemAllocationProp prop = device_memory(dev);
         CUmemGenericAllocationHandle h;
         CUdeviceptr va;
         check("cuMemCreate", api.cuMemCreate(&h, size, &prop, 0));
@@ -496,22 +503,10 @@ static void run(char *action)
         CUdevice dev;
         CUcontext cur;
         extern CUresult cuCtxGetDevice(CUdevice *);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
-CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
-CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-static CUarray arrays[64];
-static int n_arrays;
-CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
-CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
         extern CUresult cuCtxGetCurrent(CUcontext *);
         (void)cur;
         check("cuCtxGetDevice", cuCtxGetDevice(&dev));
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = dev;
+        CUmemAllocationProp prop = device_memory(dev);
         CUmemGenericAllocationHandle h;
         CUresult rc = api.cuMemCreate(&h, size, &prop, 0);
         if (rc != CUDA_SUCCESS) {
