@@ -17,7 +17,7 @@ import pytest
 
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
-from test_hook import (GPU0, Job, finish, hook_lib, overlaps, procs, read_trace,  # noqa: F401
+from test_hook import (GPU0, GPU1, Job, finish, hook_lib, overlaps, procs, read_trace,  # noqa: F401
                        run_nvtest, start_nvtest, whois)
 
 MIB = 1 << 20
@@ -169,7 +169,7 @@ class ScriptedDaemon:
         self.silent = silent
         self.drop_after_grant = drop_after_grant
         self.drop_bytes = drop_bytes
-        self.dropped = False
+        self.dropped: set[str] = set()
         self.received: list[tuple[float, int, object]] = []
         self.cond = threading.Condition()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -204,20 +204,20 @@ class ScriptedDaemon:
                 elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
                     uuid = proto.text(frame.body().gpu_uuid)
                     self._send(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": uuid})
-                    if self.drop_after_grant is not None and not self.dropped:
-                        self.dropped = True  # once: the next grant keeps the GPU
+                    if self.drop_after_grant is not None and uuid not in self.dropped:
+                        self.dropped.add(uuid)  # once per GPU: the next grant keeps it
                         threading.Timer(self.drop_after_grant, self._send,
                                         (C.NVSHARE_MSG_DROP_LOCK, {"gpu_uuid": uuid,
                                                                    "bytes": self.drop_bytes})).start()
         except (OSError, ConnectionError, proto.ProtocolError):
             pass
 
-    def wait_for(self, msg_type: int, timeout: float = 20.0) -> tuple[float, object]:
+    def wait_for(self, msg_type: int, timeout: float = 20.0, gpu: str | None = None) -> tuple[float, object]:
         deadline = time.monotonic() + timeout
         with self.cond:
             while True:
                 for t, kind, body in self.received:
-                    if kind == msg_type:
+                    if kind == msg_type and (gpu is None or proto.text(body.gpu_uuid) == gpu):
                         return t, body
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -229,6 +229,24 @@ def scripted_env(sock: Path, trace: Path, **extra: str) -> dict:
     return {"NVSHARE_SOCKET": str(sock), "NVSHARE_JOB_ID": "231", "SLURM_STEP_ID": "0",
             "NVSHARE_MANAGED_GPUS": GPU0, "CUDA_VISIBLE_DEVICES": GPU0, "FAKE_CUDA_TRACE": str(trace),
             **extra}
+
+
+def test_a_stuck_drain_on_one_gpu_does_not_hold_up_another(hook_lib, tmp_path, procs):
+    """GPU0's drain waits for a 2 s kernel; GPU1, asked to release meanwhile, must not wait for it
+    (the context table's lock was held across GPU0's synchronise)."""
+    daemon = ScriptedDaemon(tmp_path / "d.sock", drop_after_grant=0.2)
+    trace = tmp_path / "trace"
+    env = scripted_env(tmp_path / "d.sock", trace, NVSHARE_DRAIN_TIMEOUT_MS="300",
+                       NVSHARE_MANAGED_GPUS=f"{GPU0},{GPU1}")
+    proc = start_nvtest(hook_lib, ["init", "thread:0:2000000:1", "sleep:300", "thread:1:1000:1", "join",
+                                   "sleep:300"], env)
+    procs.append(proc)
+    released_1, _ = daemon.wait_for(C.NVSHARE_MSG_LOCK_RELEASED, gpu=GPU1)
+    released_0, _ = daemon.wait_for(C.NVSHARE_MSG_LOCK_RELEASED, gpu=GPU0)
+    finish(proc)
+    gpu0_kernel = next(r for r in read_trace(trace) if r[1] == GPU0)
+    assert released_1 * 1e9 < gpu0_kernel[3] - 0.5e9, "GPU1's release waited for GPU0's kernel"
+    assert released_0 * 1e9 >= gpu0_kernel[3]
 
 
 def test_a_drain_past_its_deadline_is_reported_and_the_lock_kept(hook_lib, tmp_path, procs):
@@ -255,7 +273,7 @@ def test_a_silent_daemon_is_treated_as_lost(hook_lib, tmp_path, procs):
     ScriptedDaemon(tmp_path / "d.sock", silent=True)
     trace = tmp_path / "trace"
     began = time.monotonic()
-    proc = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:300", f"alloc:{MIB}", "launch:1000", "sync"],
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:1000", f"alloc:{MIB}", "launch:1000", "sync"],
                         scripted_env(tmp_path / "d.sock", trace, NVSHARE_ON_DAEMON_LOSS="run",
                                      NVSHARE_DAEMON_TIMEOUT_MS="500"))
     procs.append(proc)
