@@ -311,6 +311,23 @@ def test_the_range_of_a_swappable_pointer_is_its_whole_allocation(hook_lib, sche
         out.stdout + out.stderr
 
 
+def test_a_reset_device_leaves_no_dead_context_to_drain(hook_lib, concurrent, tmp_path, procs):
+    """cudaDeviceReset destroys the primary context; the keeper must not push it at the next
+    hand-over (the real driver may crash on it; the fake driver says so on stderr)."""
+    trace = tmp_path / "trace"
+    holder, other = Job(concurrent, 281, trace, gpu_index=[0]), Job(concurrent, 282, trace, gpu_index=[0])
+    first = start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", "reset:0", "ctx:0", "launch:200000",
+                                    "sleep:1500"], holder.env)
+    procs.append(first)
+    wait_for_line(first, "launch ok")
+    wait_for_line(first, "launch ok")
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:20000", "sync"], other.env))
+    finish(first)
+    finish(procs[1])
+    assert "destroyed context" not in first.stderr_text
+    assert overlaps(read_trace(trace), GPU0) == []
+
+
 def test_work_on_a_green_context_stream_is_drained(hook_lib, concurrent, tmp_path, procs):
     """A green context is a context of its own: synchronising the primary one does not wait for it."""
     drained_before_the_waiter(hook_lib, concurrent, tmp_path, procs, ["ctx:0", "greenlaunch:400000"],

@@ -308,9 +308,13 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { NEED_INIT(); *ctx = (CUcontext)current(); return CUDA_SUCCESS; }
 
+static void complain_dead_context(const struct fctx *c);
+
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     NEED_INIT();
+    if (ctx && ((struct fctx *)ctx)->magic != CTX_MAGIC)
+        complain_dead_context((struct fctx *)ctx);
     if (!ctx || ((struct fctx *)ctx)->magic != CTX_MAGIC || ctx_depth >= 16) return CUDA_ERROR_INVALID_CONTEXT;
     ctx_stack[ctx_depth++] = (struct fctx *)ctx;
     return CUDA_SUCCESS;
@@ -1062,6 +1066,15 @@ EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
     (void)flags;
     NEED_CTX();
     return peer && ((struct fctx *)peer)->magic == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* A real driver may crash on a destroyed context; the fake says so where tests can see it. */
+static void complain_dead_context(const struct fctx *c)
+{
+    char line[96];
+    int n = snprintf(line, sizeof line, "fake-cuda: a destroyed context (%p) was pushed\n", (const void *)c);
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+    (void)w;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
