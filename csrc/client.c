@@ -334,6 +334,8 @@ void nvshare_client_start(void)
             nvshare_log("cannot start the connection threads; GPU work runs unshared");
             nvshare_outbox_set_refused();
             nvshare_gates_open_all("no thread");
+        } else {
+            nvshare_demand_start();
         }
     }
     pthread_mutex_unlock(&start_mu);

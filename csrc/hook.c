@@ -88,7 +88,6 @@ static void load_driver_once(void)
 #define RESOLVE(name) nvshare_real.name = (name##_fn)real_dlsym(driver_handle, #name)
     RESOLVE(cuCtxGetCurrent);
     RESOLVE(cuCtxGetDevice);
-    RESOLVE(cuCtxSynchronize);
     RESOLVE(cuCtxPushCurrent_v2);
     RESOLVE(cuCtxPopCurrent_v2);
     RESOLVE(cuDeviceGetUuid);
@@ -137,6 +136,7 @@ static void after_fork_child(void)
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
     nvshare_swap_after_fork();
+    nvshare_demand_after_fork();
 }
 
 __attribute__((constructor)) static void nvshare_init(void)
@@ -342,6 +342,40 @@ BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz, (CUstream stream, CUgrap
     }
 END_CAPTURE_WRAPPER(cuStreamEndCapture)
 END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
+
+/* ---- synchronising calls: demand, never gated ------------------------------------------------ */
+/* The GPU of the calling thread's context (a stream or event of another context is rare). */
+#define COUNT_SYNC(name, call)                                                                   \
+    do {                                                                                         \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *sync_gpu_ = nvshare_gpu_for_current();                              \
+        if (sync_gpu_)                                                                           \
+            atomic_fetch_add_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
+        CUresult sync_rc_ = call;                                                                \
+        if (sync_gpu_)                                                                           \
+            atomic_fetch_sub_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
+        return sync_rc_;                                                                         \
+    } while (0)
+
+NVSHARE_EXPORT CUresult cuCtxSynchronize(void)
+{
+    COUNT_SYNC(cuCtxSynchronize, nvshare_real.cuCtxSynchronize());
+}
+
+NVSHARE_EXPORT CUresult cuStreamSynchronize(CUstream stream)
+{
+    COUNT_SYNC(cuStreamSynchronize, nvshare_real.cuStreamSynchronize(stream));
+}
+
+NVSHARE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream)
+{
+    COUNT_SYNC(cuStreamSynchronize_ptsz, nvshare_real.cuStreamSynchronize_ptsz(stream));
+}
+
+NVSHARE_EXPORT CUresult cuEventSynchronize(CUevent event)
+{
+    COUNT_SYNC(cuEventSynchronize, nvshare_real.cuEventSynchronize(event));
+}
 
 /* ---- cuGetProcAddress ----------------------------------------------------------------------- */
 /* The wrapper of whatever real function the driver handed out, or the pointer itself when the

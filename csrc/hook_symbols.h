@@ -105,6 +105,11 @@
     OWN(cuCtxCreate_v4, (CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,       \
                          CUdevice dev))                                                        \
     OWN(cuCtxDestroy, (CUcontext ctx))                                                         \
+    /* waiting for the GPU's work: counted as demand (demand.c), never gated */                \
+    OWN(cuCtxSynchronize, (void))                                                              \
+    OWN(cuStreamSynchronize, (CUstream stream))                                                \
+    OWN(cuStreamSynchronize_ptsz, (CUstream stream))                                           \
+    OWN(cuEventSynchronize, (CUevent event))                                                   \
     OWN(cuCtxDestroy_v2, (CUcontext ctx))                                                      \
     OWN(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev))                             \
     OWN(cuDevicePrimaryCtxRelease, (CUdevice dev))                                             \

@@ -24,7 +24,6 @@ NVSHARE_SYMBOLS(NVSHARE_REAL_TYPEDEF, NVSHARE_REAL_TYPEDEF)
 /* Driver functions the hook calls itself but does not interpose. */
 typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *ctx);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *dev);
-typedef CUresult (*cuCtxSynchronize_fn)(void);
 typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext ctx);
 typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *ctx);
 typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *uuid, CUdevice dev);
@@ -54,7 +53,6 @@ struct nvshare_real {
     NVSHARE_SYMBOLS(NVSHARE_REAL_MEMBER, NVSHARE_REAL_MEMBER)
     cuCtxGetCurrent_fn cuCtxGetCurrent;
     cuCtxGetDevice_fn cuCtxGetDevice;
-    cuCtxSynchronize_fn cuCtxSynchronize;
     cuCtxPushCurrent_v2_fn cuCtxPushCurrent_v2;
     cuCtxPopCurrent_v2_fn cuCtxPopCurrent_v2;
     cuDeviceGetUuid_fn cuDeviceGetUuid;
@@ -140,6 +138,8 @@ struct nvshare_gpu {
     atomic_int closing;           /* a release is draining the gate: new entries wait */
     atomic_int inside;            /* threads between gate_enter and gate_leave */
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
+    atomic_int demand_touched;    /* set by every entry, cleared by the demand sampler */
+    atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
     atomic_int mode;              /* enum nvshare_gpu_mode */
     /* slow path, under mu */
     pthread_mutex_t mu;
@@ -228,6 +228,8 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
         if (atomic_load(&g->open) && !atomic_load(&g->closing)) {
             if (!atomic_load_explicit(&g->touched, memory_order_relaxed))
                 atomic_store_explicit(&g->touched, 1, memory_order_relaxed);
+            if (!atomic_load_explicit(&g->demand_touched, memory_order_relaxed))
+                atomic_store_explicit(&g->demand_touched, 1, memory_order_relaxed);
             return g;
         }
         if (atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
@@ -259,6 +261,8 @@ int nvshare_outbox_gpu_event(uint16_t type, const char *uuid, uint32_t flags, ui
                              uint32_t *seq_out);
 void nvshare_outbox_mem_update(const struct nvshare_mem_update *m);
 int nvshare_outbox_heartbeat(void);
+/* DEMAND: what this process asks of a GPU lately (demand.c measures it). */
+int nvshare_outbox_demand(const struct nvshare_demand *demand);
 /* A question (MEM_UPDATE with a request) and its answer, with the daemon's deadline. */
 enum { NVSHARE_ASK_ANSWERED = 0, NVSHARE_ASK_NO_DAEMON = 1 };
 int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
@@ -284,6 +288,10 @@ void nvshare_outbox_after_fork(void);
 /* ---- the wire: connect, register, read frames into gate events, write the outbox (client.c) -- */
 void nvshare_client_start(void);
 void nvshare_client_after_fork(void);
+
+/* ---- demand (demand.c) ---------------------------------------------------------------------- */
+void nvshare_demand_start(void);
+void nvshare_demand_after_fork(void);
 
 /* ---- memory accounting (memory.c) ----------------------------------------------------------- */
 void nvshare_memory_resend(void);

@@ -43,6 +43,7 @@ enum nvshare_msg_type {
     NVSHARE_MSG_PREPARE_SWAP_OUT = 12,      /* d->c  struct nvshare_gpu_event: move `bytes` to host memory (docs/protocol.md "Swap") */
     NVSHARE_MSG_DRAIN_STUCK = 13,           /* c->d  struct nvshare_gpu_event: asked to release, its work there did not finish
                                                within the drain deadline (bytes: ms waited); it still holds the lock */
+    NVSHARE_MSG_DEMAND = 14,                /* c->d  struct nvshare_demand: what this process asks of the GPU lately */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -139,6 +140,14 @@ struct nvshare_mem_update {
     uint64_t swapped;           /* bytes of this process now held in host memory */
     uint64_t request;           /* an allocation about to be made; 0 = report only, no reply */
     uint32_t flags;             /* NVSHARE_MEM_* (with request) */
+    uint32_t reserved;          /* 0 */
+};
+
+struct nvshare_demand {
+    char gpu_uuid[64];
+    uint32_t busy_ppm;          /* share of recent time (about 1 s) with GPU work launched, in flight or waiting for the lock, per million */
+    uint32_t burst_us;          /* mean length of a busy stretch */
+    uint32_t gap_us;            /* mean length of an idle stretch between two busy ones */
     uint32_t reserved;          /* 0 */
 };
 

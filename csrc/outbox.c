@@ -19,6 +19,7 @@
  * outstanding per GPU; memory reports for one GPU are merged while unsent. */
 #define OUTBOX_FRAMES 256
 #define OUTBOX_PAYLOAD sizeof(struct nvshare_mem_update)
+_Static_assert(sizeof(struct nvshare_demand) <= OUTBOX_PAYLOAD, "a DEMAND frame fits the outbox");
 #define MAX_PENDING 64
 
 struct queued {
@@ -152,6 +153,14 @@ void nvshare_outbox_mem_update(const struct nvshare_mem_update *m)
     lock_outbox();
     enqueue(NVSHARE_MSG_MEM_UPDATE, m, sizeof *m);
     pthread_mutex_unlock(&out_mu);
+}
+
+int nvshare_outbox_demand(const struct nvshare_demand *demand)
+{
+    lock_outbox();
+    uint32_t seq = enqueue(NVSHARE_MSG_DEMAND, demand, sizeof *demand);
+    pthread_mutex_unlock(&out_mu);
+    return seq ? 0 : -1;
 }
 
 int nvshare_outbox_heartbeat(void)

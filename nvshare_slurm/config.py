@@ -19,7 +19,7 @@ ENV_PREFIX = "NVSHARE_"
 
 MODES = ("auto", "concurrent", "serial")
 SWITCH_MODES = ("auto", "fixed")
-AUTO_SHARES = ("turns", "corun")
+AUTO_SHARES = ("adaptive", "turns", "corun")
 DAEMON_LOSS_POLICIES = ("wait", "run")
 ROGUE_POLICIES = ("warn", "kill")
 
@@ -64,11 +64,11 @@ class GpuSpec:
 @dataclass(frozen=True)
 class Config:
     scheduling_mode: str = "auto"
-    auto_share: str = "turns"              # auto while memory fits: turns (measured faster) | corun
+    auto_share: str = "adaptive"           # auto while memory fits: adaptive | turns | corun
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
-    switch_time_min: float = 2.0           # auto: floor of the interval, seconds
+    switch_time_min: float = 0.05          # auto: floor of the interval, seconds
     swap_bandwidth: int = 20 << 30         # bytes/s of a switch's copies, out and in one after the other
     swap: bool = True                      # back allocations so that a paused job's memory can move
     memory_reserve_percent: int = 5
@@ -84,6 +84,8 @@ class Config:
     rogue_process: str = "warn"            # warn | kill
     rogue_check_sec: float = 10.0
     log_level: str = "info"
+    metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
+    usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +114,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_release_ms": (0.1, 60000),
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
+    "metrics_port": (0, 65535),
 }
 # Booleans as YAML writes them and as people write them in an environment variable.
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,

@@ -10,12 +10,20 @@ Modes (docs/protocol.md "Scheduling modes"):
   (TIMESLICE) after one switch interval of holding while others wait; nobody dropped otherwise.
 - serial: the lock belongs to one job (SHARED grants to all its clients); the next job gets it when
   the holder job's clients are all gone, or after max_runtime_sec of holding while others wait.
-- auto: while the memory of every client fits the usable memory, short exclusive turns that move
-  no memory (the concurrent rules with the auto switch interval, whose floor is switch_time_min),
-  or with auto_share: corun, SHARED grants to all (co-running); once memory does not fit, the
-  concurrent rules with swap (co-runners beyond the oldest get DROP_LOCK(MEMORY)). Turns are the
-  default because they measured faster on an H100 (docs/benchmarks.md): two compute-bound jobs
-  1.005x serial in turns against 1.085x co-running, where the GPU time-slices the two contexts.
+- auto: while the memory of every client fits the usable memory, auto_share decides:
+  adaptive (default): from each client's demand (DEMAND reports of the hook: busy share, burst and
+  gap lengths) the clients that gain from exclusive turns take them (busy most of the time, or long
+  bursts with long gaps: two compute-bound jobs measured 1.005x serial in turns against 1.085x
+  co-running on an H100); every other client co-runs with whoever holds the GPU (the hardware
+  time-slices contexts), so an interactive step or a short-burst job never waits for a turn. With
+  at most one turn-taker everyone co-runs. A client that has not reported yet counts as a
+  turn-taker. turns: the concurrent rules for all (switch interval floor switch_time_min);
+  corun: SHARED grants to all. Once memory does not fit: the concurrent rules with swap
+  (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
+
+Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue`, never in the
+FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
+of the gang's GPUs together. While the gang has work here, nobody else is granted here.
 
 Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room.
 The holder's DROP_LOCK carries the bytes it must move out; with no holder left, clients that hold
@@ -44,16 +52,25 @@ SWAP_UNANSWERED = "swap_unanswered"     # PREPARE_SWAP_OUT not answered within d
 # one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
 SMALL_REQUEST = 2 << 20
 
+# auto_share: adaptive. A client takes exclusive turns when it keeps the GPU busy most of the time
+# (co-running two such costs ~8 % on an H100), or when its bursts and the gaps between them are
+# long enough for an idle hand-over to fit in the gaps (W2-like jobs: turns 0.53x serial against
+# co-location 0.66x). Short bursts with short gaps co-run: in turns the waiter would wait about
+# one idle threshold every step (measured 0.75x against co-location 0.57x).
+TURN_BUSY = 0.8
+TURN_BURST_SEC = 0.025
+TURN_GAP_SEC = 0.025
+
 
 @dataclass(frozen=True)
 class GpuSettings:
     """The knobs of one GPU: config defaults overlaid with admin overrides."""
     mode: str = "auto"
-    auto_share: str = "turns"
+    auto_share: str = "adaptive"
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0
     switch_time_multiplier: float = 20.0
-    switch_time_min: float = 2.0
+    switch_time_min: float = 0.05
     swap_bandwidth: int = 20 << 30
     memory_reserve_percent: int = 5
     max_runtime_sec: int = 300
@@ -87,6 +104,21 @@ class ClientInfo:
 
     def label(self) -> str:
         return f"job {self.job_id} step {self.step_id} pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one client asks of this GPU lately (the hook's DEMAND report)."""
+    busy: float               # 0..1: share of recent time with work launched, in flight or waiting
+    burst: float              # seconds: mean busy stretch
+    gap: float                # seconds: mean idle stretch between busy ones
+
+    @property
+    def takes_turns(self) -> bool:
+        return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
+
+    def describe(self) -> str:
+        return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
 
 
 @dataclass(frozen=True)
@@ -134,6 +166,27 @@ class _Holder:
     drop_reason: int = 0
     drop_bytes: int = 0               # what that DROP_LOCK asked it to move out
     unresponsive_reported: bool = False
+    stuck_at: float | None = None     # its last DRAIN_STUCK: its drain grace restarts there
+
+    def grace_from(self) -> float | None:
+        """Since when it has not released: DROP_LOCK, or its latest DRAIN_STUCK report."""
+        if self.drop_at is None:
+            return None
+        return self.drop_at if self.stuck_at is None else max(self.drop_at, self.stuck_at)
+
+
+@dataclass
+class Turn:
+    """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together.
+
+    While the gang has work here (a holder, a waiter, or a grant earlier in this turn), only its
+    clients are granted here. `started`: the gang runs, so a request of its own drops any other
+    holder here at once. `grants`: False once its turn ends (DROP_LOCK to all its holders)."""
+    job_id: int
+    started: bool = False
+    grants: bool = True
+    used: bool = False                # granted here in this turn
+    deadline: float | None = None     # when gang.py next needs a pass (turn end, stuck drain)
 
 
 @dataclass
@@ -178,7 +231,14 @@ class GpuState:
     # The current shortfall episode: PREPARE_SWAP_OUT not yet answered, and those answered.
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
+    demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
+    asked: set[int] = field(default_factory=set)                               # ever requested here
+    sharing: str = ""                      # how the GPU is shared now (status, metrics, log)
+    sharing_reason: str = ""
     withheld: int | None = None            # the waiter whose grant waits for room
+    gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
+    gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
+    turn: Turn | None = None
     _grant_need: int = 0                   # per _schedule pass: room the withheld grant lacks
     _alloc_need: int = 0                   # per _schedule pass: room waiting requests lack
 
@@ -300,8 +360,10 @@ class GpuState:
                 return [Action(GRANT, client, C.NVSHARE_GRANT_SHARED if holder.shared
                                else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms())]
             return []
-        if cid not in self.queue:
-            self.queue[cid] = (client, now)
+        waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
+        if cid not in waiting:
+            waiting[cid] = (client, now)
+        self.asked.add(cid)
         return self._schedule(now)
 
     def release(self, client_id: int, now: float) -> list[Action]:
@@ -316,10 +378,13 @@ class GpuState:
         """The client is gone (disconnect, unregister): drop its lock, queue place and memory."""
         self.holders.pop(client_id, None)
         self.queue.pop(client_id, None)
+        self.gang_queue.pop(client_id, None)
         self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
         self.promised.pop(client_id, None)
         self.swap_asked.pop(client_id, None)
         self.swap_answered.discard(client_id)
+        self.demand.pop(client_id, None)
+        self.asked.discard(client_id)
         client = self.clients.pop(client_id, None)
         use = self.usage.pop(client_id, None)
         if client is not None:
@@ -337,6 +402,16 @@ class GpuState:
             self.contention_since = None
         return self._schedule(now)
 
+    def report_demand(self, client: ClientInfo, demand: Demand, now: float) -> list[Action]:
+        """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
+        self._attach(client)
+        self.demand[client.client_id] = demand
+        return self._schedule(now)
+
+    def takes_turns(self, client_id: int) -> bool:
+        demand = self.demand.get(client_id)
+        return demand is None or demand.takes_turns
+
     def update_settings(self, settings: GpuSettings, now: float) -> list[Action]:
         self.settings = settings
         if settings.mode != "serial":
@@ -352,12 +427,20 @@ class GpuState:
         grace = self.settings.drop_grace_sec
         deadlines = []
         for holder in self.holders.values():
-            if holder.drop_at is not None and not holder.unresponsive_reported:
-                deadlines.append(holder.drop_at + grace)
+            since = holder.grace_from()
+            if since is not None and not holder.unresponsive_reported:
+                deadlines.append(since + grace)
+        if self.turn is not None and self.turn.deadline is not None:
+            deadlines.append(self.turn.deadline)
+        if self.turn_here():
+            others = any(h.client.job_id != self.turn.job_id and h.drop_at is None
+                         for h in self.holders.values())
+            if others and self.contention_since is not None:
+                deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(p.since + grace for p in self.pending_allocs)
         deadlines.extend(ask.at + grace for ask in self.swap_asked.values())
         deadlines.extend(at + grace for _, at in self.promised.values())
-        if self.contention_since is not None and self.queue:
+        if self.contention_since is not None and self.queue and not self.turn_here():
             if self.settings.mode == "serial":
                 if not self.serial_expired:
                     deadlines.append(self.contention_since + self.settings.max_runtime_sec)
@@ -374,9 +457,14 @@ class GpuState:
     def _shared_ok(self) -> bool:
         return self.settings.mode == "auto" and self.settings.auto_share == "corun" and self.fits()
 
+    def _adaptive_ok(self) -> bool:
+        return self.settings.mode == "auto" and self.settings.auto_share == "adaptive" \
+            and self.fits()
+
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0) -> None:
         self.queue.pop(client.client_id, None)
+        self.gang_queue.pop(client.client_id, None)
         self.holders[client.client_id] = _Holder(client, now, shared)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
@@ -404,22 +492,161 @@ class GpuState:
         self._expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
         self._answer_allocations(now, out)
-        if self.settings.mode == "serial":
+        if self.turn_here():
+            self._schedule_turn(now, out)
+            self._share("gang", f"job {self.turn.job_id}'s gang turn" if self.turn else "gang turn")
+        elif self.settings.mode == "serial":
             self._schedule_serial(now, out, admin)
+            self._share("serial", "mode serial: one job at a time")
         elif self._shared_ok():
-            # Everything fits, swapped memory included: each grantee brings its own back.
-            while self.queue:
-                self._grant(next(iter(self.queue.values()))[0], now, True, out)
-            self.contention_since = None
+            self._corun(now, out)
+            self._share("corun", "auto_share corun, memory fits")
+        elif self._adaptive_ok():
+            self._schedule_adaptive(now, out)
         else:
             self._schedule_exclusive(now, out, admin)
+            if self.settings.mode == "auto":
+                self._share("turns", "memory does not fit: turns with swap" if not self.fits()
+                            else "auto_share turns")
+            else:
+                self._share("turns", "mode concurrent")
         self._make_room(now, out)
         for holder in self.holders.values():
-            if holder.drop_at is not None and not holder.unresponsive_reported \
-                    and now >= holder.drop_at + self.settings.drop_grace_sec:
+            since = holder.grace_from()
+            if since is not None and not holder.unresponsive_reported \
+                    and now >= since + self.settings.drop_grace_sec:
                 holder.unresponsive_reported = True
                 out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
         return out
+
+    # --- gang turns (the cross-GPU decisions are gang.py's) ------------------------------------
+
+    def turn_here(self) -> bool:
+        """Does the gang whose turn it is have work on this GPU (so that nobody else may)?"""
+        turn = self.turn
+        if turn is None:
+            return False
+        return turn.used or any(h.client.job_id == turn.job_id for h in self.holders.values()) \
+            or any(c.job_id == turn.job_id for c, _ in self.gang_queue.values())
+
+    def _schedule_turn(self, now: float, out: list[Action]) -> None:
+        """The gang's GPU: others give way (at once when the gang already runs, else at the end
+        of their switch interval); the gang's waiters here are granted SHARED together."""
+        turn = self.turn
+        assert turn is not None
+        others = [h for h in self.holders.values() if h.client.job_id != turn.job_id]
+        mine = [c for c, _ in self.gang_queue.values() if c.job_id == turn.job_id]
+        if others:
+            if not mine:
+                return
+            need = max(0, sum(self._use(c.client_id).swapped for c in mine) - self.room())
+            if self.contention_since is None:
+                self.contention_since = now
+            for holder in others:
+                if holder.drop_at is not None:
+                    continue
+                if turn.started:
+                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+                    continue
+                if not holder.contended:
+                    holder.contended = True
+                    out.append(Action(CONTENDED, holder.client))
+                if now >= self.contention_since + self.switch_interval():
+                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+            return
+        self.contention_since = None
+        if turn.started and turn.grants:
+            for client in mine:
+                if not self._try_grant(client, now, True, out):
+                    break
+                turn.used = True
+
+    def job_holders(self, job_id: int) -> list[_Holder]:
+        return [h for h in self.holders.values() if h.client.job_id == job_id]
+
+    def job_waiters(self, job_id: int) -> list[tuple[ClientInfo, float]]:
+        return [entry for entry in self.gang_queue.values() if entry[0].job_id == job_id]
+
+    def contend_job(self, job_id: int) -> list[Action]:
+        """LOCK_CONTENDED to the job's holders not told yet: give the GPU back once idle."""
+        out = []
+        for holder in self.job_holders(job_id):
+            if holder.drop_at is None and not holder.contended:
+                holder.contended = True
+                out.append(Action(CONTENDED, holder.client))
+        return out
+
+    def drop_job(self, job_id: int, now: float) -> list[Action]:
+        """DROP_LOCK(TIMESLICE) to the job's holders (the end of its gang turn), each with its
+        share of what the waiting single-GPU clients' swapped memory lacks."""
+        holders = [h for h in self.job_holders(job_id) if h.drop_at is None]
+        moves = {c.client_id: move for c, move in _shares(
+            self._holder_must_move(),
+            [(h.client, self._use(h.client.client_id).swappable) for h in holders])}
+        out: list[Action] = []
+        for holder in holders:
+            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
+                       moves.get(holder.client.client_id, 0))
+        return out
+
+    def mark_stuck(self, client_id: int, now: float) -> bool:
+        """DRAIN_STUCK from a holder: its grace restarts (it is not unresponsive while it says
+        so). False when the client holds nothing here."""
+        holder = self.holders.get(client_id)
+        if holder is None:
+            return False
+        holder.stuck_at = now
+        holder.unresponsive_reported = False
+        return True
+
+    def _corun(self, now: float, out: list[Action]) -> None:
+        # Everything fits, swapped memory included: each grantee brings its own back.
+        while self.queue:
+            self._grant(next(iter(self.queue.values()))[0], now, True, out)
+        self.contention_since = None
+
+    def _share(self, sharing: str, reason: str) -> None:
+        self.sharing, self.sharing_reason = sharing, reason
+
+    def _schedule_adaptive(self, now: float, out: list[Action]) -> None:
+        """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run."""
+        wanting = set(self.queue) | set(self.holders)
+        # A busy client between two turns is still busy; one that has not reported yet counts as
+        # busy once it has asked for the lock.
+        takers = {cid for cid, d in self.demand.items() if d.takes_turns and cid in self.clients}
+        takers |= {cid for cid in self.asked if cid not in self.demand}
+        if len(takers) <= 1:
+            self._corun(now, out)
+            self._share("corun", "at most one busy client" if wanting else "idle")
+            return
+        light = len(wanting - takers)
+        self._share("turns", f"{len(takers)} busy clients take turns"
+                             + (f", {light} light co-run" if light else ""))
+        turn_began = self.contention_since    # a co-runner's grant does not restart the turn
+        for cid, (client, _) in list(self.queue.items()):
+            if cid not in takers:
+                self._grant(client, now, True, out)
+        self.contention_since = turn_began
+        turn_holders = [h for cid, h in self.holders.items() if cid in takers]
+        running = [h for h in turn_holders if h.drop_at is None]
+        for holder in running[1:]:
+            # A co-runner that became busy while another busy one holds: the oldest keeps its turn.
+            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+        if not turn_holders and self.queue:
+            self._try_grant(self._head(), now, False, out)
+            turn_holders = [h for cid, h in self.holders.items() if cid in takers]
+            running = [h for h in turn_holders if h.drop_at is None]
+        if not running or not self.queue:
+            self.contention_since = None
+            return
+        if self.contention_since is None:
+            self.contention_since = now
+        holder = running[0]
+        if not holder.contended:
+            holder.contended = True
+            out.append(Action(CONTENDED, holder.client))
+        if now >= self.contention_since + self.switch_interval():
+            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
 
     def _switch_needs_swap(self) -> bool:
         """Would handing the GPU to the queue head move memory? Then an early (idle) release
@@ -616,7 +843,7 @@ class GpuState:
         holder = self.holders.get(client_id)
         if holder is not None:
             return "dropping" if holder.drop_at is not None else "holding"
-        return "waiting" if client_id in self.queue else "idle"
+        return "waiting" if client_id in self.queue or client_id in self.gang_queue else "idle"
 
     def status(self, now: float, rogue: list[dict[str, int]], jobs: list[int]) -> dict[str, Any]:
         s = self.settings
@@ -631,13 +858,19 @@ class GpuState:
             "switch_interval_sec": round(self.switch_interval(), 3),
             "max_runtime_sec": int(s.max_runtime_sec),
             "memory_reserve_percent": int(s.memory_reserve_percent),
-            "co_running": self._shared_ok() and len(self.holders) > 1,
+            "co_running": sum(1 for h in self.holders.values() if h.drop_at is None) > 1,
+            "sharing": self.sharing or s.mode, "sharing_reason": self.sharing_reason,
             "holders": [{"job_id": h.client.job_id, "step_id": h.client.step_id,
                          "pid": h.client.pid, "user": h.client.user,
                          "held_sec": round(now - h.since, 3), "shared": h.shared}
                         for h in self.holders.values()],
             "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
-                         "waiting_sec": round(now - since, 3)} for c, since in self.queue.values()],
+                         "waiting_sec": round(now - since, 3)}
+                        for c, since in [*self.queue.values(), *self.gang_queue.values()]],
+            "turn": None if self.turn is None else {
+                "job_id": self.turn.job_id,
+                "state": "ending" if not self.turn.grants else
+                         "running" if self.turn.started else "claiming"},
             "jobs": jobs, "rogue": rogue,
         }
 

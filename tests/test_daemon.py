@@ -91,7 +91,8 @@ def test_fcfs_hand_over_order(scheduler_factory, clients):
 
 
 def test_disconnect_of_holder_grants_next(scheduler_factory, clients):
-    sched = scheduler_factory(scheduling_mode="concurrent")
+    sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                              switch_time_fixed=30)
     register(sched, 1)
     register(sched, 2)
     a, b = clients(sched, 1), clients(sched, 2)

@@ -12,8 +12,9 @@ DEFER = C.NVSHARE_MEM_CAN_DEFER
 
 
 def gpu(**settings) -> GpuState:
-    base = dict(mode="concurrent", switch_time_mode="fixed", switch_time_fixed=10.0,
-                memory_reserve_percent=0, max_runtime_sec=100, drop_grace_sec=5.0)
+    base = dict(mode="concurrent", auto_share="turns", switch_time_mode="fixed",
+                switch_time_fixed=10.0, memory_reserve_percent=0, max_runtime_sec=100,
+                drop_grace_sec=5.0)
     base.update(settings)
     return GpuState("GPU-test", 0, 16 * G, GpuSettings(**base))
 

@@ -1,0 +1,119 @@
+"""Interactive latency beside compute-bound jobs (issue 12), side by side in one run on a GPU.
+
+A probe (tests/gpu/probe.py: an interactive user's ~1 ms GPU command every --every seconds) runs
+beside one or two W1 trainings (bench/gpu_bench.py's compute-bound job). Arms, each the same jobs:
+  alone      the probe alone, then each batch job alone (the reference for both)
+  colocate   all at once, no hook
+  mps        all at once under NVIDIA MPS
+  nvshare    all at once under libnvshare.so and a real nvshare-scheduler, every setting default
+Reported per arm: the probe's command latency p50/p90/max (ms), and each batch job's training
+phase against alone. Targets (issue 12): nvshare p90 <= 10 ms, batch jobs lose <= 2 %.
+
+  python3 bench/bench_interactive.py --out DIR [--batch-jobs 1,2] [--arms alone,colocate,mps,nvshare]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import (REPO, SEEDS, TRAIN, WORKLOADS, Job, Mps, Scheduler, clean_env,  # noqa: E402
+                       log, percentile, run_jobs, train_phase)
+
+PROBE = REPO / "tests" / "gpu" / "probe.py"
+
+
+def gpu_uuid() -> str:
+    import pynvml
+    pynvml.nvmlInit()
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch-jobs", default="1,2")
+    ap.add_argument("--arms", default="alone,colocate,mps,nvshare")
+    ap.add_argument("--steps", type=int, default=200, help="W1 steps per batch job (~24 s alone)")
+    ap.add_argument("--probe-seconds", type=float, default=10.0)
+    ap.add_argument("--every", type=float, default=0.3)
+    ap.add_argument("--start-delay", type=float, default=6.0,
+                    help="the probe idles this long first, so the batch jobs are training")
+    args = ap.parse_args()
+    out = Path(args.out)
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base = clean_env()
+    base["CUDA_VISIBLE_DEVICES"] = gpu_uuid()
+    w1 = WORKLOADS["W1"]
+    results: dict = {"steps": args.steps, "every_s": args.every, "arms": {}}
+
+    def batch_cmd(seed: int) -> list[str]:
+        return [sys.executable, str(TRAIN), *w1.args, "--steps", str(args.steps), "--seed", str(seed)]
+
+    probe_cmd = [sys.executable, str(PROBE), "--seconds", str(args.probe_seconds), "--every",
+                 str(args.every), "--start-delay", str(args.start_delay)]
+    alone_train: dict[int, float] = {}
+    for n in [int(x) for x in args.batch_jobs.split(",")]:
+        for arm in args.arms.split(","):
+            key = f"{n}batch/{arm}"
+            log(f"{key}: running")
+            sched = mps = None
+            try:
+                if arm == "alone":
+                    probe = run_jobs([Job(f"{key}-probe", probe_cmd, base, logs)], False, 300)[0]
+                    batch = run_jobs([Job(f"{key}-job{i}", batch_cmd(SEEDS[i]), base, logs)
+                                      for i in range(n)], False, 600)
+                    for i, r in enumerate(batch):
+                        if r["status"] == "ok":
+                            alone_train[i] = train_phase(r)
+                else:
+                    if arm == "nvshare":
+                        sched = Scheduler("auto", Path(logs / f"{key.replace('/', '-')}-sched"),
+                                          logs / f"{key.replace('/', '-')}-scheduler.log", None)
+                        envs = [sched.job_env(base)[1] for _ in range(n + 1)]
+                    elif arm == "mps":
+                        mps = Mps(logs / f"{key.replace('/', '-')}-mps")
+                        envs = [mps.client_env(base) for _ in range(n + 1)]
+                    else:
+                        envs = [base] * (n + 1)
+                    jobs = [Job(f"{key}-job{i}", batch_cmd(SEEDS[i]), envs[i], logs)
+                            for i in range(n)]
+                    jobs.append(Job(f"{key}-probe", probe_cmd, envs[n], logs))
+                    res = run_jobs(jobs, True, 900)
+                    probe, batch = res[-1], res[:-1]
+            finally:
+                if sched is not None:
+                    sched.stop()
+                if mps is not None:
+                    mps.stop()
+            entry: dict = {"probe_status": probe["status"],
+                           "batch_status": [r["status"] for r in batch]}
+            if probe["status"] == "ok":
+                lat = probe["latencies_ms"][1:]
+                entry.update(p50_ms=statistics.median(lat), p90_ms=percentile(lat, 90),
+                             max_ms=max(lat), commands=len(lat))
+            entry["batch_train_s"] = [train_phase(r) if r["status"] == "ok" else None for r in batch]
+            results["arms"][key] = entry
+            (out / "interactive.json").write_text(json.dumps(results, indent=1))
+            log(f"{key}: {json.dumps(entry)}")
+    for key, entry in results["arms"].items():
+        ratios = [t / alone_train[i] if t and i in alone_train else None
+                  for i, t in enumerate(entry["batch_train_s"])]
+        entry["batch_vs_alone"] = ratios
+    (out / "interactive.json").write_text(json.dumps(results, indent=1))
+    print(f"| arm | probe p50 ms | p90 ms | max ms | batch vs alone |")
+    print("|---|---|---|---|---|")
+    for key, e in results["arms"].items():
+        ratios = ", ".join(f"{r:.3f}" for r in e["batch_vs_alone"] if r) or "-"
+        print(f"| {key} | {e.get('p50_ms', float('nan')):.1f} | {e.get('p90_ms', float('nan')):.1f} "
+              f"| {e.get('max_ms', float('nan')):.1f} | {ratios} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+/* demand.c: what this process asks of each GPU, measured cheaply and reported to the daemon.
+ *
+ * The launch path only sets a flag (demand_touched, beside the gate's own `touched`). A sampler
+ * thread looks every DEMAND_SAMPLE_NS: a GPU counts as busy in that sample when work entered its
+ * gate, a thread is inside the gate (launching, or waiting in a synchronising call) or waits for
+ * the lock, or a thread waits in cuCtxSynchronize, cuStreamSynchronize or cuEventSynchronize for
+ * its work (those are interposed only to count that). From the samples: the busy share (an average over about DEMAND_WINDOW_NS), and the
+ * mean lengths of busy stretches (bursts) and idle stretches between them (gaps). DEMAND goes to the
+ * daemon when these moved enough, at most every DEMAND_REPORT_MIN_NS, and again every
+ * DEMAND_REFRESH_NS (a restarted daemon has forgotten them). The daemon decides from them who takes
+ * turns and who co-runs (docs/design-scheduler.md "Adaptive sharing").
+ */
+#include <time.h>
+
+#include "nvshare_hook.h"
+
+#define DEMAND_SAMPLE_NS 2000000ull            /* 2 ms */
+#define DEMAND_WINDOW_NS 1000000000ull         /* the busy share follows about the last second */
+#define DEMAND_FIRST_REPORT_NS 40000000ull     /* first report once this much activity is seen */
+#define DEMAND_REPORT_MIN_NS 250000000ull
+#define DEMAND_REFRESH_NS 5000000000ull
+#define DEMAND_BUSY_STEP 0.05                  /* report when the busy share moved this much */
+#define DEMAND_LENGTH_STEP 0.25                /* or a mean burst or gap length this fraction */
+#define DEMAND_RUN_WEIGHT 0.25                 /* weight of the newest burst or gap in its mean */
+
+struct demand {
+    int seen;                 /* sampled busy at least once */
+    int busy_now;
+    uint64_t run_start;       /* when the current busy or idle stretch began */
+    uint64_t first_busy;
+    double busy;              /* 0..1 */
+    double burst_ns, gap_ns;  /* means; 0 = none finished yet */
+    int reported;
+    uint64_t reported_at;
+    double sent_busy, sent_burst, sent_gap;
+};
+
+static struct demand demands[NVSHARE_MAX_GPUS];
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+static int started;
+
+static double mean_of(double mean, double value)
+{
+    return mean == 0 ? value : mean + DEMAND_RUN_WEIGHT * (value - mean);
+}
+
+static int moved(double now, double before)
+{
+    if (before == 0)
+        return now != 0;
+    double change = now > before ? now - before : before - now;
+    return change > DEMAND_LENGTH_STEP * before && change > 1e6;   /* and more than 1 ms */
+}
+
+static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
+{
+    /* The stretch under way counts once it is longer than the mean: a job that never pauses
+     * has one endless burst. */
+    double run = (double)(now - d->run_start);
+    double burst = d->busy_now && run > d->burst_ns ? run : d->burst_ns;
+    double gap = !d->busy_now && run > d->gap_ns ? run : d->gap_ns;
+    if (d->reported) {
+        uint64_t since = now - d->reported_at;
+        if (since < DEMAND_REPORT_MIN_NS)
+            return;
+        double step = d->busy > d->sent_busy ? d->busy - d->sent_busy : d->sent_busy - d->busy;
+        if (step < DEMAND_BUSY_STEP && !moved(burst, d->sent_burst) && !moved(gap, d->sent_gap)
+            && since < DEMAND_REFRESH_NS)
+            return;
+    } else if (now - d->first_busy < DEMAND_FIRST_REPORT_NS) {
+        return;
+    }
+    struct nvshare_demand msg;
+    memset(&msg, 0, sizeof msg);
+    nvshare_copy_str(msg.gpu_uuid, sizeof msg.gpu_uuid, g->uuid);
+    msg.busy_ppm = (uint32_t)(d->busy * 1e6);
+    msg.burst_us = burst / 1e3 > 4e9 ? 4000000000u : (uint32_t)(burst / 1e3);
+    msg.gap_us = gap / 1e3 > 4e9 ? 4000000000u : (uint32_t)(gap / 1e3);
+    if (nvshare_outbox_demand(&msg) == 0) {
+        d->reported = 1;
+        d->reported_at = now;
+        d->sent_busy = d->busy;
+        d->sent_burst = burst;
+        d->sent_gap = gap;
+    }
+}
+
+static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
+{
+    int busy = atomic_exchange_explicit(&g->demand_touched, 0, memory_order_relaxed)
+               || atomic_load_explicit(&g->inside, memory_order_relaxed) > 0
+               || atomic_load_explicit(&g->syncing, memory_order_relaxed) > 0
+               || __atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0;
+    if (!d->seen) {
+        if (!busy)
+            return;
+        d->seen = 1;
+        d->busy_now = 1;
+        d->run_start = d->first_busy = now;
+        d->busy = 1.0;
+        return;
+    }
+    /* An average over what was seen while that is shorter than the window, then a moving one. */
+    double weight = (double)DEMAND_SAMPLE_NS / (double)(now - d->first_busy + DEMAND_SAMPLE_NS);
+    if (weight < (double)DEMAND_SAMPLE_NS / DEMAND_WINDOW_NS)
+        weight = (double)DEMAND_SAMPLE_NS / DEMAND_WINDOW_NS;
+    d->busy += ((busy ? 1.0 : 0.0) - d->busy) * weight;
+    if (busy != d->busy_now) {
+        double run = (double)(now - d->run_start);
+        if (d->busy_now)
+            d->burst_ns = mean_of(d->burst_ns, run);
+        else
+            d->gap_ns = mean_of(d->gap_ns, run);
+        d->busy_now = busy;
+        d->run_start = now;
+    }
+    if (nvshare_outbox_connected())
+        report(g, d, now);
+}
+
+static void *sampler_main(void *arg)
+{
+    (void)arg;
+    nvshare_in_hook = 1;
+    struct timespec pause = {0, (long)DEMAND_SAMPLE_NS};
+    for (;;) {
+        nanosleep(&pause, NULL);
+        uint64_t now = nvshare_now_ns();
+        int n = atomic_load(&nvshare_n_gpus);
+        for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
+            struct nvshare_gpu *g = &nvshare_gpus[i];
+            if (atomic_load_explicit(&g->mode, memory_order_relaxed) == GPU_GATED)
+                sample(g, &demands[i], now);
+        }
+    }
+    return NULL;
+}
+
+void nvshare_demand_start(void)
+{
+    pthread_mutex_lock(&start_mu);
+    if (!started) {
+        started = 1;
+        pthread_t tid;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        if (pthread_create(&tid, &attr, sampler_main, NULL) != 0)
+            nvshare_log("cannot start the demand sampler; the scheduler treats this process as busy");
+        pthread_attr_destroy(&attr);
+    }
+    pthread_mutex_unlock(&start_mu);
+}
+
+/* The child has no sampler thread and has asked for nothing yet. */
+void nvshare_demand_after_fork(void)
+{
+    pthread_mutex_init(&start_mu, NULL);
+    started = 0;
+    memset(demands, 0, sizeof demands);
+}

@@ -1,0 +1,198 @@
+"""auto_share: adaptive (nvshare_slurm/gpustate.py) with a fake clock: who takes turns and who
+co-runs follows each client's reported demand; the defaults are what a new site gets."""
+from __future__ import annotations
+
+import pytest
+
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, ClientInfo, Demand, GpuSettings,
+                                    GpuState)
+from nvshare_slurm.proto import C
+
+G = 1 << 30
+SHARED, EXCLUSIVE = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE
+BUSY = Demand(0.97, 10.0, 0.0)                 # a compute-bound training
+LIGHT = Demand(0.002, 0.001, 1.5)              # an interactive step: 1 ms of work every 1.5 s
+SHORT_BURSTS = Demand(0.35, 0.012, 0.022)      # bursty, short steps and short host pauses
+LONG_BURSTS = Demand(0.30, 0.035, 0.082)       # W2: 35 ms steps, 82 ms host pauses
+
+
+def gpu(**settings) -> GpuState:
+    """The defaults a site gets (auto, adaptive, auto switch interval), on a 16 GiB GPU."""
+    return GpuState("GPU-adapt", 0, 16 * G, GpuSettings(memory_reserve_percent=0, **settings))
+
+
+def client(n: int) -> ClientInfo:
+    return ClientInfo(n, n, 0, 1000 + n, "user", 0)
+
+
+def grants(actions):
+    return [(a.client.client_id, a.flags) for a in actions if a.kind == GRANT]
+
+
+def kinds(actions):
+    return [(a.kind, a.client.client_id) for a in actions]
+
+
+def test_defaults_are_adaptive_with_turns_of_tens_of_milliseconds():
+    g = gpu()
+    assert g.settings.mode == "auto" and g.settings.auto_share == "adaptive"
+    busy_a, busy_b = client(1), client(2)
+    g.request(busy_a, 0.0)
+    g.request(busy_b, 0.0)
+    assert g.switch_interval() <= 0.1            # memory fits: a turn is never seconds
+    assert g.next_deadline() == pytest.approx(0.05)
+    assert kinds(g.tick(0.05)) == [(DROP, 1)]
+
+
+def test_an_interactive_client_beside_a_busy_holder_is_granted_at_once():
+    g = gpu()
+    batch, step = client(1), client(2)
+    g.report_demand(batch, BUSY, 0.0)
+    assert grants(g.request(batch, 0.0)) == [(1, SHARED)]    # alone: nothing to take turns with
+    g.report_demand(step, LIGHT, 0.5)
+    actions = g.request(step, 1.0)
+    assert grants(actions) == [(2, SHARED)]                  # no wait for the batch job's turn
+    assert not [a for a in actions if a.kind in (DROP, CONTENDED)]   # the batch job runs on
+    assert g.next_deadline() is None
+    assert g.status(1.0, [], [])["sharing"] == "corun"
+    assert g.status(1.0, [], [])["sharing_reason"] == "at most one busy client"
+
+
+def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
+    g = gpu()
+    a, b, light = client(1), client(2), client(3)
+    for c in (a, b):
+        g.report_demand(c, BUSY, 0.0)
+    g.report_demand(light, LIGHT, 0.0)
+    assert grants(g.request(a, 0.0)) == [(1, EXCLUSIVE)]     # b is busy too, between turns
+    actions = g.request(b, 0.1)                              # b asks: a's turn is contended
+    assert grants(actions) == [] and (CONTENDED, 1) in kinds(actions)
+    assert grants(g.request(light, 0.12)) == [(3, SHARED)]   # the light one never waits
+    status = g.status(0.12, [], [])
+    assert status["sharing"] == "turns"
+    assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
+    drop = g.tick(0.1 + g.switch_interval())
+    assert kinds(drop) == [(DROP, 1)] and drop[0].value == C.NVSHARE_DROP_TIMESLICE
+    assert grants(g.release(1, 0.16)) == [(2, EXCLUSIVE)]    # busy b: the next turn
+    actions = g.request(a, 0.17)                             # a wants its next turn
+    assert grants(actions) == [] and (CONTENDED, 2) in kinds(actions)
+    assert 3 in g.holders                                    # still co-running
+
+
+def test_a_co_runner_that_becomes_busy_gets_its_turn_after_the_current_one():
+    g = gpu()
+    a, b = client(1), client(2)
+    g.report_demand(a, BUSY, 0.0)
+    g.report_demand(b, LIGHT, 0.0)
+    g.request(a, 0.0)
+    assert grants(g.request(b, 0.0)) == [(2, SHARED)]
+    actions = g.report_demand(b, BUSY, 2.0)                  # started training from the REPL
+    assert kinds(actions) == [(DROP, 2)]                     # the newer busy one gives way
+    assert grants(g.release(2, 2.01)) == []
+    assert grants(g.request(b, 2.02)) == [] and 2 in g.queue
+    assert kinds(g.tick(g.next_deadline()))[0] == (DROP, 1)  # then a's turn ends: b's turn
+
+
+def test_a_waiter_whose_demand_turns_light_is_granted_at_once():
+    g = gpu()
+    a, b = client(1), client(2)
+    g.request(a, 0.0)                                        # no reports yet: both take turns
+    g.request(b, 0.0)
+    assert 2 in g.queue
+    assert grants(g.report_demand(b, LIGHT, 0.01)) == [(2, SHARED)]
+
+
+@pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True),
+                                          (SHORT_BURSTS, False), (LIGHT, False)])
+def test_which_demand_takes_turns(demand, turns):
+    assert demand.takes_turns is turns
+
+
+def test_short_burst_pair_co_runs_long_burst_pair_takes_turns():
+    for demand, expected in ((SHORT_BURSTS, "corun"), (LONG_BURSTS, "turns")):
+        g = gpu()
+        a, b = client(1), client(2)
+        for c in (a, b):
+            g.report_demand(c, demand, 0.0)
+            g.request(c, 0.0)
+        assert g.status(0.0, [], [])["sharing"] == expected
+
+
+def test_memory_that_does_not_fit_ends_co_running():
+    g = gpu()
+    a, b = client(1), client(2)
+    for c in (a, b):
+        g.report_demand(c, LIGHT, 0.0)
+        g.mem_update(c, 0.0, 6 * G, 0, 0)
+        g.request(c, 0.0)
+    assert set(g.holders) == {1, 2}
+    actions, _ = g.mem_update(b, 1.0, 6 * G, 0, 5 * G)      # b's memory no longer fits with a's
+    assert (DROP, 2) in kinds(actions)
+    assert next(a for a in actions if a.kind == DROP).value == C.NVSHARE_DROP_MEMORY
+    assert g.status(1.0, [], [])["sharing_reason"] == "memory does not fit: turns with swap"
+
+
+def test_equal_busy_clients_get_equal_gpu_time():
+    """Two busy clients that always want the GPU: each holds until dropped, drains in 2 ms and
+    asks again at once. Over 60 simulated seconds their held time is equal within 2 %."""
+    g = gpu()
+    a, b = client(1), client(2)
+    for c in (a, b):
+        g.report_demand(c, BUSY, 0.0)
+    held = {1: 0.0, 2: 0.0}
+    since: dict[int, float] = {}
+
+    def take(actions, now):
+        for cid, _ in grants(actions):
+            since[cid] = now
+        return [x.client.client_id for x in actions if x.kind == DROP]
+
+    now = 0.0
+    dropped = take(g.request(a, now), now) + take(g.request(b, now), now)
+    while now < 60.0:
+        deadline = g.next_deadline()
+        now = deadline if deadline is not None else now + 0.01
+        dropped += take(g.tick(now), now)
+        for cid in dropped:
+            now += 0.002
+            held[cid] += now - since.pop(cid)
+            take(g.release(cid, now), now)
+            take(g.request(a if cid == 1 else b, now), now)
+        dropped = []
+    assert min(held.values()) / max(held.values()) > 0.98, held
+
+
+# --- the real daemon ------------------------------------------------------------------------------
+
+def test_daemon_grants_a_light_client_beside_a_busy_holder_and_shows_why(scheduler, tmp_path):
+    """Through the socket: a busy job holds GPU 0; an interactive client that reported light
+    demand is granted at once, and status and the log say why."""
+    import time
+    from conftest import FAKE_GPUS
+    from lockclient import ClientProc
+    gpu0 = FAKE_GPUS[0]["uuid"]
+    for job in (1, 2, 3):
+        scheduler.client().register_job(job, uid=0, gid=0, gpu_index=[0])
+    procs = [ClientProc(scheduler.socket, job, 0) for job in (1, 2, 3)]
+    try:
+        busy, other, step = procs
+        busy.send(f"demand {gpu0} 970000 10000000 0")
+        busy.send(f"request {gpu0}")
+        busy.expect("grant", gpu=gpu0)
+        other.send(f"demand {gpu0} 970000 10000000 0")
+        other.send(f"request {gpu0}")
+        busy.expect("contended", gpu=gpu0)          # two busy ones: turns
+        step.send(f"demand {gpu0} 2000 1000 1500000")
+        sent = time.monotonic()
+        step.send(f"request {gpu0}")
+        grant = step.expect("grant", gpu=gpu0)
+        assert grant["flags"] == C.NVSHARE_GRANT_SHARED
+        assert time.monotonic() - sent < 1.0        # not a turn later: at once
+        gpus = scheduler.client().status()["gpus"]
+        status = next(g for g in gpus if g["uuid"] == gpu0)
+        assert status["sharing"] == "turns"
+        assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
+        assert f"gpu {gpu0}: sharing: turns (2 busy clients take turns" in scheduler.log()
+    finally:
+        for proc in procs:
+            proc.close()
