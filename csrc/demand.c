@@ -76,7 +76,7 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     msg.busy_ppm = (uint32_t)(d->busy * 1e6);
     msg.burst_us = burst / 1e3 > 4e9 ? 4000000000u : (uint32_t)(burst / 1e3);
     msg.gap_us = gap / 1e3 > 4e9 ? 4000000000u : (uint32_t)(gap / 1e3);
-    if (nvshare_send_demand(&msg) == 0) {
+    if (nvshare_outbox_demand(&msg) == 0) {
         d->reported = 1;
         d->reported_at = now;
         d->sent_busy = d->busy;
@@ -114,7 +114,7 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         d->busy_now = busy;
         d->run_start = now;
     }
-    if (nvshare_client_connected())
+    if (nvshare_outbox_connected())
         report(g, d, now);
 }
 

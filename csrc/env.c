@@ -117,6 +117,20 @@ static int parse_u32(const char *text, uint32_t *out)
     return 0;
 }
 
+/* A positive number of milliseconds from the environment, else the default (said when malformed). */
+static uint32_t read_ms(const char *name, uint32_t fallback)
+{
+    const char *text = getenv(name);
+    uint32_t ms;
+    if (!text || !*text)
+        return fallback;
+    if (parse_u32(text, &ms) != 0 || !ms) {
+        nvshare_log("%s=%s is not a positive number of milliseconds; using %u", name, text, fallback);
+        return fallback;
+    }
+    return ms;
+}
+
 int nvshare_gpu_is_managed(const char *uuid)
 {
     if (nvshare_cfg.managed_all)
@@ -163,6 +177,9 @@ void nvshare_read_settings(void)
         else if (strcmp(policy, "wait") != 0)
             nvshare_log("NVSHARE_ON_DAEMON_LOSS=%s is neither 'wait' nor 'run'; using 'wait'", policy);
     }
+
+    nvshare_cfg.drain_timeout_ms = read_ms("NVSHARE_DRAIN_TIMEOUT_MS", NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT);
+    nvshare_cfg.daemon_timeout_ms = read_ms("NVSHARE_DAEMON_TIMEOUT_MS", NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT);
 
     const char *limit = getenv("NVSHARE_MEM_LIMIT");
     if (limit && *limit && nvshare_parse_size(limit, &nvshare_cfg.mem_limit) != 0) {

@@ -1,12 +1,10 @@
 /* gate.c: per-GPU lock state, the gate every GPU-bound call passes, and hand-over.
  *
- * Which GPU: the calling thread's current context, cached per thread and in a small table of
- * (context -> GPU), so the hot path is one cuCtxGetCurrent plus atomics. A GPU is identified by the
- * UUID the driver reports, so CUDA_VISIBLE_DEVICES may use indices or UUIDs.
- *
- * Each gated GPU has a keeper thread that gives the lock back: at once on DROP_LOCK, and on
+ * Events from the daemon arrive as nvshare_on_*() calls (client.c's reader thread); what the gate
+ * tells the daemon goes into the outbox (outbox.c), never straight to the socket. Each gated GPU has a keeper thread that gives the lock back: at once on DROP_LOCK, and on
  * LOCK_CONTENDED as soon as nothing entered the gate for the adaptive idle threshold. Giving back =
- * close the gate, wait for the threads inside to leave, synchronise this GPU's contexts, move the
+ * close the gate, wait for the threads inside to leave and for open graph captures to end,
+ * synchronise this GPU's contexts (with a deadline: DRAIN_STUCK), move the
  * bytes the daemon asked for to host memory (swap.c), send LOCK_RELEASED. The keeper also brings
  * swapped memory back after a grant before it opens the gate, and swaps out on PREPARE_SWAP_OUT
  * while the process does not hold the GPU. Lock order: swap_mu before mu.
@@ -16,211 +14,16 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "nvshare_hook.h"
-
-struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
-atomic_int nvshare_n_gpus;
-static pthread_mutex_t gpus_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define IDLE_MIN_NS 100000ull        /* 100 us */
 /* Measured on the H100: with a 100 ms cap a job whose start-up made many quick re-requests kept a
  * 100 ms threshold for good and never gave the GPU up in its 91 ms pauses. A hand-over without swap
  * costs well under a millisecond, so erring towards giving back early is cheap. */
 #define IDLE_MAX_NS 20000000ull      /* 20 ms */
-#define IDLE_DEFAULT_NS 2000000ull   /* until the daemon says otherwise */
-
-/* ---- contexts ------------------------------------------------------------------------------- */
-#define MAX_CTX 256
-struct ctx_entry {
-    _Atomic(CUcontext) ctx;
-    struct nvshare_gpu *gpu;
-};
-static struct ctx_entry ctx_table[MAX_CTX];
-static atomic_int ctx_count;
-static atomic_uint ctx_generation;  /* bumped when a context is forgotten: per-thread caches retry */
-static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;  /* insertions, and syncs vs destroys */
-
-static NVSHARE_TLS CUcontext tl_ctx;
-static NVSHARE_TLS struct nvshare_gpu *tl_gpu;
-static NVSHARE_TLS unsigned tl_generation;
-
-static void format_uuid(char *out, const CUuuid *u)
-{
-    const unsigned char *b = (const unsigned char *)u->bytes;
-    snprintf(out, NVSHARE_UUID_LEN,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
-}
-
-static void gpu_init_sync(struct nvshare_gpu *g)
-{
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_mutex_init(&g->swap_mu, NULL);
-    pthread_cond_init(&g->waiters_cv, &attr);
-    pthread_cond_init(&g->keeper_cv, &attr);
-    pthread_condattr_destroy(&attr);
-}
-
-struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid)
-{
-    int n = atomic_load(&nvshare_n_gpus);
-    for (int i = 0; i < n; i++)
-        if (strncmp(nvshare_gpus[i].uuid, uuid, NVSHARE_UUID_LEN) == 0)
-            return &nvshare_gpus[i];
-    return NULL;
-}
-
-static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
-{
-    struct nvshare_gpu *g = nvshare_gpu_by_uuid(uuid);
-    if (g)
-        return g;
-    pthread_mutex_lock(&gpus_mu);
-    g = nvshare_gpu_by_uuid(uuid);
-    int n = atomic_load(&nvshare_n_gpus);
-    if (!g && n < NVSHARE_MAX_GPUS) {
-        g = &nvshare_gpus[n];
-        memset(g->uuid, 0, sizeof g->uuid);
-        nvshare_copy_str(g->uuid, NVSHARE_UUID_LEN, uuid);
-        g->device = dev;
-        g->vmm = -1;
-        gpu_init_sync(g);
-        uint32_t us = nvshare_client_idle_release_us();
-        g->idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
-        int managed = nvshare_cfg.active && nvshare_gpu_is_managed(uuid);
-        atomic_store(&g->mode, managed ? GPU_UNKNOWN : GPU_PASS);
-        atomic_store(&g->open, managed ? (nvshare_client_refused() ? 1 : 0) : 1);
-        if (managed && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_client_connected())
-            atomic_store(&g->open, 1);
-        atomic_store(&nvshare_n_gpus, n + 1);  /* publish after the slot is complete */
-        if (!managed && nvshare_cfg.active)
-            nvshare_debug("gpu %s: not in NVSHARE_MANAGED_GPUS; not gated", uuid);
-    }
-    pthread_mutex_unlock(&gpus_mu);
-    return g;
-}
-
-struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev)
-{
-    CUuuid u;
-    CUresult rc = CUDA_ERROR_NOT_FOUND;
-    nvshare_in_hook++;
-    if (nvshare_real.cuDeviceGetUuid_v2)
-        rc = nvshare_real.cuDeviceGetUuid_v2(&u, dev);
-    if (rc != CUDA_SUCCESS && nvshare_real.cuDeviceGetUuid)
-        rc = nvshare_real.cuDeviceGetUuid(&u, dev);
-    nvshare_in_hook--;
-    if (rc != CUDA_SUCCESS)
-        return NULL;
-    char uuid[NVSHARE_UUID_LEN];
-    format_uuid(uuid, &u);
-    return gpu_slot(uuid, dev);
-}
-
-static struct nvshare_gpu *ctx_lookup(CUcontext ctx)
-{
-    int n = atomic_load(&ctx_count);
-    for (int i = 0; i < n; i++)
-        if (atomic_load(&ctx_table[i].ctx) == ctx)
-            return ctx_table[i].gpu;
-    return NULL;
-}
-
-static struct nvshare_gpu *ctx_insert(CUcontext ctx, struct nvshare_gpu *g)
-{
-    pthread_mutex_lock(&ctx_mu);
-    struct nvshare_gpu *known = ctx_lookup(ctx);
-    if (!known) {
-        int n = atomic_load(&ctx_count);
-        int slot = -1;
-        for (int i = 0; i < n; i++)  /* reuse a forgotten entry */
-            if (atomic_load(&ctx_table[i].ctx) == NULL) {
-                slot = i;
-                break;
-            }
-        if (slot < 0 && n < MAX_CTX)
-            slot = n;
-        if (slot >= 0) {
-            ctx_table[slot].gpu = g;
-            atomic_store(&ctx_table[slot].ctx, ctx);
-            if (slot == n)
-                atomic_store(&ctx_count, n + 1);
-        }
-        known = g;
-    }
-    pthread_mutex_unlock(&ctx_mu);
-    return known;
-}
-
-void nvshare_ctx_remember(CUcontext ctx, CUdevice dev)
-{
-    if (!nvshare_cfg.active || !ctx)
-        return;
-    struct nvshare_gpu *g = nvshare_gpu_for_device(dev);
-    if (g)
-        ctx_insert(ctx, g);
-}
-
-void nvshare_ctx_forget(CUcontext ctx)
-{
-    if (!ctx)
-        return;
-    pthread_mutex_lock(&ctx_mu);
-    int n = atomic_load(&ctx_count);
-    for (int i = 0; i < n; i++)
-        if (atomic_load(&ctx_table[i].ctx) == ctx)
-            atomic_store(&ctx_table[i].ctx, NULL);
-    atomic_fetch_add(&ctx_generation, 1);
-    pthread_mutex_unlock(&ctx_mu);
-}
-
-CUcontext nvshare_ctx_for_gpu(struct nvshare_gpu *g)
-{
-    CUcontext found = NULL;
-    pthread_mutex_lock(&ctx_mu);
-    int n = atomic_load(&ctx_count);
-    for (int i = 0; i < n && !found; i++)
-        if (ctx_table[i].gpu == g)
-            found = atomic_load(&ctx_table[i].ctx);
-    pthread_mutex_unlock(&ctx_mu);
-    return found;
-}
-
-struct nvshare_gpu *nvshare_gpu_for_current(void)
-{
-    if (!nvshare_cfg.active || nvshare_in_hook)
-        return NULL;
-    CUcontext ctx = NULL;
-    if (nvshare_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
-        return NULL;  /* no context: the driver will refuse the call itself */
-    unsigned gen = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-    if (ctx == tl_ctx && gen == tl_generation)
-        return tl_gpu;
-    struct nvshare_gpu *g = ctx_lookup(ctx);
-    if (!g) {
-        CUdevice dev;
-        nvshare_in_hook++;
-        CUresult rc = nvshare_real.cuCtxGetDevice(&dev);
-        nvshare_in_hook--;
-        if (rc != CUDA_SUCCESS)
-            return NULL;
-        g = nvshare_gpu_for_device(dev);
-        if (!g)
-            return NULL;
-        g = ctx_insert(ctx, g);
-        nvshare_client_start();
-    }
-    tl_ctx = ctx;
-    tl_gpu = g;
-    tl_generation = gen;
-    return g;
-}
 
 /* ---- waiting for the lock ------------------------------------------------------------------- */
 static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
@@ -240,7 +43,7 @@ static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
 /* Called with the gate found shut: ask for the lock if nobody has, then wait for the grant. */
 void nvshare_gate_wait(struct nvshare_gpu *g)
 {
-    nvshare_client_start();
+    nvshare_outbox_want_link();
     pthread_mutex_lock(&g->mu);
     g->waiters++;
     while (!(atomic_load(&g->open) && !atomic_load(&g->closing))) {
@@ -252,10 +55,10 @@ void nvshare_gate_wait(struct nvshare_gpu *g)
             pthread_cond_timedwait(&g->waiters_cv, &g->mu, &until);
             continue;
         }
-        if (!g->held && !g->requested && !atomic_load(&g->closing) && nvshare_client_connected()) {
+        if (!g->held && !g->requested && !atomic_load(&g->closing) && nvshare_outbox_connected()) {
             adapt_threshold(g, now);
             uint32_t seq;
-            if (nvshare_send_gpu_event(NVSHARE_MSG_LOCK_REQUEST, g->uuid, 0, 0, &seq) == 0) {
+            if (nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_REQUEST, g->uuid, 0, 0, &seq) == 0) {
                 g->requested = 1;
                 g->request_seq = seq;
                 nvshare_debug("gpu %s: lock requested", g->uuid);
@@ -267,32 +70,178 @@ void nvshare_gate_wait(struct nvshare_gpu *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-/* ---- giving the lock back ------------------------------------------------------------------- */
-static void sync_contexts(struct nvshare_gpu *g)
+/* ---- graph capture ------------------------------------------------------------------------- */
+/* A capture only records work, so a thread that has one open passes the gate (it must be able to
+ * reach cuStreamEndCapture). Synchronising a context while a capture is open breaks the capture
+ * (the driver answers 900 and invalidates it, in every capture mode), so a drain waits until no
+ * capture is open on that GPU. A capture begins inside the gate, so none can begin during a drain. */
+NVSHARE_TLS atomic_int nvshare_tl_capturing;
+
+#define MAX_CAPTURES 256
+struct capture {
+    CUstream stream;
+    struct nvshare_gpu *gpu;
+    atomic_int *owner;   /* the beginning thread's nvshare_tl_capturing */
+};
+static struct capture captures[MAX_CAPTURES];
+static int n_captures;
+static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int per_thread_handle(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD; }
+
+void nvshare_capture_began(struct nvshare_gpu *g, CUstream stream)
 {
-    pthread_mutex_lock(&ctx_mu);
-    nvshare_in_hook++;
-    int n = atomic_load(&ctx_count);
-    for (int i = 0; i < n; i++) {
-        CUcontext ctx = atomic_load(&ctx_table[i].ctx);
-        if (!ctx || ctx_table[i].gpu != g)
-            continue;
-        if (nvshare_real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
-            nvshare_real.cuCtxSynchronize();
-            CUcontext popped;
-            nvshare_real.cuCtxPopCurrent_v2(&popped);
-        }
+    if (!g)
+        return;
+    pthread_mutex_lock(&capture_mu);
+    if (n_captures < MAX_CAPTURES) {
+        captures[n_captures++] = (struct capture){stream, g, &nvshare_tl_capturing};
+        atomic_fetch_add(&g->captures, 1);
+        atomic_fetch_add(&nvshare_tl_capturing, 1);
+    } else {
+        nvshare_log("gpu %s: more than %d graph captures open; a hand-over now may break one", g->uuid,
+                    MAX_CAPTURES);
     }
-    nvshare_in_hook--;
-    pthread_mutex_unlock(&ctx_mu);
+    pthread_mutex_unlock(&capture_mu);
 }
 
-static void drain(struct nvshare_gpu *g)
+void nvshare_capture_ended(CUstream stream)
 {
-    struct timespec pause = {0, 20000};
+    pthread_mutex_lock(&capture_mu);
+    for (int i = 0; i < n_captures; i++) {
+        struct capture *c = &captures[i];
+        if (c->stream != stream || (per_thread_handle(stream) && c->owner != &nvshare_tl_capturing))
+            continue;
+        atomic_fetch_sub(&c->gpu->captures, 1);
+        atomic_fetch_sub(c->owner, 1);
+        pthread_cond_broadcast(&c->gpu->keeper_cv);
+        *c = captures[--n_captures];
+        break;
+    }
+    pthread_mutex_unlock(&capture_mu);
+}
+
+/* ---- giving the lock back ------------------------------------------------------------------- */
+#define DRAIN_POLL_NS 20000ull             /* threads still inside the gate: look again after this */
+#define CAPTURE_POLL_NS 1000000ull         /* a capture still open: look again after this */
+#define DRAIN_RETRY_NS 100000000ull        /* a synchronise failed: try again after this */
+#define NO_ROOM_RETRY_NS 250000000ull      /* swap-in found no room: ask for the GPU again after this */
+#define THREAD_STACK_BYTES (256 * 1024)
+
+enum { DRAIN_IDLE = 0, DRAIN_REQUESTED, DRAIN_RUNNING, DRAIN_DONE };
+
+static int capture_error(CUresult rc) { return rc >= 900 && rc <= 909; }
+
+/* Waits for the threads inside the gate and for open captures, then synchronises. */
+static CUresult drain_now(struct nvshare_gpu *g)
+{
+    struct timespec pause = {0, (long)DRAIN_POLL_NS};
     while (atomic_load(&g->inside) > 0)
         nanosleep(&pause, NULL);
-    sync_contexts(g);
+    struct timespec capture_pause = {0, (long)CAPTURE_POLL_NS};
+    while (atomic_load(&g->captures) > 0)
+        nanosleep(&capture_pause, NULL);
+    return nvshare_gpus_sync_contexts(g);
+}
+
+/* The drainer runs drain_now() for the keeper, so that the keeper can keep the drain's deadline. */
+static void *drainer_main(void *arg)
+{
+    struct nvshare_gpu *g = arg;
+    nvshare_in_hook = 1;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (g->drain_state != DRAIN_REQUESTED)
+            pthread_cond_wait(&g->drain_cv, &g->mu);
+        g->drain_state = DRAIN_RUNNING;
+        pthread_mutex_unlock(&g->mu);
+        CUresult rc = drain_now(g);
+        pthread_mutex_lock(&g->mu);
+        g->drain_rc = rc;
+        g->drain_state = DRAIN_DONE;
+        pthread_cond_broadcast(&g->keeper_cv);
+    }
+    return NULL;
+}
+
+static int start_detached(void *(*fn)(void *), void *arg)
+{
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, THREAD_STACK_BYTES);
+    int rc = pthread_create(&tid, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+static void deadline_after(struct timespec *ts, uint64_t ns)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ns += (uint64_t)ts->tv_nsec;
+    ts->tv_sec += (time_t)(ns / 1000000000ull);
+    ts->tv_nsec = (long)(ns % 1000000000ull);
+}
+
+/* With g->mu held and the gate closing: drains g, waiting as long as it takes. Past the drain deadline
+ * a holder tells the daemon (DRAIN_STUCK) and keeps the lock meanwhile: LOCK_RELEASED is never sent
+ * while this process's work may still run. A failed synchronise counts as not drained and is tried
+ * again; only an error that is not about a capture and persists past the deadline (the context is
+ * broken: nothing of it can run any more) counts as drained. Returns with mu held; 0 when drained. */
+static int drain_with_deadline(struct nvshare_gpu *g)
+{
+    uint64_t started = nvshare_now_ns();
+    uint64_t limit = (uint64_t)nvshare_cfg.drain_timeout_ms * 1000000ull;
+    int stuck = 0, logged_error = 0;
+    if (!g->drainer_running) {
+        if (start_detached(drainer_main, g) == 0) {
+            g->drainer_running = 1;
+        } else {
+            pthread_mutex_unlock(&g->mu);  /* no thread: drain here, without a deadline */
+            CUresult rc = drain_now(g);
+            pthread_mutex_lock(&g->mu);
+            return rc == CUDA_SUCCESS ? 0 : -1;
+        }
+    }
+    for (;;) {
+        g->drain_state = DRAIN_REQUESTED;
+        pthread_cond_signal(&g->drain_cv);
+        while (g->drain_state != DRAIN_DONE) {
+            uint64_t waited = nvshare_now_ns() - started;
+            if (stuck || waited >= limit) {
+                if (!stuck && g->held) {
+                    nvshare_outbox_gpu_event(NVSHARE_MSG_DRAIN_STUCK, g->uuid, 0, waited / 1000000ull, NULL);
+                    nvshare_log("gpu %s: its work did not finish within %u ms of being asked to release; the "
+                                "lock is kept until it does (told nvshare-scheduler)", g->uuid,
+                                nvshare_cfg.drain_timeout_ms);
+                }
+                stuck = 1;
+                pthread_cond_wait(&g->keeper_cv, &g->mu);
+            } else {
+                struct timespec deadline;
+                deadline_after(&deadline, limit - waited);
+                pthread_cond_timedwait(&g->keeper_cv, &g->mu, &deadline);
+            }
+        }
+        g->drain_state = DRAIN_IDLE;
+        CUresult rc = g->drain_rc;
+        uint64_t waited = nvshare_now_ns() - started;
+        if (rc == CUDA_SUCCESS || (!capture_error(rc) && waited >= limit) || !g->held) {
+            if (stuck)
+                nvshare_log("gpu %s: drained after %.1f s%s", g->uuid, waited / 1e9,
+                            rc == CUDA_SUCCESS ? "" : " (its context reports an error: nothing of it runs)");
+            return rc == CUDA_SUCCESS || !capture_error(rc) ? 0 : -1;
+        }
+        if (!logged_error) {
+            nvshare_log("gpu %s: synchronising it for a hand-over failed (CUDA error %d); not drained, the "
+                        "lock is kept and it is tried again", g->uuid, rc);
+            logged_error = 1;
+        }
+        struct timespec retry;
+        deadline_after(&retry, DRAIN_RETRY_NS);
+        pthread_cond_timedwait(&g->keeper_cv, &g->mu, &retry);
+    }
 }
 
 /* With g->mu held, the gate closing and g drained: moves `bytes` out; returns with mu held. */
@@ -305,7 +254,7 @@ static uint64_t swap_out_unlocked(struct nvshare_gpu *g, uint64_t bytes)
     nvshare_swap_lock(g);
     uint64_t moved = nvshare_swap_out(g, bytes);
     nvshare_swap_unlock(g);
-    nvshare_send_mem_report(g);
+    nvshare_memory_report(g);
     pthread_mutex_lock(&g->mu);
     g->swap_busy = 0;
     return moved;
@@ -317,17 +266,15 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
     atomic_store(&g->closing, 1);
     uint64_t want = g->swap_out_bytes;
     g->swap_out_bytes = 0;
-    pthread_mutex_unlock(&g->mu);
-    drain(g);
-    pthread_mutex_lock(&g->mu);
+    int drained = drain_with_deadline(g) == 0;
     atomic_store(&g->swap_abort, 0);  /* still holding: no grant can overtake this one */
-    uint64_t moved = swap_out_unlocked(g, want);
-    if (g->held) {
+    uint64_t moved = drained ? swap_out_unlocked(g, want) : 0;
+    if (g->held && drained) {
         g->held = 0;
         atomic_store(&g->open, 0);
         g->last_release_ns = nvshare_now_ns();
         g->last_release_idle = how == NVSHARE_RELEASE_IDLE;
-        nvshare_send_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid,
+        nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid,
                                how | (moved ? NVSHARE_RELEASE_SWAPPED : 0), moved, NULL);
         nvshare_debug("gpu %s: lock released (%s, held %.1f ms, idle threshold %.2f ms, %.1f MiB swapped out)",
                       g->uuid, how == NVSHARE_RELEASE_IDLE ? "idle" : "dropped",
@@ -344,7 +291,7 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
 static int should_open(struct nvshare_gpu *g)
 {
     return g->held || atomic_load(&g->mode) == GPU_PASS ||
-           (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_client_connected());
+           (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_outbox_connected());
 }
 
 static void ensure_keeper(struct nvshare_gpu *g);
@@ -380,16 +327,16 @@ static void swap_in_and_open(struct nvshare_gpu *g)
         pthread_cond_broadcast(&g->waiters_cv);
     }
     nvshare_swap_unlock(g);
-    nvshare_send_mem_report(g);
+    nvshare_memory_report(g);
     if (rc == 0)
         return;
-    g->no_room_until = nvshare_now_ns() + 250000000ull;
+    g->no_room_until = nvshare_now_ns() + NO_ROOM_RETRY_NS;
     if (g->held) {
         /* Let the others run and free room; the waiting threads ask again after no_room_until. */
         g->held = 0;
         g->contended = g->drop_pending = 0;
         g->swap_out_bytes = 0;
-        nvshare_send_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid, NVSHARE_RELEASE_NO_ROOM, 0, NULL);
+        nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid, NVSHARE_RELEASE_NO_ROOM, 0, NULL);
         pthread_cond_broadcast(&g->waiters_cv);
     } else if (should_open(g)) {
         g->swap_in_pending = 1;  /* ungated: keep trying */
@@ -403,29 +350,19 @@ static void swap_out_now(struct nvshare_gpu *g)
     g->swap_now_bytes = 0;
     if (atomic_load(&g->open) || g->held) {
         /* Ungated work may run at any moment: its memory cannot move. Say so in the numbers. */
-        nvshare_send_mem_report(g);
+        nvshare_memory_report(g);
         return;
     }
     atomic_store(&g->closing, 1);
-    pthread_mutex_unlock(&g->mu);
-    drain(g);
-    pthread_mutex_lock(&g->mu);
+    int drained = drain_with_deadline(g) == 0;
     atomic_store(&g->swap_abort, 0);
-    uint64_t moved = g->held ? 0 : swap_out_unlocked(g, want);
+    uint64_t moved = g->held || !drained ? 0 : swap_out_unlocked(g, want);
     atomic_store(&g->closing, 0);
     pthread_cond_broadcast(&g->waiters_cv);
     if (!moved)
-        nvshare_send_mem_report(g);
+        nvshare_memory_report(g);
     nvshare_debug("gpu %s: asked to move %.1f MiB to host memory while waiting: moved %.1f MiB", g->uuid,
                   want / 1048576.0, moved / 1048576.0);
-}
-
-static void deadline_after(struct timespec *ts, uint64_t ns)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ns += (uint64_t)ts->tv_nsec;
-    ts->tv_sec += (time_t)(ns / 1000000000ull);
-    ts->tv_nsec = (long)(ns % 1000000000ull);
 }
 
 static void *keeper_main(void *arg)
@@ -465,7 +402,8 @@ static void *keeper_main(void *arg)
             rc = pthread_cond_timedwait(&g->keeper_cv, &g->mu, &deadline);
         if (!g->held || !g->contended || g->drop_pending)
             continue;
-        if (!atomic_load(&g->touched) && atomic_load(&g->inside) == 0)
+        /* An open capture is work in progress too: it will launch what it records. */
+        if (!atomic_load(&g->touched) && atomic_load(&g->inside) == 0 && atomic_load(&g->captures) == 0)
             release_lock(g, NVSHARE_RELEASE_IDLE);
     }
     return NULL;
@@ -475,16 +413,11 @@ static void ensure_keeper(struct nvshare_gpu *g)
 {
     if (g->keeper_running)
         return;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    if (pthread_create(&g->keeper, &attr, keeper_main, g) == 0)
+    if (start_detached(keeper_main, g) == 0)
         g->keeper_running = 1;
     else
         nvshare_log("gpu %s: cannot start the hand-over thread; the lock is given back only on DROP_LOCK",
                     g->uuid);
-    pthread_attr_destroy(&attr);
 }
 
 /* ---- daemon messages (client thread) -------------------------------------------------------- */
@@ -508,7 +441,7 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
     open_gate(g);
     pthread_mutex_unlock(&g->mu);
     if (unanswered_ask)
-        nvshare_send_mem_report(g);  /* the daemon takes the next report as the ask's answer */
+        nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
     nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
                   flags == NVSHARE_GRANT_SHARED ? "shared" : "exclusive", switch_ms);
 }
@@ -623,16 +556,21 @@ void nvshare_gates_open_all(const char *why)
 /* The child of fork holds no lock and has no threads but this one. */
 void nvshare_gate_after_fork(void)
 {
-    pthread_mutex_init(&gpus_mu, NULL);
-    pthread_mutex_init(&ctx_mu, NULL);
+    nvshare_gpus_after_fork();
+    pthread_mutex_init(&capture_mu, NULL);
+    n_captures = 0;
+    atomic_store(&nvshare_tl_capturing, 0);
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        gpu_init_sync(g);
+        nvshare_gpu_init_sync(g);
         g->held = g->requested = g->waiters = g->contended = g->drop_pending = 0;
         g->swap_in_pending = g->swap_busy = 0;
         g->swap_out_bytes = g->swap_now_bytes = g->no_room_until = 0;
         g->keeper_running = 0;
+        g->drainer_running = 0;
+        g->drain_state = DRAIN_IDLE;
+        atomic_store(&g->captures, 0);
         g->last_release_idle = 0;
         atomic_store(&g->inside, 0);
         atomic_store(&g->closing, 0);

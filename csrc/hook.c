@@ -100,11 +100,15 @@ static void load_driver_once(void)
     RESOLVE(cuMemGetAllocationGranularity);
     RESOLVE(cuMemAddressReserve);
     RESOLVE(cuMemAddressFree);
-    RESOLVE(cuMemMap);
-    RESOLVE(cuMemUnmap);
     RESOLVE(cuMemSetAccess);
     RESOLVE(cuMemHostAlloc);
     RESOLVE(cuMemFreeHost);
+    RESOLVE(cuMemPoolGetAttribute);
+    RESOLVE(cuDeviceGetDefaultMemPool);
+    RESOLVE(cuDeviceGetMemPool);
+    RESOLVE(cuDeviceGetGraphMemAttribute);
+    RESOLVE(cuCtxFromGreenCtx);
+    RESOLVE(cuDevicePrimaryCtxGetState);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -127,6 +131,7 @@ int nvshare_load_driver(void)
 
 static void after_fork_child(void)
 {
+    nvshare_outbox_after_fork();
     nvshare_client_after_fork();
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
@@ -137,34 +142,26 @@ static void after_fork_child(void)
 __attribute__((constructor)) static void nvshare_init(void)
 {
     pthread_once(&settings_once, read_settings_once);
-    pthread_atfork(NULL, NULL, after_fork_child);
+    nvshare_outbox_set_starter(nvshare_client_start);
+    pthread_atfork(nvshare_memory_before_fork, nvshare_memory_parent_after_fork, after_fork_child);
 }
 
 /* ---- generated gate wrappers ---------------------------------------------------------------- */
 #define NVSHARE_GATE_WRAPPER(name, params, args)                                                 \
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
-        if (__builtin_expect(!nvshare_real.name, 0)) {                                           \
-            if (nvshare_load_driver() != 0 || !nvshare_real.name)                                \
-                return CUDA_ERROR_NOT_FOUND;                                                     \
-        }                                                                                        \
+        REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(nvshare_gpu_for_current());            \
         nvshare_in_hook++; /* calls the driver makes to itself are not gated twice */          \
         CUresult gate_rc_ = nvshare_real.name args;                                              \
         nvshare_in_hook--;                                                                       \
         nvshare_gate_leave(gate_gpu_);                                                           \
-        return gate_rc_;                                                                              \
+        return gate_rc_;                                                                         \
     }
 #define NVSHARE_NO_WRAPPER(name, params)
 NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
 
 /* ---- initialisation and contexts ------------------------------------------------------------ */
-#define REAL_OR_FAIL(name)                                                                       \
-    do {                                                                                         \
-        if (nvshare_load_driver() != 0 || !nvshare_real.name)                                    \
-            return nvshare_load_driver() != 0 ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_FOUND; \
-    } while (0)
-
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)
 {
     REAL_OR_FAIL(cuInit);
@@ -221,6 +218,130 @@ NVSHARE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     nvshare_ctx_forget(ctx);
     return nvshare_real.cuCtxDestroy_v2(ctx);
 }
+
+/* ---- green contexts: their streams' work lives in a context of their own, drained with the rest -- */
+static CUcontext context_of_green(CUgreenCtx green)
+{
+    CUcontext ctx = NULL;
+    if (!green || !nvshare_real.cuCtxFromGreenCtx)
+        return NULL;
+    nvshare_in_hook++;
+    if (nvshare_real.cuCtxFromGreenCtx(&ctx, green) != CUDA_SUCCESS)
+        ctx = NULL;
+    nvshare_in_hook--;
+    return ctx;
+}
+
+NVSHARE_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+{
+    REAL_OR_FAIL(cuGreenCtxCreate);
+    CUresult rc = nvshare_real.cuGreenCtxCreate(green, desc, dev, flags);
+    if (rc == CUDA_SUCCESS && green && !nvshare_in_hook)
+        nvshare_ctx_remember(context_of_green(*green), dev);
+    return rc;
+}
+
+NVSHARE_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green)
+{
+    REAL_OR_FAIL(cuGreenCtxDestroy);
+    if (!nvshare_in_hook)
+        nvshare_ctx_forget(context_of_green(green));
+    return nvshare_real.cuGreenCtxDestroy(green);
+}
+
+/* ---- primary contexts: cudaDeviceReset must not leave the keeper a dead context to push -------- */
+NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    REAL_OR_FAIL(cuDevicePrimaryCtxRetain);
+    CUresult rc = nvshare_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc == CUDA_SUCCESS && pctx && !nvshare_in_hook)
+        nvshare_primary_ctx_retained(dev, *pctx);
+    return rc;
+}
+
+/* Forget first, as cuCtxDestroy does (a drain must not push it while the driver destroys it). A
+ * release that leaves the context alive (others still retain it) puts it back at once. */
+#define PRIMARY_GONE_WRAPPER(name, may_survive)                                                  \
+    NVSHARE_EXPORT CUresult name(CUdevice dev)                                                   \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        if (nvshare_in_hook)                                                                     \
+            return nvshare_real.name(dev);                                                       \
+        CUcontext primary = nvshare_primary_ctx_gone(dev);                                       \
+        CUresult rc = nvshare_real.name(dev);                                                    \
+        unsigned int flags;                                                                      \
+        int active = 0;                                                                          \
+        if ((may_survive) && primary && nvshare_real.cuDevicePrimaryCtxGetState &&            \
+            nvshare_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&  \
+            active)                                                                              \
+            nvshare_primary_ctx_retained(dev, primary);                                          \
+        return rc;                                                                               \
+    }
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset, 0)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxReset_v2, 0)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease, 1)
+PRIMARY_GONE_WRAPPER(cuDevicePrimaryCtxRelease_v2, 1)
+
+/* Kernels of the current context may now reach peer's memory, past peer's gate: that memory must
+ * never be swapped out from under them. */
+NVSHARE_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    REAL_OR_FAIL(cuCtxEnablePeerAccess);
+    CUresult rc = nvshare_real.cuCtxEnablePeerAccess(peer, flags);
+    if ((rc == CUDA_SUCCESS || rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) && peer && nvshare_cfg.active &&
+        !nvshare_in_hook) {
+        CUdevice dev;
+        nvshare_in_hook++;
+        int known = nvshare_real.cuCtxPushCurrent_v2(peer) == CUDA_SUCCESS;
+        if (known) {
+            known = nvshare_real.cuCtxGetDevice(&dev) == CUDA_SUCCESS;
+            CUcontext popped;
+            nvshare_real.cuCtxPopCurrent_v2(&popped);
+        }
+        nvshare_in_hook--;
+        struct nvshare_gpu *g = known ? nvshare_gpu_for_device(dev) : NULL;
+        if (g && !atomic_exchange(&g->peer_access, 1))
+            nvshare_debug("gpu %s: peer access enabled; its memory stays on the GPU from now on", g->uuid);
+    }
+    return rc;
+}
+
+/* ---- graph capture -------------------------------------------------------------------------- */
+/* A capture begins inside the gate (so never during a drain) and is counted until it ends. */
+#define BEGIN_CAPTURE_WRAPPER(name, params, call)                                                \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(nvshare_gpu_for_current());           \
+        nvshare_in_hook++;                                                                       \
+        CUresult rc = nvshare_real.name call;                                                    \
+        nvshare_in_hook--;                                                                       \
+        if (rc == CUDA_SUCCESS)                                                                  \
+            nvshare_capture_began(gate_gpu_, stream);                                            \
+        nvshare_gate_leave(gate_gpu_);                                                           \
+        return rc;                                                                               \
+    }
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph, (CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                      const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode),
+                      (stream, graph, deps, edges, n, mode))
+BEGIN_CAPTURE_WRAPPER(cuStreamBeginCaptureToGraph_ptsz, (CUstream stream, CUgraph graph, const CUgraphNode *deps,
+                      const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode),
+                      (stream, graph, deps, edges, n, mode))
+
+/* Any answer but "wrong thread" ends the capture, an invalidated one included. */
+#define END_CAPTURE_WRAPPER(name)                                                                \
+    NVSHARE_EXPORT CUresult name(CUstream stream, CUgraph *graph)                                \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        CUresult rc = nvshare_real.name(stream, graph);                                          \
+        if (rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)                                        \
+            nvshare_capture_ended(stream);                                                       \
+        return rc;                                                                               \
+    }
+END_CAPTURE_WRAPPER(cuStreamEndCapture)
+END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 
 /* ---- synchronising calls: demand, never gated ------------------------------------------------ */
 /* The GPU of the calling thread's context (a stream or event of another context is rare). */

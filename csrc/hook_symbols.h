@@ -46,6 +46,20 @@
                      size_t *f, size_t g, size_t *h, CUstream i)
 #define NVA_9 (a, b, c, d, e, f, g, h, i)
 #define NVP_BATCH3D_A (size_t a, CUDA_MEMCPY3D_BATCH_OP *b, size_t *c, unsigned long long d, CUstream e)
+/* CUDA 13: the batch copies lost their failure index (_v2), and UVM gained batched prefetch/discard. */
+#define NVP_BATCH_A2 (CUdeviceptr *a, CUdeviceptr *b, size_t *c, size_t d, CUmemcpyAttributes *e, \
+                      size_t *f, size_t g, CUstream h)
+#define NVA_8 (a, b, c, d, e, f, g, h)
+#define NVP_BATCH3D_A2 (size_t a, CUDA_MEMCPY3D_BATCH_OP *b, unsigned long long c, CUstream d)
+#define NVP_PREFETCH_BATCH (CUdeviceptr *a, size_t *b, size_t c, CUmemLocation *d, size_t *e, size_t f, \
+                            unsigned long long g, CUstream h)
+#define NVP_DISCARD_BATCH (CUdeviceptr *a, size_t *b, size_t c, unsigned long long d, CUstream e)
+#define NVP_UPLOAD (CUgraphExec a, CUstream b)
+#define NVP_MAPARRAY (CUarrayMapInfo *a, unsigned int b, CUstream c)
+#define NVP_SEM_SIGNAL (const CUexternalSemaphore *a, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *b, \
+                        unsigned int c, CUstream d)
+#define NVP_SEM_WAIT (const CUexternalSemaphore *a, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS *b, \
+                      unsigned int c, CUstream d)
 #define NVP_SET8 (CUdeviceptr a, unsigned char b, size_t c)
 #define NVP_SET16 (CUdeviceptr a, unsigned short b, size_t c)
 #define NVP_SET32 (CUdeviceptr a, unsigned int b, size_t c)
@@ -97,6 +111,26 @@
     OWN(cuStreamSynchronize_ptsz, (CUstream stream))                                           \
     OWN(cuEventSynchronize, (CUevent event))                                                   \
     OWN(cuCtxDestroy_v2, (CUcontext ctx))                                                      \
+    OWN(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev))                             \
+    OWN(cuDevicePrimaryCtxRelease, (CUdevice dev))                                             \
+    OWN(cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                          \
+    OWN(cuDevicePrimaryCtxReset, (CUdevice dev))                                               \
+    OWN(cuDevicePrimaryCtxReset_v2, (CUdevice dev))                                            \
+    OWN(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags))                           \
+    OWN(cuGreenCtxCreate, (CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev,            \
+                           unsigned int flags))                                                \
+    OWN(cuGreenCtxDestroy, (CUgreenCtx green))                                                 \
+    /* graph capture: a drain waits for open captures instead of breaking them */              \
+    OWN(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode))                  \
+    OWN(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode))             \
+    OWN(cuStreamBeginCaptureToGraph, (CUstream stream, CUgraph graph,                          \
+                                      const CUgraphNode *deps, const CUgraphEdgeData *edges,   \
+                                      size_t n, CUstreamCaptureMode mode))                     \
+    OWN(cuStreamBeginCaptureToGraph_ptsz, (CUstream stream, CUgraph graph,                     \
+                                           const CUgraphNode *deps, const CUgraphEdgeData *edges, \
+                                           size_t n, CUstreamCaptureMode mode))                \
+    OWN(cuStreamEndCapture, (CUstream stream, CUgraph *graph))                                 \
+    OWN(cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph))                            \
     /* memory accounting */                                                                    \
     OWN(cuMemAlloc, (CUdeviceptr_v1 *dptr, unsigned int bytesize))                             \
     OWN(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize))                                   \
@@ -116,6 +150,25 @@
     OWN(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size,                       \
                       const CUmemAllocationProp *prop, unsigned long long flags))              \
     OWN(cuMemRelease, (CUmemGenericAllocationHandle handle))                                   \
+    OWN(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset,                                \
+                   CUmemGenericAllocationHandle handle, unsigned long long flags))             \
+    OWN(cuMemUnmap, (CUdeviceptr ptr, size_t size))                                            \
+    OWN(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *props))                    \
+    OWN(cuMemPoolDestroy, (CUmemoryPool pool))                                                 \
+    OWN(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                                     \
+    OWN(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))                     \
+    OWN(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev))                                    \
+    OWN(cuArrayCreate_v2, (CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc))                 \
+    OWN(cuArray3DCreate_v2, (CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc))             \
+    OWN(cuArrayDestroy, (CUarray array))                                                       \
+    OWN(cuMipmappedArrayCreate, (CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, \
+                                 unsigned int levels))                                         \
+    OWN(cuMipmappedArrayDestroy, (CUmipmappedArray array))                                     \
+    /* swappable memory described as the one allocation it is */                               \
+    OWN(cuMemGetAddressRange_v2, (CUdeviceptr *base, size_t *size, CUdeviceptr ptr))           \
+    OWN(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr ptr))                        \
+    OWN(cuPointerGetAttributes, (unsigned int n, int *attrs, void **data, CUdeviceptr ptr))    \
+    OWN(cuIpcGetMemHandle, (CUipcMemHandle *handle, CUdeviceptr ptr))                          \
     OWN(cuMemGetInfo, (unsigned int *free_bytes, unsigned int *total_bytes))                   \
     OWN(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes))                           \
     /* kernels and graphs */                                                                   \
@@ -130,6 +183,8 @@
     GATE(cuLaunchGridAsync, (CUfunction a, int b, int c, CUstream d), NVA_4)                   \
     GATE(cuGraphLaunch, NVP_GRAPH, NVA_2)                                                      \
     GATE(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2)                                                 \
+    GATE(cuGraphUpload, NVP_UPLOAD, NVA_2)                                                     \
+    GATE(cuGraphUpload_ptsz, NVP_UPLOAD, NVA_2)                                                \
     /* synchronous copies */                                                                   \
     GATE(cuMemcpy, NVP_DTOD, NVA_3)                                                            \
     GATE(cuMemcpy_ptds, NVP_DTOD, NVA_3)                                                       \
@@ -187,6 +242,10 @@
     GATE(cuMemcpyBatchAsync_ptsz, NVP_BATCH_A, NVA_9)                                          \
     GATE(cuMemcpy3DBatchAsync, NVP_BATCH3D_A, NVA_5)                                           \
     GATE(cuMemcpy3DBatchAsync_ptsz, NVP_BATCH3D_A, NVA_5)                                      \
+    GATE(cuMemcpyBatchAsync_v2, NVP_BATCH_A2, NVA_8)                                           \
+    GATE(cuMemcpyBatchAsync_v2_ptsz, NVP_BATCH_A2, NVA_8)                                      \
+    GATE(cuMemcpy3DBatchAsync_v2, NVP_BATCH3D_A2, NVA_4)                                       \
+    GATE(cuMemcpy3DBatchAsync_v2_ptsz, NVP_BATCH3D_A2, NVA_4)                                  \
     /* memset */                                                                               \
     GATE(cuMemsetD8, NVP_V1_SET8, NVA_3)                                                       \
     GATE(cuMemsetD16, NVP_V1_SET16, NVA_3)                                                     \
@@ -220,6 +279,12 @@
     GATE(cuMemPrefetchAsync_ptsz, NVP_PREFETCH, NVA_4)                                         \
     GATE(cuMemPrefetchAsync_v2, NVP_PREFETCH2, NVA_5)                                          \
     GATE(cuMemPrefetchAsync_v2_ptsz, NVP_PREFETCH2, NVA_5)                                     \
+    GATE(cuMemPrefetchBatchAsync, NVP_PREFETCH_BATCH, NVA_8)                                   \
+    GATE(cuMemPrefetchBatchAsync_ptsz, NVP_PREFETCH_BATCH, NVA_8)                              \
+    GATE(cuMemDiscardBatchAsync, NVP_DISCARD_BATCH, NVA_5)                                     \
+    GATE(cuMemDiscardBatchAsync_ptsz, NVP_DISCARD_BATCH, NVA_5)                                \
+    GATE(cuMemDiscardAndPrefetchBatchAsync, NVP_PREFETCH_BATCH, NVA_8)                         \
+    GATE(cuMemDiscardAndPrefetchBatchAsync_ptsz, NVP_PREFETCH_BATCH, NVA_8)                    \
     GATE(cuStreamWaitValue32, NVP_WAIT32, NVA_4)                                               \
     GATE(cuStreamWaitValue32_ptsz, NVP_WAIT32, NVA_4)                                          \
     GATE(cuStreamWaitValue32_v2, NVP_WAIT32, NVA_4)                                            \
@@ -239,6 +304,13 @@
     GATE(cuStreamBatchMemOp, NVP_BATCHOP, NVA_4)                                               \
     GATE(cuStreamBatchMemOp_ptsz, NVP_BATCHOP, NVA_4)                                          \
     GATE(cuStreamBatchMemOp_v2, NVP_BATCHOP, NVA_4)                                            \
-    GATE(cuStreamBatchMemOp_v2_ptsz, NVP_BATCHOP, NVA_4)
+    GATE(cuStreamBatchMemOp_v2_ptsz, NVP_BATCHOP, NVA_4)                                      \
+    /* stream-ordered work that is not a kernel */                                             \
+    GATE(cuMemMapArrayAsync, NVP_MAPARRAY, NVA_3)                                              \
+    GATE(cuMemMapArrayAsync_ptsz, NVP_MAPARRAY, NVA_3)                                         \
+    GATE(cuSignalExternalSemaphoresAsync, NVP_SEM_SIGNAL, NVA_4)                               \
+    GATE(cuSignalExternalSemaphoresAsync_ptsz, NVP_SEM_SIGNAL, NVA_4)                          \
+    GATE(cuWaitExternalSemaphoresAsync, NVP_SEM_WAIT, NVA_4)                                   \
+    GATE(cuWaitExternalSemaphoresAsync_ptsz, NVP_SEM_WAIT, NVA_4)
 
 #endif

@@ -38,12 +38,15 @@ typedef CUresult (*cuMemGetAllocationGranularity_fn)(size_t *granularity, const 
 typedef CUresult (*cuMemAddressReserve_fn)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                            unsigned long long flags);
 typedef CUresult (*cuMemAddressFree_fn)(CUdeviceptr ptr, size_t size);
-typedef CUresult (*cuMemMap_fn)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
-                                unsigned long long flags);
-typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr ptr, size_t size);
 typedef CUresult (*cuMemSetAccess_fn)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 typedef CUresult (*cuMemHostAlloc_fn)(void **pp, size_t bytesize, unsigned int flags);
 typedef CUresult (*cuMemFreeHost_fn)(void *p);
+typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool pool, int attr, void *value);
+typedef CUresult (*cuDeviceGetDefaultMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
+typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
+typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice dev, int attr, void *value);
+typedef CUresult (*cuCtxFromGreenCtx_fn)(CUcontext *ctx, CUgreenCtx green);
+typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *flags, int *active);
 
 struct nvshare_real {
 #define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
@@ -63,11 +66,16 @@ struct nvshare_real {
     cuMemGetAllocationGranularity_fn cuMemGetAllocationGranularity;
     cuMemAddressReserve_fn cuMemAddressReserve;
     cuMemAddressFree_fn cuMemAddressFree;
-    cuMemMap_fn cuMemMap;
-    cuMemUnmap_fn cuMemUnmap;
     cuMemSetAccess_fn cuMemSetAccess;
     cuMemHostAlloc_fn cuMemHostAlloc;
     cuMemFreeHost_fn cuMemFreeHost;
+    /* pools (memory.c): optional; without them pool memory is not seen */
+    cuMemPoolGetAttribute_fn cuMemPoolGetAttribute;
+    cuDeviceGetDefaultMemPool_fn cuDeviceGetDefaultMemPool;
+    cuDeviceGetMemPool_fn cuDeviceGetMemPool;
+    cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute;
+    cuCtxFromGreenCtx_fn cuCtxFromGreenCtx;  /* green contexts' work is drained with their context */
+    cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;  /* a release that leaves it alive */
 };
 extern struct nvshare_real nvshare_real;
 
@@ -75,6 +83,18 @@ extern struct nvshare_real nvshare_real;
 int nvshare_load_driver(void);
 /* 1 once the driver's required functions are resolved. */
 extern atomic_int nvshare_driver_ok;
+
+/* The start of every hand-written wrapper. The driver is loaded before any real pointer is read (a
+ * thread never sees the block half filled): NOT_INITIALIZED when libcuda.so.1 cannot be used at all,
+ * NOT_FOUND when this driver lacks the function, as the real dlsym + call would give. */
+#define REAL_OR_FAIL(name)                                                                       \
+    do {                                                                                         \
+        if (__builtin_expect(!atomic_load_explicit(&nvshare_driver_ok, memory_order_acquire), 0) && \
+            nvshare_load_driver() != 0)                                                          \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+        if (!nvshare_real.name)                                                                  \
+            return CUDA_ERROR_NOT_FOUND;                                                         \
+    } while (0)
 
 /* ---- settings of this process (env.c) ------------------------------------------------------- */
 enum nvshare_loss_policy { NVSHARE_LOSS_WAIT = 0, NVSHARE_LOSS_RUN = 1 };
@@ -89,8 +109,12 @@ struct nvshare_settings {
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
+    uint32_t drain_timeout_ms;   /* NVSHARE_DRAIN_TIMEOUT_MS: then DRAIN_STUCK, and keep waiting */
+    uint32_t daemon_timeout_ms;  /* NVSHARE_DAEMON_TIMEOUT_MS: an unanswered daemon counts as lost */
     int debug;
 };
+#define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
+#define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);
@@ -101,8 +125,9 @@ uint64_t nvshare_now_ns(void);
 void nvshare_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void nvshare_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* ---- per-GPU state and the gate (gate.c) ---------------------------------------------------- */
+/* ---- per-GPU state: the gate's (gate.c), memory's (memory.c) and swap's (swap.c) ------------ */
 enum nvshare_gpu_mode { GPU_UNKNOWN = 0, GPU_GATED = 1, GPU_PASS = 2 };
+#define NVSHARE_MAX_POOLS 32
 struct nvshare_swap_entry;
 
 struct nvshare_gpu {
@@ -128,6 +153,12 @@ struct nvshare_gpu {
     int drop_pending;
     int keeper_running;
     pthread_t keeper;
+    pthread_cond_t drain_cv;      /* the drainer thread: a drain was asked for */
+    int drainer_running;
+    int drain_state;              /* gate.c's DRAIN_*: the keeper asks, the drainer answers */
+    CUresult drain_rc;
+    atomic_int captures;          /* graph captures open on this GPU: no synchronise meanwhile */
+    CUcontext primary;            /* the primary context, as retained through the hook */
     uint64_t idle_threshold_ns;
     uint64_t last_release_ns;
     int last_release_idle;
@@ -138,32 +169,53 @@ struct nvshare_gpu {
     uint64_t no_room_until;       /* swap-in failed for lack of GPU memory: ask again after this */
     /* memory, under memory.c's mutex */
     uint64_t allocated;           /* every byte this process allocated here: resident + swapped */
-    uint64_t swappable;           /* resident bytes that can move (swap.c backing) */
-    uint64_t swapped;             /* bytes not on the GPU now (in host memory, or not yet created) */
+    CUmemoryPool pools[NVSHARE_MAX_POOLS];  /* stream-ordered pools on this GPU */
+    int n_pools;
+    _Atomic uint64_t pool_bytes;  /* their reserved memory (and graph memory), last sampled */
+    /* swap.c's counters, read by memory.c */
+    _Atomic uint64_t swappable;   /* resident bytes that can move (swap.c backing) */
+    _Atomic uint64_t swapped;     /* bytes not on the GPU now (in host memory, or not yet created) */
     /* swap backing (swap.c), under swap_mu */
     pthread_mutex_t swap_mu;
     struct nvshare_swap_entry *swap_entries;
     size_t swap_count, swap_cap;
     int vmm;                      /* -1 not known yet, 0 unsupported, 1 usable */
     int swap_blocked;             /* host memory could not take a swap: report everything fixed */
+    atomic_int peer_access;       /* another GPU's context may reach this one's memory: never swapped */
     int swap_busy;                /* the keeper moves memory now (under mu): a grant must wait for it */
     atomic_int swap_abort;        /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
     size_t granularity;
+    int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */
     int n_access;
     CUmemAccessDesc access[NVSHARE_MAX_GPUS];
 };
 
+/* ---- which GPU: GPU slots and the context table (gpus.c) ---------------------------------- */
 extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
 extern atomic_int nvshare_n_gpus;
 
 struct nvshare_gpu *nvshare_gpu_for_current(void);
 struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev);
 struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
-void nvshare_gate_wait(struct nvshare_gpu *g);
+void nvshare_gpu_init_sync(struct nvshare_gpu *g);
 void nvshare_ctx_forget(CUcontext ctx);
 void nvshare_ctx_remember(CUcontext ctx, CUdevice dev);
 /* A context of this process on g (for the hook's own copies), or NULL. */
 CUcontext nvshare_ctx_for_gpu(struct nvshare_gpu *g);
+/* Synchronises every context of g, without holding the table's lock across a synchronise. */
+CUresult nvshare_gpus_sync_contexts(struct nvshare_gpu *g);
+void nvshare_gpus_after_fork(void);
+
+/* ---- the gate (gate.c) ------------------------------------------------------------------------ */
+void nvshare_gate_wait(struct nvshare_gpu *g);
+
+/* Graph captures this thread has open (gate.c): its calls only record work, so they pass. */
+extern NVSHARE_TLS atomic_int nvshare_tl_capturing;
+void nvshare_capture_began(struct nvshare_gpu *g, CUstream stream);
+void nvshare_capture_ended(CUstream stream);
+/* The primary context of dev, retained through the hook; gone after a reset or its last release. */
+void nvshare_primary_ctx_retained(CUdevice dev, CUcontext ctx);
+CUcontext nvshare_primary_ctx_gone(CUdevice dev);
 
 /* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
  * Both sides use sequentially consistent atomics, so one of them always sees the other. */
@@ -180,6 +232,8 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
                 atomic_store_explicit(&g->demand_touched, 1, memory_order_relaxed);
             return g;
         }
+        if (atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+            return g;
         atomic_fetch_sub(&g->inside, 1);
         nvshare_gate_wait(g);
     }
@@ -191,7 +245,7 @@ static inline void nvshare_gate_leave(struct nvshare_gpu *g)
         atomic_fetch_sub_explicit(&g->inside, 1, memory_order_release);
 }
 
-/* Called by client.c on daemon messages and connection changes. */
+/* Events from the daemon, turned from frames by client.c's reader thread. */
 void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms);
 void nvshare_on_contended(struct nvshare_gpu *g, uint64_t bytes);
 void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
@@ -201,21 +255,39 @@ void nvshare_on_connection_change(int connected);
 void nvshare_gates_open_all(const char *why);
 void nvshare_gate_after_fork(void);
 
-/* ---- connection to the daemon (client.c) ---------------------------------------------------- */
-void nvshare_client_start(void);
-int nvshare_client_connected(void);
-int nvshare_client_refused(void);
-uint32_t nvshare_client_idle_release_us(void);
-int nvshare_send_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint64_t bytes,
-                           uint32_t *seq_out);
-/* MEM_UPDATE with this process's current numbers for g (memory.c's counters). */
-void nvshare_send_mem_report(struct nvshare_gpu *g);
-/* Asks before allocating: 0 = allowed (reply in *reply when the daemon answered), 1 = refused. */
-int nvshare_mem_request(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
-                        struct nvshare_mem_reply *reply, int *answered);
-void nvshare_client_after_fork(void);
+/* ---- the outbox: messages to the daemon and the state of the link (outbox.c) ------------------ */
+/* Queue without I/O; never blocks on the daemon. 0 when queued on a live connection. */
+int nvshare_outbox_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint64_t bytes,
+                             uint32_t *seq_out);
+void nvshare_outbox_mem_update(const struct nvshare_mem_update *m);
+int nvshare_outbox_heartbeat(void);
 /* DEMAND: what this process asks of a GPU lately (demand.c measures it). */
-int nvshare_send_demand(const struct nvshare_demand *demand);
+int nvshare_outbox_demand(const struct nvshare_demand *demand);
+/* A question (MEM_UPDATE with a request) and its answer, with the daemon's deadline. */
+enum { NVSHARE_ASK_ANSWERED = 0, NVSHARE_ASK_NO_DAEMON = 1 };
+int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
+                       struct nvshare_mem_reply *reply);
+int nvshare_outbox_connected(void);
+/* Makes sure a connection is being made (the starter hook.c registers: client.c's). */
+void nvshare_outbox_want_link(void);
+void nvshare_outbox_set_starter(void (*start)(void));
+int nvshare_outbox_refused(void);
+int nvshare_outbox_silent(void);
+uint32_t nvshare_outbox_idle_release_us(void);
+uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t length);
+/* For client.c only: the link's state, answers, and the frames to write. */
+void nvshare_outbox_set_idle_release_us(uint32_t us);
+void nvshare_outbox_set_refused(void);
+void nvshare_outbox_link(int fd);
+void nvshare_outbox_answer(uint32_t seq, int32_t status, const struct nvshare_mem_reply *reply);
+int nvshare_outbox_is_question(uint32_t seq);
+int nvshare_outbox_take(void *frame, size_t cap, size_t *len, int *fd);
+void nvshare_outbox_sent(void);
+void nvshare_outbox_after_fork(void);
+
+/* ---- the wire: connect, register, read frames into gate events, write the outbox (client.c) -- */
+void nvshare_client_start(void);
+void nvshare_client_after_fork(void);
 
 /* ---- demand (demand.c) ---------------------------------------------------------------------- */
 void nvshare_demand_start(void);
@@ -223,13 +295,15 @@ void nvshare_demand_after_fork(void);
 
 /* ---- memory accounting (memory.c) ----------------------------------------------------------- */
 void nvshare_memory_resend(void);
+/* MEM_UPDATE with this process's current numbers for g, through the outbox. */
+void nvshare_memory_report(struct nvshare_gpu *g);
+void nvshare_memory_before_fork(void);
+void nvshare_memory_parent_after_fork(void);
 void nvshare_memory_after_fork(void);
 struct nvshare_mem_numbers {
     uint64_t resident, fixed, swapped;
 };
 void nvshare_mem_numbers(struct nvshare_gpu *g, struct nvshare_mem_numbers *out);
-/* Moves bytes between the resident-swappable and swapped counters (swap.c). */
-void nvshare_mem_moved(struct nvshare_gpu *g, int64_t d_swappable, int64_t d_swapped);
 
 /* ---- swap (swap.c) -------------------------------------------------------------------------- */
 /* The size a swappable allocation of `size` bytes takes on g, or 0 when it is not backed that way. */
@@ -238,6 +312,8 @@ size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size);
 CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred);
 /* Frees va if it is a swappable allocation of g: 1 (rc in *rc) or 0 when it is not one. */
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc);
+/* The whole swappable allocation that ptr lies in (what cuMemAlloc would describe): 1 when found. */
+int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* swap_mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
 void nvshare_swap_lock(struct nvshare_gpu *g);
 void nvshare_swap_unlock(struct nvshare_gpu *g);

@@ -24,6 +24,9 @@
 #define CHUNK_BYTES (256ull << 20)
 /* Host memory kept free beyond what a swap pins: the job needs some for itself. */
 #define HOST_MARGIN_BYTES (256ull << 20)
+/* Pinned copies are kept after a swap-in for the next swap-out (pinning is the slow part), but only
+ * while the job's cgroup and the node keep this much free: they are the job's host memory. */
+#define PINNED_KEEP_HEADROOM_BYTES (1ull << 30)
 
 struct nvshare_swap_entry {
     CUdeviceptr base;                     /* the allocation's address, what cuMemFree gets */
@@ -35,6 +38,13 @@ struct nvshare_swap_entry {
     int has_data;                         /* host holds the contents; else born swapped */
 };
 
+/* The counters memory.c reports: swap.c alone moves bytes between them. */
+static void counted(struct nvshare_gpu *g, int64_t d_swappable, int64_t d_swapped)
+{
+    atomic_fetch_add(&g->swappable, (uint64_t)d_swappable);
+    atomic_fetch_add(&g->swapped, (uint64_t)d_swapped);
+}
+
 void nvshare_swap_lock(struct nvshare_gpu *g) { pthread_mutex_lock(&g->swap_mu); }
 void nvshare_swap_unlock(struct nvshare_gpu *g) { pthread_mutex_unlock(&g->swap_mu); }
 
@@ -45,6 +55,7 @@ static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = g->device;
+    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)g->rdma;
     return prop;
 }
 
@@ -63,8 +74,11 @@ static int vmm_usable(struct nvshare_gpu *g)
         return 0;
     }
     nvshare_in_hook++;
-    int supported = 0;
+    int supported = 0, rdma = 0;
     size_t granularity = 0;
+    if (r->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, g->device) ==
+        CUDA_SUCCESS)
+        g->rdma = rdma != 0;
     CUmemAllocationProp prop = device_prop(g);
     if (r->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                 g->device) == CUDA_SUCCESS && supported &&
@@ -93,7 +107,8 @@ static int vmm_usable(struct nvshare_gpu *g)
 
 size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size)
 {
-    if (!g || !nvshare_cfg.active || !nvshare_cfg.swap || atomic_load(&g->mode) == GPU_PASS)
+    if (!g || !nvshare_cfg.active || !nvshare_cfg.swap || atomic_load(&g->mode) == GPU_PASS ||
+        atomic_load(&g->peer_access))
         return 0;
     size_t rounded = 0;
     pthread_mutex_lock(&g->swap_mu);
@@ -150,12 +165,23 @@ static int reserve_entries(struct nvshare_gpu *g, size_t n)
     return 0;
 }
 
-static void unmap_chunk(struct nvshare_swap_entry *e)
+/* Gives a chunk's physical memory back. A chunk that cannot be unmapped stays resident (and its
+ * data where it is): releasing memory still mapped would leave the address pointing nowhere known. */
+static CUresult unmap_chunk(struct nvshare_gpu *g, struct nvshare_swap_entry *e)
 {
-    nvshare_real.cuMemUnmap(e->va, e->size);
-    nvshare_real.cuMemRelease(e->handle);
+    CUresult rc = nvshare_real.cuMemUnmap(e->va, e->size);
+    if (rc != CUDA_SUCCESS) {
+        nvshare_log("gpu %s: unmapping %zu bytes at 0x%llx failed (CUDA error %d); they stay on the GPU",
+                    g->uuid, e->size, (unsigned long long)e->va, rc);
+        return rc;
+    }
+    CUresult released = nvshare_real.cuMemRelease(e->handle);
+    if (released != CUDA_SUCCESS)
+        nvshare_log("gpu %s: releasing %zu bytes of GPU memory failed (CUDA error %d)", g->uuid, e->size,
+                    released);
     e->handle = 0;
     e->resident = 0;
+    return CUDA_SUCCESS;
 }
 
 CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred)
@@ -188,7 +214,7 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     int born_swapped = deferred && !atomic_load(&g->open);
     if (born_swapped) {
         g->swap_count += chunks;
-        nvshare_mem_moved(g, 0, (int64_t)size);
+        counted(g, 0, (int64_t)size);
     }
     pthread_mutex_unlock(&g->mu);
     if (!born_swapped) {
@@ -196,11 +222,11 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
             rc = map_physical(g, &first[i]);
             if (rc != CUDA_SUCCESS)
                 for (size_t j = 0; j < i; j++)
-                    unmap_chunk(&first[j]);
+                    unmap_chunk(g, &first[j]);
         }
         if (rc == CUDA_SUCCESS) {
             g->swap_count += chunks;
-            nvshare_mem_moved(g, (int64_t)size, 0);
+            counted(g, (int64_t)size, 0);
         } else {
             r->cuMemAddressFree(base, size);
         }
@@ -210,6 +236,28 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     if (rc == CUDA_SUCCESS)
         *dptr = base;
     return rc;
+}
+
+int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+    int n = atomic_load(&nvshare_n_gpus), found = 0;
+    for (int k = 0; k < n && !found; k++) {
+        struct nvshare_gpu *g = &nvshare_gpus[k];
+        pthread_mutex_lock(&g->swap_mu);
+        for (size_t i = 0; i < g->swap_count && !found; i++) {
+            struct nvshare_swap_entry *e = &g->swap_entries[i];
+            if (ptr < e->va || ptr - e->va >= e->size)
+                continue;
+            found = 1;
+            *base = e->base;
+            *size = 0;
+            for (size_t j = 0; j < g->swap_count; j++)
+                if (g->swap_entries[j].base == e->base)
+                    *size += g->swap_entries[j].size;
+        }
+        pthread_mutex_unlock(&g->swap_mu);
+    }
+    return found;
 }
 
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
@@ -224,9 +272,11 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
         return 0;
     }
     nvshare_in_hook++;
-    /* cuMemFree waits for the work that may still use the memory; unmapping does not. */
-    r->cuCtxSynchronize();
+    /* cuMemFree waits for the work that may still use the memory; unmapping does not. That work is
+     * on g, whichever GPU the freeing thread has current. */
+    nvshare_gpus_sync_contexts(g);
     uint64_t resident = 0, swapped = 0, size = 0;
+    CUresult unmapped = CUDA_SUCCESS;
     size_t kept = 0;
     for (size_t i = 0; i < g->swap_count; i++) {
         struct nvshare_swap_entry *e = &g->swap_entries[i];
@@ -236,7 +286,9 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
         }
         size += e->size;
         if (e->resident) {
-            unmap_chunk(e);
+            CUresult rc_chunk = unmap_chunk(g, e);
+            if (rc_chunk != CUDA_SUCCESS && unmapped == CUDA_SUCCESS)
+                unmapped = rc_chunk;
             resident += e->size;
         } else {
             swapped += e->size;
@@ -245,9 +297,9 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
             r->cuMemFreeHost(e->host);
     }
     g->swap_count = kept;
-    *rc = r->cuMemAddressFree(va, size);
+    *rc = unmapped != CUDA_SUCCESS ? unmapped : r->cuMemAddressFree(va, size);
     nvshare_in_hook--;
-    nvshare_mem_moved(g, -(int64_t)resident, -(int64_t)swapped);
+    counted(g, -(int64_t)resident, -(int64_t)swapped);
     pthread_mutex_unlock(&g->swap_mu);
     return 1;
 }
@@ -379,6 +431,12 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
     const struct nvshare_real *r = &nvshare_real;
     if (!bytes || !g->swap_count)
         return 0;
+    if (atomic_load(&g->peer_access)) {
+        /* Another GPU of this process may reach this memory from its kernels, past this GPU's gate:
+         * it stays where it is (reported fixed). */
+        g->swap_blocked = 1;
+        return 0;
+    }
     /* Newest first: what moves is decided by the bytes the next job needs, not by use. */
     uint64_t plan = 0, to_pin = 0;
     for (size_t i = g->swap_count; i-- > 0 && plan < bytes;) {
@@ -431,17 +489,43 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
             g->swap_blocked = 1;
             break;
         }
-        unmap_chunk(e);
+        if (unmap_chunk(g, e) != CUDA_SUCCESS) {
+            g->swap_blocked = 1;
+            break;
+        }
         e->has_data = 1;
         moved += e->size;
     }
     pop_context();
     nvshare_in_hook--;
-    nvshare_mem_moved(g, -(int64_t)moved, (int64_t)moved);
+    counted(g, -(int64_t)moved, (int64_t)moved);
     double ms = (nvshare_now_ns() - started) / 1e6;
     nvshare_debug("gpu %s: swapped out %.1f MiB in %.1f ms (%.1f GB/s)", g->uuid, moved / 1048576.0, ms,
                   ms > 0 ? moved / ms / 1e6 : 0.0);
     return moved;
+}
+
+static uint64_t host_headroom(const char **what);
+
+/* After a swap-in: drops the pinned copies when the job's host memory runs short. */
+static void free_pinned_if_short(struct nvshare_gpu *g)
+{
+    const char *what;
+    uint64_t room = host_headroom(&what);
+    if (room >= PINNED_KEEP_HEADROOM_BYTES)
+        return;
+    uint64_t freed = 0;
+    for (size_t i = 0; i < g->swap_count; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->resident && e->host && nvshare_real.cuMemFreeHost(e->host) == CUDA_SUCCESS) {
+            freed += e->size;
+            e->host = NULL;
+            e->has_data = 0;
+        }
+    }
+    if (freed)
+        nvshare_debug("gpu %s: freed %.1f MiB of pinned swap copies: %s leaves %.2f GiB", g->uuid,
+                      freed / 1048576.0, what, room / 1073741824.0);
 }
 
 int nvshare_swap_in(struct nvshare_gpu *g)
@@ -470,7 +554,7 @@ int nvshare_swap_in(struct nvshare_gpu *g)
         if (e->has_data) {
             rc = r->cuMemcpyHtoD_v2(e->va, e->host, e->size);
             if (rc != CUDA_SUCCESS) {
-                unmap_chunk(e);
+                unmap_chunk(g, e);
                 break;
             }
         }
@@ -478,9 +562,11 @@ int nvshare_swap_in(struct nvshare_gpu *g)
     }
     pop_context();
     nvshare_in_hook--;
-    nvshare_mem_moved(g, (int64_t)moved, -(int64_t)moved);
-    if (rc == CUDA_SUCCESS)
+    counted(g, (int64_t)moved, -(int64_t)moved);
+    if (rc == CUDA_SUCCESS) {
         g->swap_blocked = 0;
+        free_pinned_if_short(g);
+    }
     double ms = (nvshare_now_ns() - started) / 1e6;
     if (rc != CUDA_SUCCESS)
         nvshare_log("gpu %s: bringing its memory back stopped after %.1f MiB (CUDA error %d%s); it waits "

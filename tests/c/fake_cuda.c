@@ -38,6 +38,9 @@
 struct fstream {
     struct fctx *ctx;
     uint64_t busy_until;
+    int capturing;          /* stream capture (the block "graphs, pools, batches" below) */
+    int invalidated;
+    uint64_t captured_us;   /* the sleep kernels recorded so far */
 };
 struct fctx {
     int magic;
@@ -315,9 +318,13 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { NEED_INIT(); *ctx = (CUcontext)current(); return CUDA_SUCCESS; }
 
+static void complain_dead_context(const struct fctx *c);
+
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     NEED_INIT();
+    if (ctx && ((struct fctx *)ctx)->magic != CTX_MAGIC)
+        complain_dead_context((struct fctx *)ctx);
     if (!ctx || ((struct fctx *)ctx)->magic != CTX_MAGIC || ctx_depth >= 16) return CUDA_ERROR_INVALID_CONTEXT;
     ctx_stack[ctx_depth++] = (struct fctx *)ctx;
     return CUDA_SUCCESS;
@@ -348,10 +355,16 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, u
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev)
 { (void)p; return cuCtxCreate_v2(pctx, flags, dev); }
 
+static int capture_broken_by_sync(struct fctx *c);
+static void pools_trim_at_sync(int dev);
+
 EXPORT CUresult cuCtxSynchronize(void)
 {
     NEED_CTX();
+    if (capture_broken_by_sync(current()))
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     barrier_settle_ctx(current());
+    pools_trim_at_sync(current()->dev);
     pthread_mutex_lock(&mu);
     uint64_t t = ctx_busy_until(current());
     pthread_mutex_unlock(&mu);
@@ -623,6 +636,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     return CUDA_SUCCESS;
 }
 
+static CUresult run_sleep(struct fstream *st, uint64_t us, int traced);
+
 static CUresult run_kernel(CUfunction f, CUstream s, void **params)
 {
     NEED_CTX();
@@ -631,9 +646,19 @@ static CUresult run_kernel(CUfunction f, CUstream s, void **params)
         return barrier_launch(fn, stream_of(s), params);
     if (fn != &sleep_func && fn != &empty_func) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t us = fn == &sleep_func && params && params[0] ? *(unsigned long long *)params[0] : 0;
+    struct fstream *st = stream_of(s);
+    if (st && st->capturing) {
+        st->captured_us += us;  /* recorded, not run */
+        return CUDA_SUCCESS;
+    }
+    return run_sleep(st, us, fn == &sleep_func);
+}
+
+/* Runs a sleep of `us` on st (a kernel, or a replayed graph), traced as one kernel. */
+static CUresult run_sleep(struct fstream *st, uint64_t us, int traced)
+{
     if (us == 0 && trace_fd < 0)
         return CUDA_SUCCESS;
-    struct fstream *st = stream_of(s);
     pthread_mutex_lock(&mu);
     uint64_t n = now_ns();
     uint64_t start = st->busy_until > n ? st->busy_until : n;
@@ -641,7 +666,7 @@ static CUresult run_kernel(CUfunction f, CUstream s, void **params)
     st->busy_until = end;
     int dev = st->ctx->dev;
     pthread_mutex_unlock(&mu);
-    if (trace_fd >= 0 && fn == &sleep_func) {
+    if (trace_fd >= 0 && traced) {
         char line[160];
         int len = snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
                            (unsigned long long)start, (unsigned long long)end);
@@ -691,8 +716,9 @@ static CUresult fake_alloc(CUdeviceptr *dptr, size_t size, int dev)
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 { (void)flags; NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool);
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
-{ (void)s; NEED_CTX(); return fake_alloc(dptr, size, current()->dev); }
+{ (void)s; NEED_CTX(); return pool_alloc(dptr, size, NULL); }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) { return cuMemAllocAsync(dptr, size, s); }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
 {
@@ -720,7 +746,8 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     pthread_mutex_unlock(&mu);
     return CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { (void)s; return cuMemFree_v2(dptr); }
+static int pool_free(CUdeviceptr dptr);
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { (void)s; return pool_free(dptr) ? CUDA_SUCCESS : cuMemFree_v2(dptr); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return cuMemFreeAsync(dptr, s); }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
@@ -852,6 +879,8 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return CUDA_SUCCESS;
 }
 
+static void note_mapping(CUdeviceptr ptr, size_t size, int mapped);
+
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags)
 {
@@ -859,7 +888,10 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     NEED_INIT();
     struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
-    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    note_mapping(ptr, size, 1);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
@@ -874,7 +906,10 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    note_mapping(ptr, size, 0);
+    return CUDA_SUCCESS;
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -917,12 +952,14 @@ static const struct { const char *name; void *fn; } proc_table[] = {
     FAKE_FUNCS(PROC_ENTRY)
 };
 
+static void *proc_find_more(const char *name);
+
 static void *proc_find(const char *name)
 {
     for (size_t i = 0; i < sizeof proc_table / sizeof proc_table[0]; i++)
         if (strcmp(proc_table[i].name, name) == 0)
             return proc_table[i].fn;
-    return NULL;
+    return proc_find_more(name);
 }
 
 /* Like the driver: the newest ABI version the caller's cudaVersion knows, per-thread variants when
@@ -964,4 +1001,424 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
     return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* ---- graphs, pools, batches (issue 10) -----------------------------------------------------
+ * Stream capture: kernels launched on a capturing stream are recorded; cuCtxSynchronize while any
+ * stream of the context captures answers 900 and invalidates the capture (as the H100 did), and
+ * cuStreamEndCapture then answers 901. A graph replays the recorded sleep as one traced kernel.
+ * Stream-ordered pools: one default pool per device plus created ones; a pool reserves device memory
+ * as it grows and keeps it after cuMemFreeAsync down to its release threshold, trimmed at
+ * synchronisation or by cuMemPoolTrimTo. FAKE_CUDA_GRAPH_MEM_RESERVED: graph memory reserved (bytes).
+ * Batch copies (CUDA 13 _v2): synchronous memcpy of each pair, after the context's work. */
+struct fgraph { uint64_t us; };
+struct fpool { int dev; uint64_t reserved, used, threshold; };
+struct fpalloc { uint64_t ptr, size; struct fpool *pool; struct fpalloc *next; };
+static struct fpool default_pools[MAX_DEV];
+static struct fpalloc *pool_allocs;
+
+static int capture_broken_by_sync(struct fctx *c)
+{
+    int broken = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < c->n_streams; i++)
+        if (c->streams[i] && c->streams[i]->capturing) {
+            c->streams[i]->invalidated = 1;
+            broken = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return broken;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    NEED_CTX();
+    struct fstream *st = stream_of(s);
+    if (!s || st == &current()->def) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&mu);
+    st->capturing = 1;
+    st->invalidated = 0;
+    st->captured_us = 0;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) { return cuStreamBeginCapture_v2(s, mode); }
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+    NEED_CTX();
+    struct fstream *st = stream_of(s);
+    *status = !st->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+            : st->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
+{
+    NEED_CTX();
+    struct fstream *st = stream_of(s);
+    if (!st->capturing) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    st->capturing = 0;
+    int invalidated = st->invalidated;
+    uint64_t us = st->captured_us;
+    pthread_mutex_unlock(&mu);
+    if (invalidated) {
+        *graph = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    struct fgraph *gr = calloc(1, sizeof *gr);
+    gr->us = us;
+    *graph = (CUgraph)gr;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph) { return cuStreamEndCapture(s, graph); }
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
+{
+    (void)flags;
+    NEED_CTX();
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    *exec = (CUgraphExec)graph;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
+{
+    NEED_CTX();
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return run_sleep(stream_of(s), ((struct fgraph *)exec)->us, 1);
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return cuGraphLaunch(exec, s); }
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream s) { (void)exec; (void)s; NEED_CTX(); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    const char *reserved = getenv("FAKE_CUDA_GRAPH_MEM_RESERVED");
+    *(cuuint64_t *)value = attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT && reserved ? strtoull(reserved, NULL, 10) : 0;
+    return CUDA_SUCCESS;
+}
+
+/* -- pools -- */
+static struct fpool *default_pool(int dev)
+{
+    default_pools[dev].dev = dev;
+    return &default_pools[dev];
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = (CUmemoryPool)default_pool(dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    NEED_INIT();
+    if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
+        props->location.id >= n_devs)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fpool *p = calloc(1, sizeof *p);
+    p->dev = props->location.id;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+/* With mu held: gives back what the pool holds beyond max(used, keep). */
+static void pool_trim(struct fpool *p, uint64_t keep)
+{
+    uint64_t floor = p->used > keep ? p->used : keep;
+    if (p->reserved > floor) {
+        give_device_memory(p->dev, p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    NEED_INIT();
+    struct fpool *p = (struct fpool *)pool;
+    pthread_mutex_lock(&mu);
+    pool_trim(p, 0);
+    pthread_mutex_unlock(&mu);
+    if (p < default_pools || p >= default_pools + MAX_DEV)
+        free(p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    pool_trim((struct fpool *)pool, keep);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    NEED_INIT();
+    if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return CUDA_ERROR_INVALID_VALUE;
+    ((struct fpool *)pool)->threshold = *(cuuint64_t *)value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    NEED_INIT();
+    struct fpool *p = (struct fpool *)pool;
+    cuuint64_t v;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = p->reserved; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = p->used; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+static void pools_trim_at_sync(int dev)
+{
+    pthread_mutex_lock(&mu);
+    pool_trim(default_pool(dev), default_pools[dev].threshold);
+    pthread_mutex_unlock(&mu);
+}
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool)
+{
+    struct fpool *p = pool ? (struct fpool *)pool : default_pool(current()->dev);
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (p->used + size > p->reserved) {
+        uint64_t more = p->used + size - p->reserved;
+        if (take_device_memory(p->dev, more) != 0) {
+            pthread_mutex_unlock(&mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        p->reserved += more;
+    }
+    p->used += size;
+    pthread_mutex_unlock(&mu);
+    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct fpalloc *a = malloc(sizeof *a);
+    pthread_mutex_lock(&mu);
+    *a = (struct fpalloc){(uint64_t)(uintptr_t)mem, size, p, pool_allocs};
+    pool_allocs = a;
+    pthread_mutex_unlock(&mu);
+    *dptr = (CUdeviceptr)(uintptr_t)mem;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{ (void)s; NEED_CTX(); return pool_alloc(dptr, size, pool); }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{ return cuMemAllocFromPoolAsync(dptr, size, pool, s); }
+
+/* 1 when dptr came from a pool (now back in it). */
+static int pool_free(CUdeviceptr dptr)
+{
+    pthread_mutex_lock(&mu);
+    for (struct fpalloc **pp = &pool_allocs; *pp; pp = &(*pp)->next)
+        if ((*pp)->ptr == dptr) {
+            struct fpalloc *a = *pp;
+            *pp = a->next;
+            a->pool->used -= a->size;
+            pthread_mutex_unlock(&mu);
+            munmap((void *)(uintptr_t)a->ptr, a->size);
+            free(a);
+            return 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+/* -- CUDA 13 batch copies -- */
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                      CUmemcpyAttributes *attrs, size_t *attr_idxs, size_t n_attrs, CUstream s)
+{
+    (void)attrs; (void)attr_idxs; (void)n_attrs; (void)s;
+    NEED_CTX();
+    wait_ctx();
+    for (size_t i = 0; i < count; i++)
+        memmove((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i]);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                           CUmemcpyAttributes *attrs, size_t *attr_idxs, size_t n_attrs, CUstream s)
+{ return cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attr_idxs, n_attrs, s); }
+EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count, CUmemLocation *locs,
+                                        size_t *loc_idxs, size_t n_locs, unsigned long long flags, CUstream s)
+{ (void)dptrs; (void)sizes; (void)count; (void)locs; (void)loc_idxs; (void)n_locs; (void)flags; (void)s; NEED_CTX(); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemDiscardBatchAsync(CUdeviceptr *dptrs, size_t *sizes, size_t count, unsigned long long flags, CUstream s)
+{ (void)dptrs; (void)sizes; (void)count; (void)flags; (void)s; NEED_CTX(); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    return peer && ((struct fctx *)peer)->magic == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* A real driver may crash on a destroyed context; the fake says so where tests can see it. */
+static void complain_dead_context(const struct fctx *c)
+{
+    char line[96];
+    int n = snprintf(line, sizeof line, "fake-cuda: a destroyed context (%p) was pushed\n", (const void *)c);
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+    (void)w;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    struct fctx *c = devs[dev].primary;
+    devs[dev].primary = NULL;
+    pthread_mutex_unlock(&mu);
+    if (c)
+        c->magic = 0;  /* pushing it now fails like a destroyed context */
+    return CUDA_SUCCESS;
+}
+
+/* -- address ranges: like the driver, a VMM pointer's range is its mapping, not the reservation -- */
+struct fmapping { uint64_t va, size; struct fmapping *next; };
+static struct fmapping *mappings;
+
+static void note_mapping(CUdeviceptr ptr, size_t size, int mapped)
+{
+    pthread_mutex_lock(&mu);
+    if (mapped) {
+        struct fmapping *m = malloc(sizeof *m);
+        *m = (struct fmapping){ptr, size, mappings};
+        mappings = m;
+    } else {
+        for (struct fmapping **pp = &mappings; *pp; pp = &(*pp)->next)
+            if ((*pp)->va == ptr) {
+                struct fmapping *m = *pp;
+                *pp = m->next;
+                free(m);
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    NEED_CTX();
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mu);
+    for (struct falloc *a = allocs; a && rc; a = a->next)
+        if (ptr >= a->ptr && ptr - a->ptr < a->size) {
+            if (base) *base = a->ptr;
+            if (size) *size = a->size;
+            rc = CUDA_SUCCESS;
+        }
+    for (struct fmapping *m = mappings; m && rc; m = m->next)
+        if (ptr >= m->va && ptr - m->va < m->size) {
+            if (base) *base = m->va;
+            if (size) *size = m->size;
+            rc = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
+{
+    CUdeviceptr base;
+    size_t size;
+    CUresult rc = cuMemGetAddressRange_v2(&base, &size, ptr);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *(CUdeviceptr *)data = base;
+    else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *(size_t *)data = size;
+    else return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* -- green contexts: a context of their own (the resource split is not modelled) -- */
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
+{
+    (void)desc; (void)flags;
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
+    *green = (CUgreenCtx)new_ctx(dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx green) { NEED_INIT(); *ctx = (CUcontext)green; return CUDA_SUCCESS; }
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green) { return cuCtxDestroy_v2((CUcontext)green); }
+EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx green, unsigned int flags, int priority)
+{
+    (void)priority;
+    NEED_INIT();
+    if (cuCtxPushCurrent_v2((CUcontext)green) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = cuStreamCreate(s, flags);
+    cuCtxPopCurrent_v2(NULL);
+    return rc;
+}
+
+/* -- CUDA arrays: take element bytes x channels of device memory per level -- */
+struct farray { int dev; uint64_t size; };
+
+static uint64_t fake_element_bytes(int format)
+{
+    return format == CU_AD_FORMAT_UNSIGNED_INT8 || format == CU_AD_FORMAT_SIGNED_INT8 ? 1
+         : format == CU_AD_FORMAT_UNSIGNED_INT16 || format == CU_AD_FORMAT_SIGNED_INT16 || format == CU_AD_FORMAT_HALF ? 2 : 4;
+}
+
+static CUresult fake_array(void **out, size_t w, size_t h, size_t d, int format, unsigned int channels)
+{
+    NEED_CTX();
+    struct farray *a = malloc(sizeof *a);
+    a->dev = current()->dev;
+    a->size = (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * fake_element_bytes(format) * channels;
+    if (take_device_memory(a->dev, a->size) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *d)
+{ return fake_array((void **)array, d->Width, d->Height, 0, d->Format, d->NumChannels); }
+EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{ return fake_array((void **)array, d->Width, d->Height, d->Depth, d->Format, d->NumChannels); }
+EXPORT CUresult cuArrayDestroy(CUarray array)
+{
+    NEED_INIT();
+    struct farray *a = (struct farray *)array;
+    give_device_memory(a->dev, a->size);
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+#define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
+    F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
+    F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
+    F(cuStreamEndCapture) F(cuStreamEndCapture_ptsz) F(cuGraphInstantiateWithFlags) F(cuGraphLaunch)           \
+    F(cuGraphLaunch_ptsz) F(cuGraphUpload) F(cuDeviceGetGraphMemAttribute) F(cuDeviceGetDefaultMemPool)       \
+    F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \
+    F(cuMemPoolGetAttribute) F(cuMemAllocFromPoolAsync) F(cuMemAllocFromPoolAsync_ptsz)                        \
+    F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
+    F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2)
+
+static const struct { const char *name; void *fn; } proc_table_more[] = {
+    FAKE_FUNCS_MORE(PROC_ENTRY)
+};
+
+static void *proc_find_more(const char *name)
+{
+    for (size_t i = 0; i < sizeof proc_table_more / sizeof proc_table_more[0]; i++)
+        if (strcmp(proc_table_more[i].name, name) == 0)
+            return proc_table_more[i].fn;
+    return NULL;
 }

@@ -12,6 +12,16 @@
  *                             theirs, then US; then synchronise)
  *   tbarrier:D:US:N:RANKS:RANK  (the same in a new thread on device D, like one process driving
  *                             several GPUs; `join` waits for it)
+ * Graphs, pools, the app's own virtual memory (direct calls, whatever --via says):
+ *   capture:US:N:HOLDMS  (capture N kernels of US on a new stream, hold the capture open HOLDMS,
+ *                         end it, replay the graph once and synchronise)
+ *   asyncalloc:BYTES  asyncfreeall  poolkeep (default pool keeps all)  pooltrim (trim it to 0)
+ *   vmkeep:BYTES (create, map, release the handle at once: still mapped)  vmdrop (unmap them)
+ *   totalmem  stamp (CLOCK_MONOTONIC ns)  peer:D (enable access to device D's primary context)
+ *   reset:D (cuDevicePrimaryCtxReset_v2)  manyctx:D:N (N new contexts on D; the last stays current)
+ *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
+ *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
+ *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -275,11 +285,208 @@ int main(int argc, char **argv)
     return 0;
 }
 
+/* Direct calls of the actions below. */
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+static CUarray arrays[64];
+static int n_arrays;
+CUresult cuGreenCtxStreamCreate(CUstream *, CUgreenCtx, unsigned int, int);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+
+static CUdeviceptr async_allocs[MAX_ALLOCS];
+static int n_async;
+struct vm_kept { CUdeviceptr va; size_t size; };
+static struct vm_kept vm_kept[64];
+static int n_vm_kept;
+
+/* What cudaMalloc would give: pinned memory on dev. */
+static CUmemAllocationProp device_memory(CUdevice dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    return prop;
+}
+
+static CUmemoryPool current_pool(void)
+{
+    CUdevice dev;
+    CUmemoryPool pool;
+    check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+    check("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool(&pool, dev));
+    return pool;
+}
+
+/* 1 when the action was one of these. */
+static int run_more(const char *action, char *arg)
+{
+    if (strcmp(action, "capture") == 0) {
+        char *n = strchr(arg, ':');
+        char *hold = n ? strchr(n + 1, ':') : NULL;
+        unsigned long long us = strtoull(arg, NULL, 10);
+        int count = n ? atoi(n + 1) : 1;
+        CUstream s;
+        check("cuStreamCreate", cuStreamCreate(&s, 0));
+        check("cuStreamBeginCapture", cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        void *params[] = {&us};
+        for (int i = 0; i < count; i++)
+            check("cuLaunchKernel", api.cuLaunchKernel(sleep_fn(), 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+        if (hold)
+            usleep((useconds_t)atoi(hold + 1) * 1000);
+        CUgraph graph = NULL;
+        CUresult rc = cuStreamEndCapture(s, &graph);
+        if (rc != CUDA_SUCCESS) {
+            printf("capture rc=%d\n", rc);
+            return 1;
+        }
+        CUgraphExec exec;
+        check("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags(&exec, graph, 0));
+        check("cuGraphLaunch", cuGraphLaunch(exec, s));
+        check("cuStreamSynchronize", cuStreamSynchronize(s));
+        printf("capture rc=0 replayed\n");
+    } else if (strcmp(action, "asyncalloc") == 0) {
+        CUdeviceptr p = 0;
+        CUresult rc = cuMemAllocAsync(&p, strtoull(arg, NULL, 10), NULL);
+        if (rc == CUDA_SUCCESS && n_async < MAX_ALLOCS)
+            async_allocs[n_async++] = p;
+        printf("asyncalloc %s rc=%d\n", arg, rc);
+    } else if (strcmp(action, "asyncfreeall") == 0) {
+        for (int i = 0; i < n_async; i++)
+            check("cuMemFreeAsync", cuMemFreeAsync(async_allocs[i], NULL));
+        n_async = 0;
+        printf("asyncfreeall ok\n");
+    } else if (strcmp(action, "poolkeep") == 0) {
+        cuuint64_t keep = ~0ull;
+        check("cuMemPoolSetAttribute", cuMemPoolSetAttribute(current_pool(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+        printf("poolkeep ok\n");
+    } else if (strcmp(action, "pooltrim") == 0) {
+        check("cuMemPoolTrimTo", cuMemPoolTrimTo(current_pool(), 0));
+        printf("pooltrim ok\n");
+    } else if (strcmp(action, "vmkeep") == 0) {
+        size_t size = strtoull(arg, NULL, 10);
+        CUdevice dev;
+        check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+        CUmemAllocationProp prop = device_memory(dev);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        check("cuMemCreate", api.cuMemCreate(&h, size, &prop, 0));
+        check("cuMemAddressReserve", api.cuMemAddressReserve(&va, size, 0, 0, 0));
+        check("cuMemMap", api.cuMemMap(va, size, 0, h, 0));
+        check("cuMemRelease", api.cuMemRelease(h));  /* the mapping keeps the memory */
+        if (n_vm_kept < 64)
+            vm_kept[n_vm_kept++] = (struct vm_kept){va, size};
+        printf("vmkeep ok\n");
+    } else if (strcmp(action, "vmdrop") == 0) {
+        for (int i = 0; i < n_vm_kept; i++) {
+            check("cuMemUnmap", api.cuMemUnmap(vm_kept[i].va, vm_kept[i].size));
+            check("cuMemAddressFree", api.cuMemAddressFree(vm_kept[i].va, vm_kept[i].size));
+        }
+        n_vm_kept = 0;
+        printf("vmdrop ok\n");
+    } else if (strcmp(action, "totalmem") == 0) {
+        CUdevice dev;
+        size_t total = 0;
+        check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+        check("cuDeviceTotalMem", cuDeviceTotalMem_v2(&total, dev));
+        printf("totalmem %zu\n", total);
+    } else if (strcmp(action, "stamp") == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        printf("stamp %llu\n", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    } else if (strcmp(action, "peer") == 0) {
+        CUdevice dev;
+        CUcontext peer;
+        check("cuDeviceGet", api.cuDeviceGet(&dev, atoi(arg)));
+        check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&peer, dev));
+        check("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(peer, 0));
+        printf("peer %s ok\n", arg);
+    } else if (strcmp(action, "range") == 0) {
+        char *off = strchr(arg, ':');
+        size_t size = strtoull(arg, NULL, 10), offset = off ? strtoull(off + 1, NULL, 10) : 0;
+        CUdeviceptr p, base = 0, start = 0;
+        size_t got = 0, attr_size = 0;
+        check("cuMemAlloc", api.cuMemAlloc_v2(&p, size));
+        CUresult rc = cuMemGetAddressRange_v2(&base, &got, p + offset);
+        CUresult rc2 = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + offset);
+        if (rc2 == CUDA_SUCCESS)
+            rc2 = cuPointerGetAttribute(&attr_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + offset);
+        printf("range rc=%d base_off=%lld size=%zu attr rc=%d base_off=%lld size=%zu\n", rc,
+               (long long)(base - p), got, rc2, (long long)(start - p), attr_size);
+        check("cuMemFree", api.cuMemFree_v2(p));
+    } else if (strcmp(action, "greenlaunch") == 0) {
+        unsigned long long us = strtoull(arg, NULL, 10);
+        CUdevice dev;
+        CUgreenCtx green;
+        CUstream s;
+        check("cuCtxGetDevice", cuCtxGetDevice(&dev));
+        check("cuGreenCtxCreate", cuGreenCtxCreate(&green, NULL, dev, 0));
+        check("cuGreenCtxStreamCreate", cuGreenCtxStreamCreate(&s, green, 0, 0));
+        void *params[] = {&us};
+        check("cuLaunchKernel", api.cuLaunchKernel(sleep_fn(), 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+        printf("greenlaunch ok\n");
+    } else if (strcmp(action, "array") == 0) {
+        char *h = strchr(arg, ':');
+        CUDA_ARRAY_DESCRIPTOR d = {strtoull(arg, NULL, 10), h ? strtoull(h + 1, NULL, 10) : 0, CU_AD_FORMAT_FLOAT, 4};
+        CUarray a;
+        CUresult rc = cuArrayCreate_v2(&a, &d);
+        if (rc == CUDA_SUCCESS && n_arrays < 64)
+            arrays[n_arrays++] = a;
+        printf("array rc=%d\n", rc);
+    } else if (strcmp(action, "arrayfree") == 0) {
+        for (int i = 0; i < n_arrays; i++)
+            check("cuArrayDestroy", cuArrayDestroy(arrays[i]));
+        n_arrays = 0;
+        printf("arrayfree ok\n");
+    } else if (strcmp(action, "manyctx") == 0) {
+        char *n = strchr(arg, ':');
+        int count = n ? atoi(n + 1) : 1;
+        CUdevice dev;
+        CUcontext ctx, popped;
+        extern CUresult cuCtxPopCurrent_v2(CUcontext *);
+        check("cuDeviceGet", api.cuDeviceGet(&dev, atoi(arg)));
+        for (int i = 0; i < count; i++) {
+            check("cuCtxCreate", api.cuCtxCreate_v2(&ctx, 0, dev));
+            if (i + 1 < count)
+                check("cuCtxPopCurrent", cuCtxPopCurrent_v2(&popped));
+        }
+        printf("manyctx %d ok\n", count);
+    } else if (strcmp(action, "reset") == 0) {
+        CUdevice dev;
+        check("cuDeviceGet", api.cuDeviceGet(&dev, atoi(arg)));
+        check("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2(dev));
+        printf("reset %s ok\n", arg);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static void run(char *action)
 {
     char *arg = strchr(action, ':');
     if (arg)
         *arg++ = '\0';
+    if (run_more(action, arg))
+        return;
     if (strcmp(action, "init") == 0) {
         check("cuInit", api.cuInit(0));
         printf("init ok\n");
@@ -354,11 +561,7 @@ static void run(char *action)
         extern CUresult cuCtxGetCurrent(CUcontext *);
         (void)cur;
         check("cuCtxGetDevice", cuCtxGetDevice(&dev));
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = dev;
+        CUmemAllocationProp prop = device_memory(dev);
         CUmemGenericAllocationHandle h;
         CUresult rc = api.cuMemCreate(&h, size, &prop, 0);
         if (rc != CUDA_SUCCESS) {

@@ -56,7 +56,9 @@ class GpuJobs:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHARE_")}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         if hooked:
-            env.update({"LD_PRELOAD": str(libnvshare_path()), "NVSHARE_SOCKET": self.sched.socket,
+            # NVSHARE_TEST_LIB: another build of the hook (an older one, to show a test fails with it).
+            env.update({"LD_PRELOAD": os.environ.get("NVSHARE_TEST_LIB") or str(libnvshare_path()),
+                        "NVSHARE_SOCKET": self.sched.socket,
                         "NVSHARE_JOB_ID": str(job_id), "NVSHARE_MANAGED_GPUS": ",".join(uuids),
                         "SLURM_STEP_ID": "0"})
         return env

@@ -1,0 +1,320 @@
+/* outbox.c: what this process tells nvshare-scheduler, queued without I/O, and the state of the link.
+ *
+ * The gate and the memory accounting put frames here and return at once: no thread that holds a gate
+ * mutex, or that runs CUDA calls, ever writes to the socket. client.c's writer thread takes frames
+ * out and sends them; its reader thread marks the link up or down and completes round trips. A frame
+ * queued on one connection is never sent on the next: after a reconnect the gate asks again and
+ * memory.c reports again. A round trip (MEM_UPDATE with a request) has a deadline; when the daemon
+ * does not answer in time it counts as silent, and client.c drops the connection as if it were lost.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nvshare_hook.h"
+
+/* Frames waiting for the writer: lock events, memory reports, questions. A process has a handful
+ * outstanding per GPU; memory reports for one GPU are merged while unsent. */
+#define OUTBOX_FRAMES 256
+#define OUTBOX_PAYLOAD sizeof(struct nvshare_mem_update)
+_Static_assert(sizeof(struct nvshare_demand) <= OUTBOX_PAYLOAD, "a DEMAND frame fits the outbox");
+#define MAX_PENDING 64
+
+struct queued {
+    struct nvshare_hdr hdr;
+    char payload[OUTBOX_PAYLOAD];
+};
+
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t writer_cv;   /* the writer: frames or a new connection */
+static pthread_cond_t reply_cv;    /* round trips: answers, and link changes */
+static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
+static struct queued ring[OUTBOX_FRAMES];
+static unsigned head, count;
+static unsigned epoch;             /* connections so far; frames and questions belong to one */
+static int link_fd = -1;
+static int writing;                /* the writer holds link_fd: it is not closed under it */
+static atomic_int link_up;
+static atomic_int link_refused;
+static atomic_int link_silent;     /* a question went unanswered past its deadline */
+static atomic_uint seq_counter;
+static atomic_uint idle_release_us;
+
+struct pending {
+    int used, done;
+    uint32_t seq;
+    unsigned epoch;
+    int32_t status;
+    struct nvshare_mem_reply reply;
+};
+static struct pending pending[MAX_PENDING];
+
+static void init_cvs(void)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&writer_cv, &attr);
+    pthread_cond_init(&reply_cv, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+static void lock_outbox(void)
+{
+    pthread_once(&cv_once, init_cvs);
+    pthread_mutex_lock(&out_mu);
+}
+
+static void (*_Atomic starter)(void);
+
+int nvshare_outbox_connected(void) { return atomic_load(&link_up); }
+void nvshare_outbox_set_starter(void (*start)(void)) { atomic_store(&starter, start); }
+
+void nvshare_outbox_want_link(void)
+{
+    void (*start)(void) = atomic_load(&starter);
+    if (start)
+        start();
+}
+int nvshare_outbox_refused(void) { return atomic_load(&link_refused); }
+int nvshare_outbox_silent(void) { return atomic_load(&link_silent); }
+uint32_t nvshare_outbox_idle_release_us(void) { return atomic_load(&idle_release_us); }
+void nvshare_outbox_set_idle_release_us(uint32_t us) { atomic_store(&idle_release_us, us); }
+void nvshare_outbox_set_refused(void) { atomic_store(&link_refused, 1); }
+
+uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t length)
+{
+    hdr->magic = NVSHARE_MAGIC;
+    hdr->version = NVSHARE_PROTO_VERSION;
+    hdr->type = type;
+    hdr->length = length;
+    hdr->seq = atomic_fetch_add(&seq_counter, 1) + 1;
+    return hdr->seq;
+}
+
+/* With out_mu held: the unsent memory report for this GPU, to be merged with a newer one. */
+static struct queued *unsent_report(const char *uuid)
+{
+    for (unsigned i = 0; i < count; i++) {
+        struct queued *q = &ring[(head + i) % OUTBOX_FRAMES];
+        const struct nvshare_mem_update *m = (const void *)q->payload;
+        if (q->hdr.type == NVSHARE_MSG_MEM_UPDATE && m->request == 0 &&
+            strncmp(m->gpu_uuid, uuid, sizeof m->gpu_uuid) == 0)
+            return q;
+    }
+    return NULL;
+}
+
+/* With out_mu held: queues a frame on the current connection; its seq, or 0 when it cannot go. */
+static uint32_t enqueue(uint16_t type, const void *payload, uint32_t length)
+{
+    if (!atomic_load(&link_up) || length > OUTBOX_PAYLOAD)
+        return 0;
+    if (type == NVSHARE_MSG_MEM_UPDATE && ((const struct nvshare_mem_update *)payload)->request == 0) {
+        struct queued *old = unsent_report(((const struct nvshare_mem_update *)payload)->gpu_uuid);
+        if (old) {
+            memcpy(old->payload, payload, length);  /* only the newest numbers matter */
+            return old->hdr.seq;
+        }
+    }
+    if (count == OUTBOX_FRAMES) {
+        nvshare_log("the queue to nvshare-scheduler is full (it reads nothing); message %u dropped", type);
+        atomic_store(&link_silent, 1);
+        return 0;
+    }
+    struct queued *q = &ring[(head + count) % OUTBOX_FRAMES];
+    uint32_t seq = nvshare_fill_header(&q->hdr, type, length);
+    memcpy(q->payload, payload, length);
+    count++;
+    pthread_cond_signal(&writer_cv);
+    return seq;
+}
+
+int nvshare_outbox_gpu_event(uint16_t type, const char *uuid, uint32_t flags, uint64_t bytes,
+                             uint32_t *seq_out)
+{
+    struct nvshare_gpu_event ev;
+    memset(&ev, 0, sizeof ev);
+    nvshare_copy_str(ev.gpu_uuid, sizeof ev.gpu_uuid, uuid);
+    ev.flags = flags;
+    ev.bytes = bytes;
+    lock_outbox();
+    uint32_t seq = enqueue(type, &ev, sizeof ev);
+    pthread_mutex_unlock(&out_mu);
+    if (seq && seq_out)
+        *seq_out = seq;
+    return seq ? 0 : -1;
+}
+
+void nvshare_outbox_mem_update(const struct nvshare_mem_update *m)
+{
+    lock_outbox();
+    enqueue(NVSHARE_MSG_MEM_UPDATE, m, sizeof *m);
+    pthread_mutex_unlock(&out_mu);
+}
+
+int nvshare_outbox_demand(const struct nvshare_demand *demand)
+{
+    lock_outbox();
+    uint32_t seq = enqueue(NVSHARE_MSG_DEMAND, demand, sizeof *demand);
+    pthread_mutex_unlock(&out_mu);
+    return seq ? 0 : -1;
+}
+
+int nvshare_outbox_heartbeat(void)
+{
+    struct nvshare_heartbeat hb = {nvshare_now_ns()};
+    lock_outbox();
+    uint32_t seq = enqueue(NVSHARE_MSG_HEARTBEAT, &hb, sizeof hb);
+    pthread_mutex_unlock(&out_mu);
+    return seq ? 0 : -1;
+}
+
+static void deadline_in(struct timespec *ts, uint64_t ns)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ns += (uint64_t)ts->tv_nsec;
+    ts->tv_sec += (time_t)(ns / 1000000000ull);
+    ts->tv_nsec = (long)(ns % 1000000000ull);
+}
+
+int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
+                       struct nvshare_mem_reply *reply)
+{
+    lock_outbox();
+    for (;;) {
+        if (atomic_load(&link_refused)) {
+            pthread_mutex_unlock(&out_mu);
+            return NVSHARE_ASK_NO_DAEMON;
+        }
+        if (!atomic_load(&link_up) || atomic_load(&link_silent)) {
+            if (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN) {
+                pthread_mutex_unlock(&out_mu);
+                return NVSHARE_ASK_NO_DAEMON;
+            }
+            pthread_cond_wait(&reply_cv, &out_mu);  /* 'wait': until a connection answers */
+            continue;
+        }
+        struct pending *p = NULL;
+        for (int i = 0; i < MAX_PENDING && !p; i++)
+            if (!pending[i].used)
+                p = &pending[i];
+        if (!p) {
+            pthread_cond_wait(&reply_cv, &out_mu);
+            continue;
+        }
+        memset(p, 0, sizeof *p);
+        p->used = 1;
+        p->epoch = epoch;
+        p->seq = enqueue(NVSHARE_MSG_MEM_UPDATE, question, sizeof *question);
+        struct timespec deadline;
+        deadline_in(&deadline, (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull);
+        int rc = 0;
+        while (p->seq && !p->done && p->epoch == epoch && atomic_load(&link_up) && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&reply_cv, &out_mu, &deadline);
+        int done = p->done;
+        *status = p->status;
+        if (done)
+            *reply = p->reply;
+        p->used = 0;
+        pthread_cond_broadcast(&reply_cv);
+        if (done) {
+            pthread_mutex_unlock(&out_mu);
+            return NVSHARE_ASK_ANSWERED;
+        }
+        if (rc == ETIMEDOUT && p->epoch == epoch && atomic_load(&link_up) && !atomic_load(&link_silent)) {
+            nvshare_log("nvshare-scheduler did not answer within %u ms; treating it as lost",
+                        nvshare_cfg.daemon_timeout_ms);
+            atomic_store(&link_silent, 1);  /* client.c drops the connection at its next tick */
+        }
+        /* Lost, silent or not sent: ask again on the next connection (or pass with 'run'). */
+    }
+}
+
+void nvshare_outbox_answer(uint32_t seq, int32_t status, const struct nvshare_mem_reply *reply)
+{
+    lock_outbox();
+    for (int i = 0; i < MAX_PENDING; i++)
+        if (pending[i].used && !pending[i].done && pending[i].seq == seq && pending[i].epoch == epoch) {
+            pending[i].done = 1;
+            pending[i].status = status;
+            if (reply)
+                pending[i].reply = *reply;
+            pthread_cond_broadcast(&reply_cv);
+            break;
+        }
+    pthread_mutex_unlock(&out_mu);
+}
+
+int nvshare_outbox_is_question(uint32_t seq)
+{
+    int found = 0;
+    lock_outbox();
+    for (int i = 0; i < MAX_PENDING; i++)
+        if (pending[i].used && !pending[i].done && pending[i].seq == seq)
+            found = 1;
+    pthread_mutex_unlock(&out_mu);
+    return found;
+}
+
+void nvshare_outbox_link(int fd)
+{
+    lock_outbox();
+    while (fd < 0 && writing)  /* the caller shut the socket down: the write in progress fails */
+        pthread_cond_wait(&reply_cv, &out_mu);
+    epoch++;
+    link_fd = fd;
+    head = count = 0;  /* nothing queued for an older connection is sent on this one */
+    atomic_store(&link_silent, 0);
+    atomic_store(&link_up, fd >= 0);
+    pthread_cond_broadcast(&writer_cv);
+    pthread_cond_broadcast(&reply_cv);
+    pthread_mutex_unlock(&out_mu);
+}
+
+int nvshare_outbox_take(void *frame, size_t cap, size_t *len, int *fd)
+{
+    lock_outbox();
+    while (!(count && link_fd >= 0))
+        pthread_cond_wait(&writer_cv, &out_mu);
+    struct queued *q = &ring[head];
+    size_t n = sizeof q->hdr + q->hdr.length;
+    if (n <= cap) {
+        memcpy(frame, q, n);
+        *len = n;
+    } else {
+        *len = 0;
+    }
+    head = (head + 1) % OUTBOX_FRAMES;
+    count--;
+    *fd = link_fd;
+    writing = 1;
+    pthread_mutex_unlock(&out_mu);
+    return 0;
+}
+
+void nvshare_outbox_sent(void)
+{
+    lock_outbox();
+    writing = 0;
+    pthread_cond_broadcast(&reply_cv);
+    pthread_mutex_unlock(&out_mu);
+}
+
+void nvshare_outbox_after_fork(void)
+{
+    pthread_mutex_init(&out_mu, NULL);
+    init_cvs();
+    head = count = 0;
+    epoch = 0;
+    if (link_fd >= 0)
+        close(link_fd);  /* the parent's connection; the child makes its own */
+    link_fd = -1;
+    writing = 0;
+    atomic_store(&link_up, 0);
+    atomic_store(&link_refused, 0);
+    atomic_store(&link_silent, 0);
+    memset(pending, 0, sizeof pending);
+}
