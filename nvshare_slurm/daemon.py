@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import pwd
 import signal
@@ -37,11 +38,10 @@ from .gpustate import (
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
 from .proto import C
+from .connection import (Connection, Limits, Listener, Violation, listening_socket,
+                         prepare_socket_path, raise_fd_limit, remove_socket)
 from .registry import Client, Job, Registry
 from .rogue import RogueTracker
-
-# A client that does not read its socket is cut off before its backlog costs the daemon memory.
-MAX_WRITE_BACKLOG = 1 << 20
 
 _DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
                "max runtime reached", C.NVSHARE_DROP_ADMIN: "admin update",
@@ -56,41 +56,6 @@ _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
 REPEAT_WARNING_SEC = 60.0
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus")
-
-
-class Connection:
-    """One accepted socket: its peer's credentials and, after CLIENT_REGISTER, its client."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
-        self.pid, self.uid, self.gid = proto.peer_credentials(writer.get_extra_info("socket"))
-        self.client: Client | None = None
-        self.info: ClientInfo | None = None
-        self.closed = False
-
-    def who(self) -> str:
-        if self.info is not None:
-            return self.info.label()
-        return f"pid {self.pid} uid {self.uid}"
-
-    def send(self, msg_type: int, fields: dict[str, Any] | None = None, seq: int = 0,
-             tail: bytes = b"") -> None:
-        if self.closed:
-            return
-        self.writer.write(proto.encode(msg_type, fields, seq, tail))
-        if self.writer.transport.get_write_buffer_size() > MAX_WRITE_BACKLOG:
-            log.get().warning(f"{self.who()}: does not read its socket; closing the connection")
-            self.close()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.writer.close()
-
-
-class Violation(Exception):
-    """A message that is not allowed from this peer or in this state: close the connection."""
 
 
 class Daemon:
@@ -119,8 +84,8 @@ class Daemon:
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
-        self._connections: set[Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self.listener: Listener | None = None
+        self._throttle = log.Throttle()
         self._stop: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[int, Callable[[Connection, proto.Frame], None]] = {
@@ -257,31 +222,22 @@ class Daemon:
 
     # --- connections ---------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            conn = Connection(reader, writer)
-        except OSError as exc:
-            self.logger.warning(f"connection: cannot read peer credentials ({exc}); closing it")
-            writer.close()
-            return
-        self._connections.add(conn)
-        try:
-            while not conn.closed:
-                frame = await proto.read_frame(reader)
-                if frame is None:
-                    break
-                handler = self._handlers.get(frame.type)
-                if handler is None:
-                    raise Violation(f"{frame.name} is not a message a peer may send")
-                handler(conn, frame)
-        except (proto.ProtocolError, Violation) as exc:
-            self.logger.warning(f"connection from {conn.who()}: {exc}; closing it")
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            self._connections.discard(conn)
-            self._drop_client(conn)
-            conn.close()
+    def _limits(self) -> Limits:
+        return Limits(per_uid=self.cfg.max_connections_per_uid)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's own errors: one line each, now and then, never a traceback per event."""
+        exc = context.get("exception")
+        text = context.get("message", "error")
+        if exc is not None:
+            text += f": {type(exc).__name__}: {exc}"
+        self._throttle(("loop", text[:80]), logging.ERROR, f"event loop: {log.escape(text, 256)}")
+
+    def _on_frame(self, conn: Connection, frame: proto.Frame) -> None:
+        handler = self._handlers.get(frame.type)
+        if handler is None:
+            raise Violation(f"{frame.name} is not a message a peer may send")
+        handler(conn, frame)
 
     def _drop_client(self, conn: Connection) -> None:
         client = conn.client
@@ -590,6 +546,8 @@ class Daemon:
             new = replace(new, **kept)
         self.cfg = new
         self.logger.setLevel(new.log_level.upper())
+        if self.listener is not None:
+            self.listener.set_limits(self._limits())
         now = self.now()
         for uuid, gpu in self.gpus.items():
             settings = GpuSettings.from_config(new, self.registry.gpu_overrides.get(uuid))
@@ -639,11 +597,13 @@ class Daemon:
     async def serve(self) -> int:
         self.loop = asyncio.get_running_loop()
         path = self.cfg.socket
-        if not await _prepare_socket_path(path):
+        if not await prepare_socket_path(path):
             self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
             return 1
-        self._server = await asyncio.start_unix_server(self._serve, sock=_listening_socket(path),
-                                                       limit=2 * proto.MAX_PAYLOAD)
+        self.listener = Listener(listening_socket(path), self._on_frame, self._drop_client,
+                                 self._limits())
+        self.loop.set_exception_handler(self._loop_error)
+        self.listener.start()
         self._stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGINT, self._stop.set)
@@ -654,54 +614,12 @@ class Daemon:
         await self._stop.wait()
         self.logger.info("stopping: SIGTERM")
         rogue_task.cancel()
-        self._server.close()
-        for conn in list(self._connections):
-            conn.close()
+        self.listener.close()
         for handle in self._timers.values():
             handle.cancel()
         self._save()
-        try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except OSError:
-            pass
+        remove_socket(path)
         return 0
-
-
-async def _prepare_socket_path(path: str) -> bool:
-    """Create the socket's directory; remove a stale socket. False if a daemon answers there."""
-    directory = Path(path).parent
-    if not directory.exists():
-        directory.mkdir(parents=True, mode=0o755)
-        os.chmod(directory, 0o755)
-    if os.path.lexists(path):
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
-        except (OSError, asyncio.TimeoutError):
-            os.unlink(path)
-            return True
-        writer.close()
-        return False
-    return True
-
-
-def _listening_socket(path: str) -> socket.socket:
-    """A socket that listens before its name appears: whoever sees the path can connect."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")   # short: sun_path
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(temporary)
-        sock.listen(128)
-        os.chmod(temporary, 0o666)
-        os.rename(temporary, path)
-    except OSError:
-        sock.close()
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
-        raise
-    return sock
 
 
 def _admin_changes(body: Any) -> dict[str, Any]:
@@ -769,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         log.get().error(f"config: {exc}")
         return 1
     logger = log.setup("nvshare-scheduler", cfg.log_level)
+    raise_fd_limit()
     daemon = Daemon(cfg, args.config)
     if not daemon.gpus:
         logger.warning("no GPUs found: job registrations will be refused")

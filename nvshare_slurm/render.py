@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-import unicodedata
 from typing import Any, Iterable, Sequence
+
+from .log import escape
 
 # A record: lines, each a list of (key, rendered value).
 Pair = tuple[str, str]
@@ -27,50 +28,13 @@ STEP_NAMES = {
     0xFFFFFFFD: "pending",
 }
 
-# Unicode categories that move the cursor, reorder text or are not characters at all.
-_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
-
-
-def _escape_char(ch: str) -> str:
-    code = ord(ch)
-    if ch == "\n":
-        return "\\n"
-    if ch == "\r":
-        return "\\r"
-    if ch == "\t":
-        return "\\t"
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
 def safe(value: Any, limit: int | None = MAX_TEXT) -> str:
     """Text fit for a terminal: control and format characters escaped, backslash doubled (so an
-    escape in the output is never ambiguous), cut to `limit` characters with a trailing '...'."""
+    escape in the output is never ambiguous), cut to `limit` characters with a trailing '...'.
+    The same escaping as the daemon's log (log.escape)."""
     if value is None:
         return NULL
-    text = value if isinstance(value, str) else str(value)
-    out = []
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif unicodedata.category(ch) in _UNSAFE_CATEGORIES:
-            out.append(_escape_char(ch))
-        else:
-            out.append(ch)
-    escaped = "".join(out)
-    if limit is not None and len(escaped) > limit:
-        # Cut between escapes, never inside one.
-        shown, length = [], 0
-        for piece in out:
-            if length + len(piece) > limit:
-                break
-            shown.append(piece)
-            length += len(piece)
-        escaped = "".join(shown) + "..."
-    return escaped
+    return escape(value, limit)
 
 
 def human_size(value: Any) -> str:

@@ -110,6 +110,8 @@ KEYS = {
     "rogue_process": ("kill", "kill", ["maim"]),
     "rogue_check_sec": (1, 1.0, [0.1, "often"]),
     "log_level": ("DEBUG", "debug", ["verbose"]),
+    "max_connections_per_uid": (16, 16, [0, -1, "many", 1.5]),
+    "node_name": ("gpu01", "gpu01", ["", "a b", "n1;rm", 5]),
     "gpus": ([{"uuid": "GPU-a", "memory": "1G"}], (config.GpuSpec("GPU-a", 1 << 30, 0),),
              ["GPU-a", [{"uuid": "GPU-a"}]]),
 }
