@@ -96,6 +96,7 @@ class Connection(asyncio.Protocol):
         self._resume_timer: asyncio.TimerHandle | None = None
         self._output_blocked = False
         self._eof = False
+        self._held = False
 
     def who(self) -> str:
         if self.info is not None:
@@ -143,7 +144,8 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         listener = self.listener
-        while not self.closed and not self._output_blocked and self._resume_timer is None:
+        while not self.closed and not self._output_blocked and self._resume_timer is None \
+                and not self._held:
             if len(self._buffer) < proto.HDR_SIZE:
                 break
             try:
@@ -160,19 +162,10 @@ class Connection(asyncio.Protocol):
                     break
             raw = bytes(self._buffer[:end])
             del self._buffer[:end]
-            frame = proto.Frame(msg_type, seq, raw[proto.HDR_SIZE:])
-            try:
-                frame.body()
-                listener.on_frame(self, frame)
-            except (proto.ProtocolError, Violation) as exc:
-                return self._refuse(exc, raw)
-            except Exception as exc:  # noqa: BLE001 - one peer's frame never stops the daemon
-                listener.logger.error(
-                    f"connection from {self.who()}: internal error on {frame.name}: "
-                    f"{type(exc).__name__}: {log.escape(str(exc))}; frame "
-                    f"{log.escape(raw, 512)}; closing it")
-                return self.close()
+            self.dispatch(proto.Frame(msg_type, seq, raw[proto.HDR_SIZE:]))
         if self.closed:
+            return
+        if self._held:
             return
         if self._eof and self._resume_timer is None and not self._output_blocked:
             if self._buffer:
@@ -187,6 +180,32 @@ class Connection(asyncio.Protocol):
             self._cancel("_frame_timer")
         if not self._output_blocked and self._resume_timer is None and self.transport is not None:
             self.transport.resume_reading()
+
+    def dispatch(self, frame: proto.Frame) -> None:
+        """Hand one frame to the daemon; whatever goes wrong closes this connection only."""
+        try:
+            frame.body()
+            self.listener.on_frame(self, frame)
+        except (proto.ProtocolError, Violation) as exc:
+            self._refuse(exc, proto.pack_header(frame.type, len(frame.payload), frame.seq)
+                         + frame.payload)
+        except Exception as exc:  # noqa: BLE001 - one peer's frame never stops the daemon
+            self.listener.logger.error(
+                f"connection from {self.who()}: internal error on {frame.name}: "
+                f"{type(exc).__name__}: {log.escape(str(exc))}; frame "
+                f"{log.escape(frame.payload, 512)}; closing it")
+            self.close()
+
+    def hold(self) -> None:
+        """Read no further frames until unhold(): the daemon answers the last one later."""
+        self._held = True
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def unhold(self) -> None:
+        self._held = False
+        if not self.closed:
+            self.listener.loop.call_soon(self._process)
 
     def _refuse(self, exc: Exception, raw: bytes) -> None:
         self.listener.logger.warning(f"connection from {self.who()}: {exc}; frame "
@@ -209,7 +228,7 @@ class Connection(asyncio.Protocol):
 
     def _frame_late(self) -> None:
         self._frame_timer = None
-        if self.closed or self._resume_timer is not None or self._output_blocked:
+        if self.closed or self._resume_timer is not None or self._output_blocked or self._held:
             return      # waiting on us, not on the peer
         self.listener.throttle(("late", self.uid), logging.WARNING,
                                f"connection from {self.who()}: no complete frame within "

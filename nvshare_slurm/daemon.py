@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, log, proto
+from . import __version__, config, log, proto, slurm
 from .gpustate import (
     CONTENDED,
     DROP,
@@ -54,6 +54,12 @@ _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
+# GPUs not placed for its job that one client may name; past it the rest are neither listed in
+# status nor logged (NVSHARE_MAX_GPUS is what one process can see).
+MAX_UNGATED = 16
+UNGATED_MORE = "..."
+# Room for the STATUS_REPLY struct in front of the JSON.
+STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.ffi.sizeof("struct nvshare_status_reply")
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus")
 
@@ -86,6 +92,12 @@ class Daemon:
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
         self.listener: Listener | None = None
         self._throttle = log.Throttle()
+        self.state_incomplete = False
+        self._state_dirty = False
+        self._save_task: asyncio.Task | None = None
+        self._rebuilding = False
+        self._parked: list[tuple[Connection, proto.Frame]] = []
+        self._rebuild_task: asyncio.Future | None = None
         self._stop: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[int, Callable[[Connection, proto.Frame], None]] = {
@@ -107,20 +119,111 @@ class Daemon:
         return self.loop.time() if self.loop is not None else time.monotonic()
 
     def restore_state(self) -> None:
-        self.registry.load(set(self.gpus))
+        result = self.registry.load(set(self.gpus))
         for uuid, gpu in self.gpus.items():
-            gpu.settings = GpuSettings.from_config(self.cfg, self.registry.gpu_overrides.get(uuid))
+            overrides = self.registry.gpu_overrides.get(uuid)
+            try:
+                gpu.settings = GpuSettings.from_config(self.cfg, overrides)
+            except (TypeError, ValueError, KeyError) as exc:
+                self.logger.error(f"state: gpu {uuid}: admin overrides {log.escape(overrides)} "
+                                  f"left out: {log.escape(exc)}")
+                self.registry.gpu_overrides.pop(uuid, None)
+                gpu.settings = GpuSettings.from_config(self.cfg)
         for job in self.registry.jobs.values():
             job.gpu_index = [self.gpus[u].index for u in job.gpus]
         if self.registry.jobs:
             self.logger.info(f"state: restored {len(self.registry.jobs)} registered jobs from "
                              f"{self.registry.path}; their clients re-register when they reconnect")
+        self.state_incomplete = not result.complete
 
     def _save(self) -> None:
+        """Write state.json soon, off the event loop; saves asked for meanwhile become one."""
+        self._state_dirty = True
+        if self.loop is None or not self.loop.is_running():
+            return self._save_now()
+        if self._save_task is None or self._save_task.done():
+            self._save_task = self.loop.create_task(self._save_soon())
+
+    async def _save_soon(self) -> None:
+        while self._state_dirty:
+            self._state_dirty = False
+            data = self.registry.snapshot()
+            try:
+                await asyncio.to_thread(self.registry.write, data)
+            except OSError as exc:
+                self.logger.error(f"state: cannot write {self.registry.path}: {exc}")
+
+    def _save_now(self) -> None:
+        self._state_dirty = False
         try:
             self.registry.save()
         except OSError as exc:
             self.logger.error(f"state: cannot write {self.registry.path}: {exc}")
+
+    # --- lost state: rebuilt from Slurm --------------------------------------------------------
+
+    def node_name(self) -> str:
+        return socket.gethostname().split(".")[0] if self.cfg.node_name == "-" \
+            else self.cfg.node_name
+
+    async def rebuild_from_slurm(self) -> None:
+        """Register the jobs Slurm runs on this node that the registry lacks. Meanwhile a client or
+        a TaskProlog asking for a job not (yet) known waits for the answer instead of hearing
+        "no such job" and running ungated."""
+        node = self.node_name()
+        self._rebuilding = True
+        try:
+            try:
+                records = await asyncio.to_thread(slurm.jobs_on_node, node,
+                                                  self.cfg.slurm_bin_dir)
+            except slurm.SlurmError as exc:
+                self.logger.error(f"state: cannot rebuild the registry from Slurm: "
+                                  f"{log.escape(exc, 256)}; jobs it lacks are unknown until "
+                                  f"their prolog runs again")
+                return
+            added = []
+            for record in records:
+                job = self._rebuild_job(record, node)
+                if job is not None:
+                    added.append(job.job_id)
+            self.logger.info(f"state: rebuilt from Slurm on node {log.escape(node)}: "
+                             f"{len(added)} jobs added {added[:20]}"
+                             f"{' ...' if len(added) > 20 else ''}")
+        finally:
+            self._rebuilding = False
+            parked, self._parked = self._parked, []
+            for conn, frame in parked:
+                if not conn.closed:
+                    conn.dispatch(frame)
+                    conn.unhold()
+
+    def _rebuild_job(self, record: slurm.JobRecord, node: str) -> Job | None:
+        gres = record.on_node(node)
+        if record.job_id in self.registry.jobs or record.uid is None or record.gid is None:
+            return None
+        if not gres.holds_nvshare and not gres.gpu_index:
+            return None
+        given = list(gres.nvshare_gpus) or (list(gres.gpu_index) if not gres.holds_nvshare
+                                            else None)
+        try:
+            job = self._place(record.job_id, record.uid, record.gid, record.user or
+                              _user_name(record.uid), record.name, gres.nvshare_slots, given, 0)
+        except PlacementError as exc:
+            self.logger.warning(f"job {record.job_id}: not rebuilt from Slurm: "
+                                f"{log.escape(exc)}")
+            return None
+        job.rebuilt = True
+        self.registry.add_job(job)
+        self._save()
+        return job
+
+    def _park(self, conn: Connection, frame: proto.Frame) -> bool:
+        """While the registry is rebuilt, keep a question about an unknown job for later."""
+        if not self._rebuilding:
+            return False
+        conn.hold()
+        self._parked.append((conn, frame))
+        return True
 
     # --- actions from the policy ---------------------------------------------------------------
 
@@ -272,6 +375,8 @@ class Daemon:
             conn.close()
 
         if job is None:
+            if self._park(conn, frame):
+                return None
             return refuse(C.NVSHARE_ERR_NOJOB, f"job {body.job_id} is not registered on this node")
         if conn.uid != 0 and conn.uid != job.uid:
             return refuse(C.NVSHARE_ERR_PERM, f"uid {conn.uid} may not attach to job "
@@ -297,11 +402,26 @@ class Daemon:
         uuid = proto.text(body.gpu_uuid)
         job = self.registry.jobs.get(conn.client.job_id)
         gpu = self.gpus.get(uuid)
+        if gpu is not None and job is not None and job.rebuilt and uuid not in job.gpus:
+            # Its processes were given GPUs before the state was lost: follow them, gated.
+            job.gpus, job.gpu_index = job.gpus + [uuid], job.gpu_index + [gpu.index]
+            self.registry.job_changed(job)
+            self._save()
+            self.logger.info(f"job {job.job_id}: rebuilt from Slurm, its process uses gpu {uuid}: "
+                             f"added to its placement")
         if gpu is None or job is None or uuid not in job.gpus:
-            if uuid not in conn.client.ungated:
-                conn.client.ungated.add(uuid)
-                self.logger.warning(f"gpu {uuid or '?'}: {conn.who()}: not a GPU placed for this "
-                                    f"job; its work there is not gated")
+            ungated = conn.client.ungated
+            if uuid in ungated or len(ungated) > MAX_UNGATED:
+                return None
+            if len(ungated) == MAX_UNGATED:
+                # One peer must not grow the daemon's memory, the log or status without bound.
+                ungated.add(UNGATED_MORE)
+                self.logger.warning(f"{conn.who()}: names more than {MAX_UNGATED} GPUs not "
+                                    f"placed for its job; no more of them are listed or logged")
+                return None
+            ungated.add(uuid)
+            self.logger.warning(f"gpu {log.escape(uuid) or '?'}: {conn.who()}: not a GPU placed "
+                                f"for this job; its work there is not gated")
             return None
         conn.client.gpus.add(uuid)
         return gpu
@@ -311,7 +431,8 @@ class Daemon:
         gpu = self._client_gpu(conn, frame, body)
         if gpu is None:
             return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
-                               f"GPU {proto.text(body.gpu_uuid)} is not managed for this job")
+                               f"GPU {log.escape(proto.text(body.gpu_uuid))} is not managed "
+                               f"for this job")
         self.apply(gpu, gpu.request(_info(conn), self.now()))
 
     def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:
@@ -338,7 +459,7 @@ class Daemon:
         gpu = self._client_gpu(conn, frame, body)
         if gpu is None:
             if body.request:
-                conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.text(body.gpu_uuid),
+                conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.raw(body.gpu_uuid),
                                                     "status": C.NVSHARE_ERR_NOGPU}, frame.seq)
             return
         request = int(body.request)
@@ -383,28 +504,32 @@ class Daemon:
                 return self._job_reply(conn, frame, C.NVSHARE_ERR_INVAL,
                                        f"n_gpus {body.n_gpus} is outside 1..{C.NVSHARE_MAX_GPUS}")
             given = [int(body.gpu_index[i]) for i in range(body.n_gpus)]
+        user = proto.text(body.user) or _user_name(int(body.uid))
+        try:
+            job = self._place(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
+                              int(body.slots), given, int(body.mem_limit))
+        except PlacementError as exc:
+            reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
+            self.logger.error(f"job {job_id}: cannot be placed: {reason}")
+            return self._job_reply(conn, frame, exc.status, reason)
+        self.registry.add_job(job)
+        self._save()
+        self.logger.info(f"job {job_id}: registered for {log.escape(user)} (uid {job.uid}) on "
+                         f"{', '.join(job.gpus)}")
+        self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
+
+    def _place(self, job_id: int, uid: int, gid: int, user: str, name: str, slots: int,
+               given: list[int] | None, mem_limit: int) -> Job:
+        """A new Job placed on this node's GPUs (not yet added); PlacementError when it cannot be."""
         jobs_on: dict[str, int] = {}
         for job in self.registry.jobs.values():
             for uuid in job.gpus:
                 jobs_on[uuid] = jobs_on.get(uuid, 0) + 1
         loads = [GpuLoad(g.uuid, g.index, g.sum_allocated, jobs_on.get(g.uuid, 0))
                  for g in self.gpus.values()]
-        try:
-            placed = place_job(loads, int(body.slots), given, C.NVSHARE_ERR_NOGPU,
-                               C.NVSHARE_ERR_INVAL)
-        except PlacementError as exc:
-            reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
-            self.logger.error(f"job {job_id}: cannot be placed: {reason}")
-            return self._job_reply(conn, frame, exc.status, reason)
-        user = proto.text(body.user) or _user_name(int(body.uid))
-        job = Job(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
-                  int(body.slots), [g.uuid for g in placed], [g.index for g in placed],
-                  int(body.mem_limit))
-        self.registry.add_job(job)
-        self._save()
-        self.logger.info(f"job {job_id}: registered for {user} (uid {job.uid}) on "
-                         f"{', '.join(job.gpus)}")
-        self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
+        placed = place_job(loads, slots, given, C.NVSHARE_ERR_NOGPU, C.NVSHARE_ERR_INVAL)
+        return Job(job_id, uid, gid, user, name, slots, [g.uuid for g in placed],
+                   [g.index for g in placed], mem_limit)
 
     def _on_job_unregister(self, conn: Connection, frame: proto.Frame) -> None:
         job_id = int(frame.body().job_id)
@@ -428,6 +553,8 @@ class Daemon:
         job_id = int(frame.body().job_id)
         job = self.registry.jobs.get(job_id)
         if job is None:
+            if self._park(conn, frame):
+                return None
             return self._job_reply(conn, frame, C.NVSHARE_ERR_NOJOB,
                                    f"job {job_id} is not registered on this node")
         self._job_reply(conn, frame, C.NVSHARE_OK, "", job)
@@ -464,7 +591,7 @@ class Daemon:
             data["config"] = self.cfg.as_dict()
         else:
             return C.NVSHARE_ERR_INVAL, f"unknown status query {what}".encode()
-        return C.NVSHARE_OK, json.dumps(data).encode()
+        return C.NVSHARE_OK, _fit_status(data)
 
     def _job_status(self, job: Job) -> dict[str, Any]:
         clients = []
@@ -603,6 +730,9 @@ class Daemon:
         self.listener = Listener(listening_socket(path), self._on_frame, self._drop_client,
                                  self._limits())
         self.loop.set_exception_handler(self._loop_error)
+        if self.state_incomplete:
+            self._rebuilding = True      # from the first connection on
+            self._rebuild_task = asyncio.ensure_future(self.rebuild_from_slurm())
         self.listener.start()
         self._stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
@@ -617,7 +747,9 @@ class Daemon:
         self.listener.close()
         for handle in self._timers.values():
             handle.cancel()
-        self._save()
+        if self._save_task is not None:
+            await self._save_task
+        self._save_now()
         remove_socket(path)
         return 0
 
@@ -661,6 +793,35 @@ def _info(conn: Connection) -> ClientInfo:
     if conn.info is None:
         raise Violation("a client message before CLIENT_REGISTER")
     return conn.info
+
+
+def _fit_status(data: dict[str, Any]) -> bytes:
+    """The status JSON within one frame: when it does not fit, the longest prefix of its list
+    ("gpus" or "jobs"; a lone job's "clients") that does, and "truncated" says what was left out."""
+    text = json.dumps(data).encode()
+    if len(text) <= STATUS_JSON_MAX:
+        return text
+    key = "gpus" if "gpus" in data else "jobs"
+    items = data[key]
+    if len(items) == 1 and "clients" in items[0]:
+        job = dict(items[0])
+        data[key] = [job]
+        items, key, holder = job["clients"], "clients", job
+    else:
+        holder = data
+    total = len(items)
+    low, high = 0, total         # the most items that fit lies in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        holder[key] = items[:mid]
+        data["truncated"] = {"list": key, "shown": mid, "total": total}
+        if len(json.dumps(data).encode()) <= STATUS_JSON_MAX:
+            low = mid
+        else:
+            high = mid
+    holder[key] = items[:low]
+    data["truncated"] = {"list": key, "shown": low, "total": total}
+    return json.dumps(data).encode()
 
 
 def _size(value: int) -> str:

@@ -28,8 +28,10 @@ class Scheduler:
         self.state_dir = str(workdir / "state")
         self.config_path = workdir / "nvshare.yaml"
         self.log_path = workdir / "scheduler.log"
+        # No scontrol in workdir: a daemon that starts without state finds no Slurm to rebuild
+        # from at once (tests of the rebuild give it a fake scontrol).
         config = {"socket": self.socket, "state_dir": self.state_dir, "gpus": FAKE_GPUS,
-                  "log_level": "debug"}
+                  "log_level": "debug", "slurm_bin_dir": str(workdir)}
         config.update(settings)
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
