@@ -19,7 +19,9 @@ import logging
 import os
 import resource
 import socket
+import signal
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ from .proto import C
 
 FRAME_DEADLINE_SEC = 10.0
 WRITE_STALL_SEC = 10.0
+# Input read ahead while a peer's status queries wait for the rate limit.
+INPUT_HIGH_WATER = 64 << 10
 # Above this much queued output a peer's further requests wait unread.
 OUTPUT_HIGH_WATER = 64 << 10
 # One full status reply past the high-water mark, and room for the lock messages of its GPUs.
@@ -97,6 +101,7 @@ class Connection(asyncio.Protocol):
         self._output_blocked = False
         self._eof = False
         self._held = False
+        self.accepted_boottime = time.clock_gettime(time.CLOCK_BOOTTIME)
 
     def who(self) -> str:
         if self.info is not None:
@@ -117,8 +122,12 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # The peer sends no more; what it sent is still answered, then the connection closes.
+        # Queries held back by the rate limit are not: a peer that floods and goes is gone at once.
         self._eof = True
-        self._process()
+        if self._resume_timer is not None:
+            self.close()
+        else:
+            self._process()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -178,7 +187,13 @@ class Connection(asyncio.Protocol):
                 self._arm_frame_deadline()
         else:
             self._cancel("_frame_timer")
-        if not self._output_blocked and self._resume_timer is None and self.transport is not None:
+        if self.transport is None:
+            return
+        if self._output_blocked or (self._resume_timer is not None
+                                    and len(self._buffer) > INPUT_HIGH_WATER):
+            self.transport.pause_reading()
+        else:
+            # Rate-limited, still read (up to INPUT_HIGH_WATER): a peer that hangs up is seen.
             self.transport.resume_reading()
 
     def dispatch(self, frame: proto.Frame) -> None:
@@ -213,8 +228,6 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _wait_for_rate(self, wait: float) -> None:
-        if self.transport is not None:
-            self.transport.pause_reading()
         self._resume_timer = self.listener.loop.call_later(wait, self._rate_waited)
 
     def _rate_waited(self) -> None:
@@ -462,6 +475,48 @@ def remove_socket(path: str) -> None:
             os.unlink(path)
     except OSError:
         pass
+
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)     # Linux 6.5
+
+
+def peer_pidfd(conn: Connection) -> int | None:
+    """A pidfd of the process at the other end of conn, or None when none can be had safely.
+
+    SO_PEERPIDFD names the very process that connected. Older kernels: pidfd_open(pid), kept only
+    when that pid's process is older than the connection (else the pid was reused since). Either way
+    a signal sent through the pidfd can only reach that process: if it has exited (a forked child
+    may hold the socket now) the signal fails with ESRCH instead of hitting a stranger."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is not None:
+        try:
+            return int(sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD))
+        except OSError:
+            pass
+    try:
+        pidfd = os.pidfd_open(conn.pid)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{conn.pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")     # field 22: since boot
+        status = Path(f"/proc/{conn.pid}/status").read_text()
+        uid = int(next(line.split()[1] for line in status.splitlines()
+                       if line.startswith("Uid:")))
+        signal_pidfd(pidfd, 0)      # still alive: /proc showed that very process
+    except (OSError, ValueError, IndexError, StopIteration):
+        os.close(pidfd)
+        return None
+    if started > conn.accepted_boottime + 0.02 or uid != conn.uid:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def signal_pidfd(pidfd: int, sig: int) -> None:
+    """ProcessLookupError when the process has exited."""
+    signal.pidfd_send_signal(pidfd, sig)
 
 
 def raise_fd_limit() -> None:

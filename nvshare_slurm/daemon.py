@@ -38,8 +38,8 @@ from .gpustate import (
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
 from .proto import C
-from .connection import (Connection, Limits, Listener, Violation, listening_socket,
-                         prepare_socket_path, raise_fd_limit, remove_socket)
+from .connection import (Connection, Limits, Listener, Violation, listening_socket, peer_pidfd,
+                         prepare_socket_path, raise_fd_limit, remove_socket, signal_pidfd)
 from .registry import Client, Job, Registry
 from .rogue import RogueTracker
 
@@ -295,19 +295,39 @@ class Daemon:
                                             "total": decision.total}, seq)
 
     def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> None:
+        """A holder that ignored DROP_LOCK for drop_grace_sec loses the lock here, whatever the
+        policy, so one client can never keep a GPU from the others; kill also signals it."""
         grace = self.cfg.drop_grace_sec
+        where = f"gpu {gpu.uuid}: {info.label()}"
+        client = self.registry.clients.get(info.client_id)
+        conn = client.connection if client is not None else None
         if self.cfg.unresponsive_holder == "kill":
-            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
-                                f"{grace:g}s after DROP_LOCK; killing it (unresponsive_holder=kill)")
-            try:
-                os.kill(info.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            except OSError as exc:
-                self.logger.error(f"gpu {gpu.uuid}: {info.label()}: cannot kill: {exc}")
-        else:
-            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
-                                f"{grace:g}s after DROP_LOCK (unresponsive; policy warn)")
+            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK; "
+                                f"killing it (unresponsive_holder=kill)")
+            pidfd = conn.pidfd if conn is not None else None
+            if pidfd is None:
+                self.logger.error(f"{where}: its process cannot be told apart from a reused pid; "
+                                  f"not signalled")
+            else:
+                try:
+                    signal_pidfd(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    self.logger.warning(f"{where}: the process that registered has exited (a "
+                                        f"child it forked holds the connection); not signalled")
+                except OSError as exc:
+                    self.logger.error(f"{where}: cannot kill: {exc}")
+            if conn is not None:
+                self.logger.warning(f"{where}: lock revoked, connection closed")
+                conn.abort()          # drops its lock and queue place: the next waiter runs
+            return
+        if not gpu.queue:
+            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
+                                f"(unresponsive; policy warn)")
+            return
+        self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
+                            f"(unresponsive; policy warn): lock revoked and handed on; what it "
+                            f"still runs there is not gated")
+        self.apply(gpu, gpu.release(info.client_id, self.now()))
 
     def _arm(self, gpu: GpuState) -> None:
         handle = self._timers.pop(gpu.uuid, None)
@@ -384,6 +404,8 @@ class Daemon:
         if body.pid != conn.pid:
             return refuse(C.NVSHARE_ERR_PERM, f"pid {body.pid} in the message is not the "
                                               f"connecting process {conn.pid}")
+        if self.cfg.unresponsive_holder == "kill":
+            conn.pidfd = peer_pidfd(conn)
         client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
                                           body.mem_limit or job.mem_limit, conn)
         conn.client = client
@@ -420,7 +442,8 @@ class Daemon:
                                     f"placed for its job; no more of them are listed or logged")
                 return None
             ungated.add(uuid)
-            self.logger.warning(f"gpu {log.escape(uuid) or '?'}: {conn.who()}: not a GPU placed "
+            self.logger.warning(f"gpu {log.escape(proto.raw(body.gpu_uuid)) or '?'}: {conn.who()}: "
+                                f"not a GPU placed "
                                 f"for this job; its work there is not gated")
             return None
         conn.client.gpus.add(uuid)

@@ -205,12 +205,23 @@ def format_records(records: Sequence[Record], oneliner: bool = False) -> str:
     return ("\n" if oneliner else "\n\n").join(texts) + "\n"
 
 
+def truncated_note(status: dict[str, Any]) -> str:
+    """The daemon's reply fits one frame: say so when it had to leave entries out."""
+    cut = status.get("truncated")
+    if not isinstance(cut, dict):
+        return ""
+    return (f"({number(cut.get('shown'))} of {number(cut.get('total'))} "
+            f"{safe(cut.get('list'))} shown: the rest did not fit in one reply; "
+            f"`nvshare-status show job <id>` shows any one job)\n")
+
+
 def render_gpus(status: dict[str, Any], oneliner: bool = False) -> str:
     gpus = status.get("gpus") or []
     if not gpus:
         node = safe(status.get("node") or "this node")
         return f"No GPUs managed by nvshare-scheduler on {node}\n"
-    return format_records([gpu_record(g, status.get("node")) for g in gpus], oneliner)
+    return format_records([gpu_record(g, status.get("node")) for g in gpus],
+                          oneliner) + truncated_note(status)
 
 
 def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
@@ -218,7 +229,7 @@ def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
     if not jobs:
         return f"No nvshare jobs on {safe(status.get('node') or 'this node')}\n"
     return format_records([job_record(j, status.get("time"), status.get("node")) for j in jobs],
-                          oneliner)
+                          oneliner) + truncated_note(status)
 
 
 def render_config(status: dict[str, Any], oneliner: bool = False) -> str:

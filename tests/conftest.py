@@ -42,12 +42,13 @@ class Scheduler:
         env["NVSHARE_CONFIG"] = str(self.config_path)
         return env
 
-    def start(self, timeout: float = 10.0) -> "Scheduler":
+    def start(self, timeout: float = 10.0, preexec_fn=None) -> "Scheduler":
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"],
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -92,12 +93,12 @@ def scheduler_factory(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="nvs-", dir="/tmp"))
     os.chmod(base, 0o755)
 
-    def make(**settings) -> Scheduler:
+    def make(start: bool = True, **settings) -> Scheduler:
         workdir = base / f"d{len(started)}"
         workdir.mkdir()
         sched = Scheduler(workdir, settings)
         started.append(sched)
-        return sched.start()
+        return sched.start() if start else sched
 
     yield make
     for sched in started:
