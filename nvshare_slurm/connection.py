@@ -14,6 +14,7 @@ Every peer is a local process, but not every local process is friendly. So:
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import os
@@ -40,8 +41,8 @@ OUTPUT_HIGH_WATER = 64 << 10
 MAX_QUEUED_OUTPUT = OUTPUT_HIGH_WATER + proto.HDR_SIZE + proto.MAX_PAYLOAD + (64 << 10)
 ROOT_RESERVED = 64                  # connections only root may use
 FDS_KEPT_FREE = 64                  # for state.json, scontrol's pipes, the log
-STATUS_RATE = 20.0                  # status queries per second per non-root uid ...
-STATUS_BURST = 40.0                 # ... after a burst of this many
+STATUS_RATE = 10.0                  # status queries per second per non-root uid ...
+STATUS_BURST = 20.0                 # ... after a burst of this many
 ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX = 0.05, 1.0
 LISTEN_BACKLOG = 1024
 ACCEPTS_PER_WAKEUP = 64
@@ -97,7 +98,8 @@ class Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._frame_timer: asyncio.TimerHandle | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
-        self._resume_timer: asyncio.TimerHandle | None = None
+        self._rate_waiting = False       # a status query waits for its turn (Listener.status_turn)
+        self._rate_token = False
         self._output_blocked = False
         self._eof = False
         self._held = False
@@ -124,7 +126,7 @@ class Connection(asyncio.Protocol):
         # The peer sends no more; what it sent is still answered, then the connection closes.
         # Queries held back by the rate limit are not: a peer that floods and goes is gone at once.
         self._eof = True
-        if self._resume_timer is not None:
+        if self._rate_waiting:
             self.close()
         else:
             self._process()
@@ -153,7 +155,7 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         listener = self.listener
-        while not self.closed and not self._output_blocked and self._resume_timer is None \
+        while not self.closed and not self._output_blocked and not self._rate_waiting \
                 and not self._held:
             if len(self._buffer) < proto.HDR_SIZE:
                 break
@@ -165,9 +167,10 @@ class Connection(asyncio.Protocol):
             if len(self._buffer) < end:
                 break
             if msg_type == C.NVSHARE_MSG_STATUS_QUERY and self.uid != 0:
-                wait = listener.status_wait(self.uid)
-                if wait > 0:
-                    self._wait_for_rate(wait)
+                if self._rate_token:
+                    self._rate_token = False
+                elif not listener.status_allowed(self):
+                    self._rate_waiting = True
                     break
             raw = bytes(self._buffer[:end])
             del self._buffer[:end]
@@ -176,7 +179,7 @@ class Connection(asyncio.Protocol):
             return
         if self._held:
             return
-        if self._eof and self._resume_timer is None and not self._output_blocked:
+        if self._eof and not self._rate_waiting and not self._output_blocked:
             if self._buffer:
                 return self._refuse(proto.ProtocolError(
                     f"connection closed inside a frame ({len(self._buffer)} bytes)"),
@@ -189,7 +192,7 @@ class Connection(asyncio.Protocol):
             self._cancel("_frame_timer")
         if self.transport is None:
             return
-        if self._output_blocked or (self._resume_timer is not None
+        if self._output_blocked or (self._rate_waiting
                                     and len(self._buffer) > INPUT_HIGH_WATER):
             self.transport.pause_reading()
         else:
@@ -227,11 +230,9 @@ class Connection(asyncio.Protocol):
                                      f"{log.escape(raw, 256)}; closing it")
         self.close()
 
-    def _wait_for_rate(self, wait: float) -> None:
-        self._resume_timer = self.listener.loop.call_later(wait, self._rate_waited)
-
-    def _rate_waited(self) -> None:
-        self._resume_timer = None
+    def rate_granted(self) -> None:
+        """Its status query's turn has come (the token is taken for it)."""
+        self._rate_waiting, self._rate_token = False, True
         self._process()
 
     def _arm_frame_deadline(self) -> None:
@@ -241,7 +242,7 @@ class Connection(asyncio.Protocol):
 
     def _frame_late(self) -> None:
         self._frame_timer = None
-        if self.closed or self._resume_timer is not None or self._output_blocked or self._held:
+        if self.closed or self._rate_waiting or self._output_blocked or self._held:
             return      # waiting on us, not on the peer
         self.listener.throttle(("late", self.uid), logging.WARNING,
                                f"connection from {self.who()}: no complete frame within "
@@ -283,8 +284,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        for name in ("_frame_timer", "_resume_timer"):
-            self._cancel(name)
+        self._cancel("_frame_timer")
         self._buffer.clear()
         try:
             self.listener.on_close(self)
@@ -325,6 +325,7 @@ class Listener:
         self.connections: set[Connection] = set()
         self.per_uid: dict[int, int] = {}
         self._buckets: dict[int, TokenBucket] = {}
+        self._status_waiting: dict[int, collections.deque[Connection]] = {}
         self._backoff = ACCEPT_BACKOFF_MIN
         self._retry: asyncio.TimerHandle | None = None
         self._serving = False
@@ -345,15 +346,46 @@ class Listener:
         for conn in list(self.connections):
             conn.close()
 
-    def status_wait(self, uid: int) -> float:
+    def status_allowed(self, conn: Connection) -> bool:
+        """True: conn's status query may go now. False: it queues behind its uid's earlier ones,
+        and Listener.status_turn hands it a token in turn (one timer per uid, not per connection:
+        a thousand waiting connections must not all wake up to find the bucket empty)."""
+        uid = conn.uid
+        waiting = self._status_waiting.get(uid)
+        if waiting:
+            waiting.append(conn)
+            return False
         now = self.loop.time()
         bucket = self._buckets.get(uid)
         if bucket is None:
             if len(self._buckets) > 4096:
-                self._buckets.clear()
+                self._buckets = {u: b for u, b in self._buckets.items() if u in self._status_waiting}
             bucket = self._buckets[uid] = TokenBucket(self.limits.status_rate,
                                                        self.limits.status_burst, now)
-        return bucket.wait(now)
+        wait = bucket.wait(now)
+        if wait == 0:
+            return True
+        self._status_waiting[uid] = collections.deque([conn])
+        self.loop.call_later(wait, self.status_turn, uid)
+        return False
+
+    def status_turn(self, uid: int) -> None:
+        waiting = self._status_waiting.get(uid)
+        while waiting and waiting[0].closed:
+            waiting.popleft()
+        if not waiting:
+            self._status_waiting.pop(uid, None)
+            return
+        wait = self._buckets[uid].wait(self.loop.time())
+        if wait == 0:
+            conn = waiting.popleft()
+            if not waiting:
+                self._status_waiting.pop(uid, None)
+            else:
+                self.loop.call_later(1.0 / self.limits.status_rate, self.status_turn, uid)
+            conn.rate_granted()      # may queue its next query: the table is in order before
+            return
+        self.loop.call_later(wait, self.status_turn, uid)
 
     def set_limits(self, limits: Limits) -> None:
         self.limits = limits

@@ -58,6 +58,8 @@ REPEAT_WARNING_SEC = 60.0
 # status nor logged (NVSHARE_MAX_GPUS is what one process can see).
 MAX_UNGATED = 16
 UNGATED_MORE = "..."
+# Status for non-root users is computed at most this often per kind of query (root's is always new).
+STATUS_CACHE_SEC = 1.0
 # Room for the STATUS_REPLY struct in front of the JSON.
 STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.ffi.sizeof("struct nvshare_status_reply")
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
@@ -98,6 +100,7 @@ class Daemon:
         self._rebuilding = False
         self._parked: list[tuple[Connection, proto.Frame]] = []
         self._rebuild_task: asyncio.Future | None = None
+        self._status_cache: dict[tuple[int, int], tuple[float, int, bytes]] = {}
         self._stop: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[int, Callable[[Connection, proto.Frame], None]] = {
@@ -587,7 +590,18 @@ class Daemon:
 
     def _on_status_query(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
-        status, tail = self.status(int(body.what), int(body.job_id))
+        what, job_id = int(body.what), int(body.job_id)
+        if conn.uid == 0:
+            status, tail = self.status(what, job_id)
+        else:
+            # A status of many jobs takes milliseconds of the loop: users share one per second.
+            key, now = (what, job_id), self.now()
+            cached = self._status_cache.get(key)
+            if cached is None or now - cached[0] >= STATUS_CACHE_SEC:
+                if len(self._status_cache) > 64:
+                    self._status_cache.clear()
+                cached = self._status_cache[key] = (now, *self.status(what, job_id))
+            status, tail = cached[1], cached[2]
         conn.send(C.NVSHARE_MSG_STATUS_REPLY, {"status": status, "json_length": len(tail)},
                   frame.seq, tail)
 
