@@ -19,6 +19,13 @@ FAKE_GPUS = [
 REPO = Path(__file__).resolve().parent.parent
 
 
+def become(uid: int) -> None:
+    """This (forked) process drops root for uid: the attacks in tests are a user's."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 class Scheduler:
     """A running nvshare-scheduler process (python -m nvshare_slurm.daemon) with its own config."""
 

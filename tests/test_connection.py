@@ -12,9 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from conftest import become
 from nvshare_slurm import connection, log, proto
 from nvshare_slurm.connection import Limits, Listener, peer_pidfd
 from nvshare_slurm.proto import C
@@ -170,9 +172,7 @@ def _as_uid(uid: int, action):
     pid = os.fork()
     if pid == 0:
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            become(uid)
             os.write(write_end, struct.pack("d", float(action())))
             os._exit(0)
         except BaseException:
@@ -233,7 +233,7 @@ def test_accept_at_the_fd_limit_backs_off_and_logs_rarely(tmp_path):
     script = tmp_path / "listen.py"
     script.write_text(f"""
 import asyncio, resource, sys
-sys.path.insert(0, {os.getcwd()!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
 from nvshare_slurm import connection, log, proto
 from nvshare_slurm.proto import C

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import FAKE_GPUS
+from conftest import FAKE_GPUS, become
 from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame, register_frame
 from nvshare_slurm import proto, taskprolog
 from nvshare_slurm.proto import C
@@ -115,9 +115,7 @@ def test_a_flood_of_unread_status_queries_blinds_no_one(scheduler_factory, tmp_p
     if flooder == 0:                          # 1,000 connections of one user, none of them read
         code = 1
         try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            become(NOBODY)
             socks = []
             query = proto.encode(C.NVSHARE_MSG_STATUS_QUERY, {"what": C.NVSHARE_STATUS_JOBS})
             for _ in range(1000):
@@ -292,9 +290,7 @@ def test_kill_policy_never_signals_a_process_that_is_not_the_registered_peer(sch
     first = os.fork()
     if first == 0:
         try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            become(NOBODY)
             sock, body = connect_and_register(sched.socket, 2)
             sock.sendall(gpu_frame(C.NVSHARE_MSG_LOCK_REQUEST, GPU0))
             proto.recv_frame(sock)                   # the grant
