@@ -86,6 +86,8 @@ class Config:
     max_connections_per_uid: int = 256     # each job process holds one; root is not capped
     node_name: str = "-"                   # this node's Slurm NodeName; "-": the short host name
     log_level: str = "info"
+    metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
+    usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +117,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
     "max_connections_per_uid": (1, 1_000_000),
+    "metrics_port": (0, 65535),
 }
 # Booleans as YAML writes them and as people write them in an environment variable.
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, log, proto, slurm
+from .accounting import UsageLedger, usage_line
+from .gang import GangPolicy
 from .gpustate import (
     CONTENDED,
     DROP,
@@ -50,7 +52,7 @@ _MODE_BY_CODE = {C.NVSHARE_MODE_AUTO: "auto", C.NVSHARE_MODE_CONCURRENT: "concur
                  C.NVSHARE_MODE_SERIAL: "serial"}
 _SWITCH_BY_CODE = {C.NVSHARE_SWITCH_AUTO: "auto", C.NVSHARE_SWITCH_FIXED: "fixed"}
 _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
-                    C.NVSHARE_MSG_MEM_UPDATE}
+                    C.NVSHARE_MSG_MEM_UPDATE, C.NVSHARE_MSG_DRAIN_STUCK}
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
@@ -63,7 +65,7 @@ STATUS_CACHE_SEC = 1.0
 # Room for the STATUS_REPLY struct in front of the JSON.
 STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.ffi.sizeof("struct nvshare_status_reply")
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
-_RESTART_ONLY = ("socket", "state_dir", "gpus")
+_RESTART_ONLY = ("socket", "state_dir", "gpus", "metrics_port")
 
 
 class Daemon:
@@ -88,7 +90,10 @@ class Daemon:
             self.gpus[info.uuid] = GpuState(info.uuid, info.index, info.memory_total,
                                             GpuSettings.from_config(cfg), name=info.name)
         self.by_index = {g.index: g for g in self.gpus.values()}
+        self.gangs = GangPolicy()
+        self._in_gang_pass = False
         self.rogues = RogueTracker()
+        self.ledger = UsageLedger()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
@@ -108,6 +113,7 @@ class Daemon:
             C.NVSHARE_MSG_LOCK_REQUEST: self._on_lock_request,
             C.NVSHARE_MSG_LOCK_RELEASED: self._on_lock_released,
             C.NVSHARE_MSG_MEM_UPDATE: self._on_mem_update,
+            C.NVSHARE_MSG_DRAIN_STUCK: self._on_drain_stuck,
             C.NVSHARE_MSG_JOB_REGISTER: self._on_job_register,
             C.NVSHARE_MSG_JOB_UNREGISTER: self._on_job_unregister,
             C.NVSHARE_MSG_JOB_QUERY: self._on_job_query,
@@ -134,6 +140,7 @@ class Daemon:
                 gpu.settings = GpuSettings.from_config(self.cfg)
         for job in self.registry.jobs.values():
             job.gpu_index = [self.gpus[u].index for u in job.gpus]
+            self._add_gang(job)
         if self.registry.jobs:
             self.logger.info(f"state: restored {len(self.registry.jobs)} registered jobs from "
                              f"{self.registry.path}; their clients re-register when they reconnect")
@@ -217,6 +224,7 @@ class Daemon:
             return None
         job.rebuilt = True
         self.registry.add_job(job)
+        self._add_gang(job)
         self._save()
         return job
 
@@ -279,7 +287,31 @@ class Daemon:
                     self.logger.debug(f"{where}: allocation answered after waiting for room")
             elif action.kind == UNRESPONSIVE:
                 self._unresponsive(gpu, action.client)
+        self.ledger.observe(gpu, self.now())
+        self._gang_pass()
         self._arm(gpu)
+
+    def _gang_pass(self) -> None:
+        """After every event: gang turns across GPUs (gang.py), then each GPU's timer again."""
+        if self._in_gang_pass or not self.gangs.gangs:
+            return
+        self._in_gang_pass = True
+        try:
+            for gpu, actions in self.gangs.schedule(self.now()):
+                self.apply(gpu, actions)
+            for note in self.gangs.notes:
+                self.logger.warning(note)
+            self.gangs.notes.clear()
+            for gpu in self.gpus.values():
+                self._arm(gpu)
+        finally:
+            self._in_gang_pass = False
+
+    def _add_gang(self, job: Job) -> None:
+        if self.gangs.add_job(job.job_id, [self.gpus[u] for u in job.gpus if u in self.gpus]):
+            self.logger.info(f"job {job.job_id}: a gang on GPUs "
+                             f"{','.join(map(str, job.gpu_index))}: it takes its turns on all "
+                             f"of them together")
 
     def _warn_now_and_then(self, key: tuple[str, int, str], text: str) -> None:
         now = self.now()
@@ -431,6 +463,8 @@ class Daemon:
             # Its processes were given GPUs before the state was lost: follow them, gated.
             job.gpus, job.gpu_index = job.gpus + [uuid], job.gpu_index + [gpu.index]
             self.registry.job_changed(job)
+            self.gangs.remove_job(job.job_id)      # now perhaps a gang over more GPUs
+            self._add_gang(job)
             self._save()
             self.logger.info(f"job {job.job_id}: rebuilt from Slurm, its process uses gpu {uuid}: "
                              f"added to its placement")
@@ -505,6 +539,19 @@ class Daemon:
             self.logger.info(f"{where}: allocation of {_size(request)} waits for room")
         self.apply(gpu, actions)
 
+    def _on_drain_stuck(self, conn: Connection, frame: proto.Frame) -> None:
+        body = frame.body()
+        gpu = self._client_gpu(conn, frame, body)
+        if gpu is None:
+            return
+        info = _info(conn)
+        resolution = self.gangs.drain_stuck(gpu, info, self.now())
+        self._warn_now_and_then(
+            (gpu.uuid, info.client_id, "drain stuck"),
+            f"gpu {gpu.uuid}: {info.label()}: its work there has not finished "
+            f"{int(body.bytes)} ms after it was asked to release (DRAIN_STUCK); {resolution}")
+        self.apply(gpu, gpu.tick(self.now()))
+
     # --- request/reply messages ----------------------------------------------------------------
 
     def _job_reply(self, conn: Connection, frame: proto.Frame, status: int, message: str,
@@ -539,6 +586,7 @@ class Daemon:
             self.logger.error(f"job {job_id}: cannot be placed: {reason}")
             return self._job_reply(conn, frame, exc.status, reason)
         self.registry.add_job(job)
+        self._add_gang(job)
         self._save()
         self.logger.info(f"job {job_id}: registered for {log.escape(user)} (uid {job.uid}) on "
                          f"{', '.join(job.gpus)}")
@@ -570,9 +618,17 @@ class Daemon:
             if client_conn is not None:
                 self._drop_client(client_conn)
                 client_conn.close()
-        self.registry.remove_job(job_id)
+        job = self.registry.remove_job(job_id)
+        self.gangs.remove_job(job_id)
+        for gpu in self.gpus.values():
+            self.apply(gpu, gpu.tick(self.now()))
         self._save()
-        self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected)")
+        usage = usage_line(self.ledger.job_usage(job_id, self.now()),
+                           {u: self.gpus[u].index for u in job.gpus if u in self.gpus}
+                           if job is not None else None)
+        self.ledger.forget_job(job_id)
+        self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected); "
+                         f"GPU usage: {usage}")
         self._reply(conn, frame, C.NVSHARE_OK, "unregistered")
 
     def _on_job_query(self, conn: Connection, frame: proto.Frame) -> None:
@@ -645,7 +701,9 @@ class Daemon:
             clients.append({"pid": client.pid, "step_id": client.step_id, "gpus": gpus})
         return {"job_id": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
                 "slots": job.slots, "gpus": list(job.gpus), "gpu_index": list(job.gpu_index),
-                "registered": job.registered, "clients": clients}
+                "registered": job.registered, "clients": clients,
+                "usage": self.ledger.job_usage(job.job_id, self.now()),
+                "gang": self.gangs.status(job.job_id)}
 
     def _admin_allowed(self, uid: int) -> bool:
         if uid == 0:
@@ -764,6 +822,17 @@ class Daemon:
         if not await prepare_socket_path(path):
             self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
             return 1
+        # Before the socket appears: whoever sees the socket finds the metrics too.
+        metrics = None
+        if self.cfg.metrics_port:
+            from .metrics import MetricsServer   # prometheus-client only where metrics are on
+            metrics = MetricsServer(self, self.cfg.metrics_port)
+            try:
+                await metrics.start()
+            except OSError as exc:
+                self.logger.error(f"metrics: cannot listen on port {self.cfg.metrics_port}: "
+                                  f"{exc}; serving without metrics")
+                metrics = None
         self.listener = Listener(listening_socket(path), self._on_frame, self._drop_client,
                                  self._limits())
         self.loop.set_exception_handler(self._loop_error)
@@ -781,6 +850,8 @@ class Daemon:
         await self._stop.wait()
         self.logger.info("stopping: SIGTERM")
         rogue_task.cancel()
+        if metrics is not None:
+            metrics.close()
         self.listener.close()
         for handle in self._timers.values():
             handle.cancel()

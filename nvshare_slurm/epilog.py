@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
+
+from . import config as config_mod
 from . import slurm
+from .accounting import usage_line
 from .client import Client, DaemonUnavailable, RequestFailed
-from .prolog import DAEMON_WAIT_SEC, drain, load_config, node_name, say, with_daemon
+from .prolog import DAEMON_WAIT_SEC, answer_help, drain, load_config, node_name, say, with_daemon
 from .proto import C
 
 ME = "nvshare-epilog"
@@ -31,9 +34,12 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     else:
         for wait in (wait_sec, 0.5):   # the second pass re-checks before reporting failure
             try:
+                usage = job_usage(client, job_id)     # asked first: unregistering forgets it
                 message = with_daemon(lambda: client.unregister_job(job_id), wait)
                 if message != "not registered":
                     say(ME, job_id, f"unregistered on {node}")
+                    if usage is not None:
+                        report_usage(cfg, job_id, node, usage, environ)
                 return 0
             except DaemonUnavailable:
                 problem = "nvshare: scheduler not running"
@@ -54,7 +60,40 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     return 1
 
 
+def job_usage(client: Client, job_id: int) -> str | None:
+    """The job's GPU usage on this node as one line, or None when the daemon cannot say."""
+    try:
+        job = client.status(C.NVSHARE_STATUS_JOB, job_id)["jobs"][0]
+        index_of = dict(zip(job["gpus"], job["gpu_index"]))
+        return usage_line(job.get("usage", {}), index_of)
+    except (DaemonUnavailable, RequestFailed, LookupError, TypeError, ValueError):
+        return None
+
+
+def report_usage(cfg: config_mod.Config, job_id: int, node: str, line: str,
+                 environ: dict[str, str]) -> None:
+    """Log the usage line; with usage_admin_comment also put it in the job's AdminComment, beside
+    what other nodes' epilogs and the site wrote there. Never fails the epilog."""
+    say(ME, job_id, f"GPU usage on {node}: {line}")
+    if not cfg.usage_admin_comment:
+        return
+    try:
+        existing = slurm.show_job(job_id, cfg.slurm_bin_dir, environ=environ).admin_comment
+        slurm.set_admin_comment(job_id, merge_admin_comment(existing, node, line),
+                                cfg.slurm_bin_dir, environ=environ)
+    except slurm.SlurmError as exc:
+        say(ME, job_id, f"GPU usage not written to AdminComment: {exc}")
+
+
+def merge_admin_comment(existing: str, node: str, line: str) -> str:
+    """`existing` with this node's nvshare part replaced by `nvshare <node>: line`."""
+    mine = f"nvshare {node}:"
+    kept = [part for part in existing.split(" | ") if part and not part.startswith(mine)]
+    return " | ".join(kept + [f"{mine} {line}"])
+
+
 def main() -> int:
+    answer_help(ME, __doc__, sys.argv[1:])
     try:
         return run(dict(os.environ))
     except Exception as exc:

@@ -17,6 +17,10 @@ Modes (docs/protocol.md "Scheduling modes"):
   default because they measured faster on an H100 (docs/benchmarks.md): two compute-bound jobs
   1.005x serial in turns against 1.085x co-running, where the GPU time-slices the two contexts.
 
+Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue`, never in the
+FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
+of the gang's GPUs together. While the gang has work here, nobody else is granted here.
+
 Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room.
 The holder's DROP_LOCK carries the bytes it must move out; with no holder left, clients that hold
 no lock get PREPARE_SWAP_OUT, each at most once while the room is short (one "episode"); when
@@ -134,6 +138,27 @@ class _Holder:
     drop_reason: int = 0
     drop_bytes: int = 0               # what that DROP_LOCK asked it to move out
     unresponsive_reported: bool = False
+    stuck_at: float | None = None     # its last DRAIN_STUCK: its drain grace restarts there
+
+    def grace_from(self) -> float | None:
+        """Since when it has not released: DROP_LOCK, or its latest DRAIN_STUCK report."""
+        if self.drop_at is None:
+            return None
+        return self.drop_at if self.stuck_at is None else max(self.drop_at, self.stuck_at)
+
+
+@dataclass
+class Turn:
+    """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together.
+
+    While the gang has work here (a holder, a waiter, or a grant earlier in this turn), only its
+    clients are granted here. `started`: the gang runs, so a request of its own drops any other
+    holder here at once. `grants`: False once its turn ends (DROP_LOCK to all its holders)."""
+    job_id: int
+    started: bool = False
+    grants: bool = True
+    used: bool = False                # granted here in this turn
+    deadline: float | None = None     # when gang.py next needs a pass (turn end, stuck drain)
 
 
 @dataclass
@@ -179,6 +204,9 @@ class GpuState:
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
     withheld: int | None = None            # the waiter whose grant waits for room
+    gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
+    gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
+    turn: Turn | None = None
     _grant_need: int = 0                   # per _schedule pass: room the withheld grant lacks
     _alloc_need: int = 0                   # per _schedule pass: room waiting requests lack
 
@@ -300,8 +328,9 @@ class GpuState:
                 return [Action(GRANT, client, C.NVSHARE_GRANT_SHARED if holder.shared
                                else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms())]
             return []
-        if cid not in self.queue:
-            self.queue[cid] = (client, now)
+        waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
+        if cid not in waiting:
+            waiting[cid] = (client, now)
         return self._schedule(now)
 
     def release(self, client_id: int, now: float) -> list[Action]:
@@ -316,6 +345,7 @@ class GpuState:
         """The client is gone (disconnect, unregister): drop its lock, queue place and memory."""
         self.holders.pop(client_id, None)
         self.queue.pop(client_id, None)
+        self.gang_queue.pop(client_id, None)
         self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
         self.promised.pop(client_id, None)
         self.swap_asked.pop(client_id, None)
@@ -352,12 +382,20 @@ class GpuState:
         grace = self.settings.drop_grace_sec
         deadlines = []
         for holder in self.holders.values():
-            if holder.drop_at is not None and not holder.unresponsive_reported:
-                deadlines.append(holder.drop_at + grace)
+            since = holder.grace_from()
+            if since is not None and not holder.unresponsive_reported:
+                deadlines.append(since + grace)
+        if self.turn is not None and self.turn.deadline is not None:
+            deadlines.append(self.turn.deadline)
+        if self.turn_here():
+            others = any(h.client.job_id != self.turn.job_id and h.drop_at is None
+                         for h in self.holders.values())
+            if others and self.contention_since is not None:
+                deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(p.since + grace for p in self.pending_allocs)
         deadlines.extend(ask.at + grace for ask in self.swap_asked.values())
         deadlines.extend(at + grace for _, at in self.promised.values())
-        if self.contention_since is not None and self.queue:
+        if self.contention_since is not None and self.queue and not self.turn_here():
             if self.settings.mode == "serial":
                 if not self.serial_expired:
                     deadlines.append(self.contention_since + self.settings.max_runtime_sec)
@@ -377,6 +415,7 @@ class GpuState:
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0) -> None:
         self.queue.pop(client.client_id, None)
+        self.gang_queue.pop(client.client_id, None)
         self.holders[client.client_id] = _Holder(client, now, shared)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
@@ -404,7 +443,9 @@ class GpuState:
         self._expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
         self._answer_allocations(now, out)
-        if self.settings.mode == "serial":
+        if self.turn_here():
+            self._schedule_turn(now, out)
+        elif self.settings.mode == "serial":
             self._schedule_serial(now, out, admin)
         elif self._shared_ok():
             # Everything fits, swapped memory included: each grantee brings its own back.
@@ -415,11 +456,92 @@ class GpuState:
             self._schedule_exclusive(now, out, admin)
         self._make_room(now, out)
         for holder in self.holders.values():
-            if holder.drop_at is not None and not holder.unresponsive_reported \
-                    and now >= holder.drop_at + self.settings.drop_grace_sec:
+            since = holder.grace_from()
+            if since is not None and not holder.unresponsive_reported \
+                    and now >= since + self.settings.drop_grace_sec:
                 holder.unresponsive_reported = True
                 out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
         return out
+
+    # --- gang turns (the cross-GPU decisions are gang.py's) ------------------------------------
+
+    def turn_here(self) -> bool:
+        """Does the gang whose turn it is have work on this GPU (so that nobody else may)?"""
+        turn = self.turn
+        if turn is None:
+            return False
+        return turn.used or any(h.client.job_id == turn.job_id for h in self.holders.values()) \
+            or any(c.job_id == turn.job_id for c, _ in self.gang_queue.values())
+
+    def _schedule_turn(self, now: float, out: list[Action]) -> None:
+        """The gang's GPU: others give way (at once when the gang already runs, else at the end
+        of their switch interval); the gang's waiters here are granted SHARED together."""
+        turn = self.turn
+        assert turn is not None
+        others = [h for h in self.holders.values() if h.client.job_id != turn.job_id]
+        mine = [c for c, _ in self.gang_queue.values() if c.job_id == turn.job_id]
+        if others:
+            if not mine:
+                return
+            need = max(0, sum(self._use(c.client_id).swapped for c in mine) - self.room())
+            if self.contention_since is None:
+                self.contention_since = now
+            for holder in others:
+                if holder.drop_at is not None:
+                    continue
+                if turn.started:
+                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+                    continue
+                if not holder.contended:
+                    holder.contended = True
+                    out.append(Action(CONTENDED, holder.client))
+                if now >= self.contention_since + self.switch_interval():
+                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+            return
+        self.contention_since = None
+        if turn.started and turn.grants:
+            for client in mine:
+                if not self._try_grant(client, now, True, out):
+                    break
+                turn.used = True
+
+    def job_holders(self, job_id: int) -> list[_Holder]:
+        return [h for h in self.holders.values() if h.client.job_id == job_id]
+
+    def job_waiters(self, job_id: int) -> list[tuple[ClientInfo, float]]:
+        return [entry for entry in self.gang_queue.values() if entry[0].job_id == job_id]
+
+    def contend_job(self, job_id: int) -> list[Action]:
+        """LOCK_CONTENDED to the job's holders not told yet: give the GPU back once idle."""
+        out = []
+        for holder in self.job_holders(job_id):
+            if holder.drop_at is None and not holder.contended:
+                holder.contended = True
+                out.append(Action(CONTENDED, holder.client))
+        return out
+
+    def drop_job(self, job_id: int, now: float) -> list[Action]:
+        """DROP_LOCK(TIMESLICE) to the job's holders (the end of its gang turn), each with its
+        share of what the waiting single-GPU clients' swapped memory lacks."""
+        holders = [h for h in self.job_holders(job_id) if h.drop_at is None]
+        moves = {c.client_id: move for c, move in _shares(
+            self._holder_must_move(),
+            [(h.client, self._use(h.client.client_id).swappable) for h in holders])}
+        out: list[Action] = []
+        for holder in holders:
+            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
+                       moves.get(holder.client.client_id, 0))
+        return out
+
+    def mark_stuck(self, client_id: int, now: float) -> bool:
+        """DRAIN_STUCK from a holder: its grace restarts (it is not unresponsive while it says
+        so). False when the client holds nothing here."""
+        holder = self.holders.get(client_id)
+        if holder is None:
+            return False
+        holder.stuck_at = now
+        holder.unresponsive_reported = False
+        return True
 
     def _switch_needs_swap(self) -> bool:
         """Would handing the GPU to the queue head move memory? Then an early (idle) release
@@ -616,7 +738,7 @@ class GpuState:
         holder = self.holders.get(client_id)
         if holder is not None:
             return "dropping" if holder.drop_at is not None else "holding"
-        return "waiting" if client_id in self.queue else "idle"
+        return "waiting" if client_id in self.queue or client_id in self.gang_queue else "idle"
 
     def status(self, now: float, rogue: list[dict[str, int]], jobs: list[int]) -> dict[str, Any]:
         s = self.settings
@@ -637,7 +759,12 @@ class GpuState:
                          "held_sec": round(now - h.since, 3), "shared": h.shared}
                         for h in self.holders.values()],
             "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
-                         "waiting_sec": round(now - since, 3)} for c, since in self.queue.values()],
+                         "waiting_sec": round(now - since, 3)}
+                        for c, since in [*self.queue.values(), *self.gang_queue.values()]],
+            "turn": None if self.turn is None else {
+                "job_id": self.turn.job_id,
+                "state": "ending" if not self.turn.grants else
+                         "running" if self.turn.started else "claiming"},
             "jobs": jobs, "rogue": rogue,
         }
 

@@ -10,10 +10,12 @@ the same way; draining makes the problem visible at once and the requeued job ru
 """
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -34,6 +36,19 @@ def say(component: str, job_id: int | None, message: str) -> None:
     where = f"job {job_id}: " if job_id is not None else ""
     text = " ".join(message.split())
     print(f"{component}: {where}{text}", file=sys.stderr, flush=True)
+
+
+def answer_help(prog: str, doc: str, argv: list[str]) -> None:
+    """`--help`: print doc and exit 0. Slurm passes no arguments; any other is ignored, never a
+    failure, because a failing Prolog or Epilog drains the node."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.fill(
+            "Slurm runs it as root from slurmd, with SLURM_JOB_ID, SLURM_JOB_UID, SLURMD_NODENAME, "
+            f"... and no PATH; the config is NVSHARE_CONFIG or {config_mod.DEFAULT_PATH}. Exit "
+            "status 0: done, or nothing to do; 1: this node cannot serve nvshare jobs (the last "
+            "stderr line says why, and becomes the node's drain reason).", 100))
+    parser.parse_known_args(argv)
 
 
 def node_name(environ: dict[str, str]) -> str:
@@ -150,6 +165,7 @@ def _int(value: str | None, fallback: int | None) -> int | None:
 
 
 def main() -> int:
+    answer_help("nvshare-prolog", __doc__, sys.argv[1:])
     try:
         return run(dict(os.environ))
     except Exception as exc:  # one line for slurmd's log, never a traceback as the drain reason

@@ -131,10 +131,29 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
          ("SwitchInterval", interval(gpu.get("switch_interval_sec"))),
          ("MaxRuntime", duration(gpu.get("max_runtime_sec"))),
          ("CoRunning", number(bool(gpu.get("co_running"))))],
-        [("Holders", _join(holders))],
+        [("Holders", _join(holders)), ("Turn", turn_label(gpu.get("turn")))],
         [("Waiting", _join(waiting))],
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
     ]
+
+
+def turn_label(turn: Any) -> str:
+    """Whose gang turn a GPU is in: `job 12(running)`."""
+    if not isinstance(turn, dict):
+        return NULL
+    return f"job {safe(turn.get('job_id'))}({safe(turn.get('state'))})"
+
+
+def gang_lines(gang: Any) -> list[list[Pair]]:
+    """`Gang=job 12 on 0,1 GangState=waiting GangWaitsFor=...` for a job that takes gang turns."""
+    if not isinstance(gang, dict):
+        return []
+    line = [("Gang", f"job {safe(gang.get('job_id'))} on "
+                     f"{_join(safe(i) for i in gang.get('gpu_index') or [])}"),
+            ("GangState", safe(gang.get("state"))), ("GangTurns", number(gang.get("turns")))]
+    if gang.get("why"):
+        line.append(("GangWaitsFor", safe(gang.get("why"))))
+    return [line]
 
 
 def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record:
@@ -159,7 +178,17 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
          ("GPUs", _join(safe(i) for i in indices)),
          ("GPU_UUIDs", _join(safe(u, None) for u in uuids))],
         [("Registered", timestamp(registered)), ("RunTime", duration(run_time))],
+        *gang_lines(job.get("gang")),
     ]
+    usage = job.get("usage")
+    if isinstance(usage, dict):
+        for uuid, u in usage.items():
+            u = u if isinstance(u, dict) else {}
+            record.append([("GpuUsage", gpu_label(uuid)), ("Held", duration(u.get("held_sec"))),
+                           ("Waited", duration(u.get("wait_sec"))),
+                           ("PeakMemory", human_size(u.get("peak_memory"))),
+                           ("Swapped", human_size(u.get("swapped_out"))),
+                           ("Turns", number(u.get("turns")))])
     clients = job.get("clients") or []
     if not clients:
         record.append([("Clients", NULL)])

@@ -19,6 +19,7 @@ from pathlib import Path
 GRES_NAME = "nvshare"
 _TYPED_GPU = re.compile(r"^gpu(\d{1,2})$")
 _JOB_ID = re.compile(r"^[1-9]\d{0,9}$")
+ADMIN_COMMENT_MAX = 1000
 
 
 class SlurmError(Exception):
@@ -45,6 +46,7 @@ class JobRecord:
     uid: int | None = None
     gid: int | None = None
     nodes: dict[str, NodeGres] = field(default_factory=dict)   # per node name
+    admin_comment: str = ""
     state: str = ""                                            # JobState, e.g. RUNNING
 
     def on_node(self, node: str) -> NodeGres:
@@ -208,8 +210,12 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
     name = lines[0].split(" JobName=", 1)[1] if " JobName=" in lines[0] else ""
     user, uid, gid = "", None, None
     nodes: dict[str, NodeGres] = {}
+    admin_comment = ""
     for line in lines[1:]:
         stripped = line.strip()
+        if stripped.startswith("AdminComment="):
+            admin_comment = stripped[len("AdminComment="):]
+            continue
         match = re.match(r"^UserId=(.*)\((\d+)\) GroupId=.*\((\d+)\)", stripped)
         if match:
             user, uid, gid = match.group(1), int(match.group(2)), int(match.group(3))
@@ -221,7 +227,7 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
                 nodes[node] = gres
     state_match = re.search(r"(?m)^\s*JobState=(\S+)", record)
     state = state_match.group(1) if state_match else ""
-    return JobRecord(job_id, name, user, uid, gid, nodes, state)
+    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment, state)
 
 
 def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: int = 3,
@@ -258,6 +264,50 @@ def _scontrol(args: list[str], slurm_bin_dir: str, timeout: float, attempts: int
         if attempt + 1 < attempts:
             time.sleep(0.5 * (attempt + 1))
     raise SlurmError(f"scontrol {' '.join(args)}: {last}")
+
+
+def set_admin_comment(job_id: int, text: str, slurm_bin_dir: str, timeout: float = 10.0,
+                      environ: dict[str, str] | None = None) -> str:
+    """Write `text` as the job's AdminComment (root or SlurmUser); returns the command that took it.
+
+    slurmctld takes `scontrol update` only while the job runs; once it has finished (in the epilog,
+    with Slurm 22.05) the accounting database still takes it through sacctmgr, where sacct shows it.
+    """
+    # One argv element: both commands take the rest of it literally, spaces and '=' included.
+    value = " ".join(text.split())[:ADMIN_COMMENT_MAX]
+    refused = _admin_command(slurm_bin_dir, "scontrol", ["update", f"JobId={job_id}",
+                                                         f"AdminComment={value}"], timeout, environ)
+    if not refused:
+        return "scontrol"
+    if "finished" not in refused:
+        raise SlurmError(f"scontrol update job {job_id} AdminComment: {refused}")
+    late = _admin_command(slurm_bin_dir, "sacctmgr", ["-i", "modify", "job", "where",
+                                                      f"jobid={job_id}", "set",
+                                                      f"AdminComment={value}"], timeout, environ)
+    if not late:
+        return "sacctmgr"
+    raise SlurmError(f"job {job_id} AdminComment: scontrol: {refused}; sacctmgr: {late}")
+
+
+def _admin_command(slurm_bin_dir: str, name: str, args: list[str], timeout: float,
+                   environ: dict[str, str] | None) -> str:
+    """Run a Slurm admin command; '' when it succeeded, else why not (one line)."""
+    command = Path(slurm_bin_dir) / name
+    if not os.access(command, os.X_OK):
+        return f"{command} is not an executable"
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    try:
+        result = subprocess.run([str(command), *args], capture_output=True, text=True,
+                                errors="replace", timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:g}s"
+    except OSError as exc:
+        return f"cannot run {command}: {exc}"
+    if result.returncode == 0:
+        return ""
+    out = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    return out[-1] if out else f"exit {result.returncode}"
 
 
 def job_gpus_from_env(value: str | None) -> list[int]:

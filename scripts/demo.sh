@@ -1,5 +1,6 @@
 #!/bin/bash
-# nvshare-slurm demo, as root on a fresh Debian/Ubuntu machine: installs everything, starts a
+# nvshare-slurm demo, as root on a fresh Debian/Ubuntu machine: installs what is missing (Debian's
+# Slurm and munge through scripts/install-demo-slurm.sh, nvshare-slurm into $NVSHARE_PREFIX), starts a
 # one-node Slurm cluster with the nvshare GRES in a temp dir, runs two `sbatch --gres=nvshare:1`
 # jobs that share one GPU, shows nvshare-status while they run, then who held the GPU when.
 # Everything it starts is stopped on exit; running it again starts from scratch.
@@ -29,7 +30,8 @@ if [ -n "$SLURM_ROOT" ]; then
   . "$SLURM_ROOT/env.sh"
   SBIN=$SLURM_ROOT/usr/sbin
 else
-  echo "== installing (scripts/install.sh)"
+  echo "== installing (scripts/install-demo-slurm.sh: Debian's Slurm and munge where missing; scripts/install.sh)"
+  bash scripts/install-demo-slurm.sh
   bash scripts/install.sh
   SBIN=/usr/sbin
 fi
@@ -87,7 +89,9 @@ cat > "$DEMO/nvshare/nvshare.yaml" <<YAML
 socket: $DEMO/nvshare/scheduler.sock
 state_dir: $DEMO/nvshare/state
 slurm_bin_dir: $(dirname "$(command -v scontrol)")
-# Exclusive turns of one second, so the two jobs visibly take turns.
+# Exclusive turns (concurrent mode): a holder keeps the GPU at most 1 s while the other job waits.
+# The fake-GPU jobs synchronise every 0.1 s, and a holder with no GPU work in flight hands the GPU
+# over within milliseconds (idle_release_ms), so the turns printed at the end last about 0.1 s.
 scheduling_mode: concurrent
 switch_time_mode: fixed
 switch_time_fixed: 1.0

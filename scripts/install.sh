@@ -1,33 +1,98 @@
 #!/bin/bash
-# Install what nvshare-slurm needs on a fresh Debian/Ubuntu machine, as root:
-# Slurm and munge from apt, a C compiler, and nvshare-slurm itself into the virtualenv $NVSHARE_PREFIX.
-#   NVSHARE_EDITABLE=1  install the checkout in editable mode (tests: the hook is built in place)
+# Install nvshare-slurm on a node, as root: the package (daemon, Slurm glue, libnvshare.so) into the
+# virtualenv $NVSHARE_PREFIX. It never installs, replaces or configures Slurm or munge: a site's Slurm
+# stays exactly as it is. Where Slurm is missing it says what is missing and how sites install it,
+# and installs nvshare-slurm all the same (a build host needs no Slurm).
+# What it does install when missing, on Debian/Ubuntu only (apt): gcc, python3-venv, python3-dev.
+# On EL8/EL9 it names the dnf packages and stops. docs/admin-guide.md has both.
+#   NVSHARE_PREFIX       the virtualenv (default /opt/nvshare)
+#   NVSHARE_VENV_PYTHON  the Python 3.10+ that creates it (default python3; EL8/EL9: python3.11)
+#   NVSHARE_EDITABLE=1   install the checkout in editable mode (development; the hook is built in place)
+#   NVSHARE_EXTRAS       pip extras to add, e.g. test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=${NVSHARE_PREFIX:-/opt/nvshare}
+PYTHON=${NVSHARE_VENV_PYTHON:-python3}
+say() { echo "install.sh: $*"; }
+# An executable file on PATH or in /usr/sbin (bash's `command -v` also reports non-executable ones).
+have() {
+  local path
+  path=$(command -v "$1" 2>/dev/null) && [ -f "$path" ] && [ -x "$path" ] && return 0
+  [ -f "/usr/sbin/$1" ] && [ -x "/usr/sbin/$1" ]
+}
 
+# --- build prerequisites: a C compiler, a Python 3.10+ with venv (and its headers) ---
 need=()
-for cmd in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge gcc:gcc make:make; do
-  command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd#*:}")
-done
-python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
-[ -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need+=(python3-dev)
+have gcc || have cc || need+=(gcc)
+if command -v "$PYTHON" >/dev/null 2>&1 \
+    && ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  say "$PYTHON is $("$PYTHON" --version 2>&1); nvshare-slurm needs 3.10 or newer: install one"
+  say "  (EL8/EL9: dnf install python3.11 python3.11-devel) and name it: NVSHARE_VENV_PYTHON=python3.11"
+  exit 1
+fi
+command -v "$PYTHON" >/dev/null 2>&1 || need+=(python3)
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+"$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(
+    os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "install.sh: apt-get install ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # slurm-wlm pulls slurmctld, slurmd and the client commands.
-  apt-get install -y -qq --no-install-recommends slurm-wlm "${need[@]}" >/dev/null
+  if command -v apt-get >/dev/null 2>&1; then
+    say "apt-get install ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    say "missing: ${need[*]}. On EL8/EL9 (python3 there is 3.6 or 3.9):"
+    say "  dnf install gcc python3.11 python3.11-devel"
+    say "  NVSHARE_VENV_PYTHON=python3.11 bash scripts/install.sh"
+    exit 1
+  fi
 fi
 
-if [ ! -x "$PREFIX/bin/python" ]; then
-  python3 -m venv "$PREFIX"
-fi
-"$PREFIX/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-if [ "${NVSHARE_EDITABLE:-0}" = 1 ]; then
-  "$PREFIX/bin/python" -m pip install -q -e '.[test]'
+# --- Slurm: only looked at, never installed ---
+slurm_missing=()
+for cmd in slurmd scontrol; do
+  have "$cmd" || slurm_missing+=("$cmd")
+done
+if [ ${#slurm_missing[@]} -gt 0 ]; then
+  say "WARNING: this node has no ${slurm_missing[*]}. nvshare-slurm needs a working Slurm node"
+  say "  (slurmd and scontrol; munge unless the site uses auth/slurm); this script never installs"
+  say "  Slurm. Install your site's Slurm, e.g."
+  say "    Debian/Ubuntu:  apt-get install slurmd slurm-client munge"
+  say "    EL8/EL9:        dnf install epel-release && dnf install slurm-slurmd munge"
+  say "                    (or the RPMs your site builds: rpmbuild -ta slurm-<version>.tar.bz2)"
+  say "  then set slurm_bin_dir in /etc/nvshare/nvshare.yaml to where scontrol is."
+  say "  For a throw-away local cluster (demo, tests) see scripts/install-demo-slurm.sh."
 else
-  "$PREFIX/bin/python" -m pip install -q '.[test]'
+  scontrol_dir=$(dirname "$(command -v scontrol)")
+  slurmd=$(command -v slurmd || echo /usr/sbin/slurmd)
+  version=$("$slurmd" -V 2>/dev/null || true)   # scontrol --version needs a slurm.conf
+  say "found ${version:-Slurm} (scontrol in $scontrol_dir); it is left as it is"
+  [ "$scontrol_dir" = /usr/bin ] \
+    || say "note: set slurm_bin_dir: $scontrol_dir in /etc/nvshare/nvshare.yaml (the default is /usr/bin)"
 fi
+
+# --- nvshare-slurm into its own virtualenv ---
+[ -x "$PREFIX/bin/python" ] || "$PYTHON" -m venv "$PREFIX"
+"$PREFIX/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+target=.
+[ -n "${NVSHARE_EXTRAS:-}" ] && target=".[$NVSHARE_EXTRAS]"
+if [ "${NVSHARE_EDITABLE:-0}" = 1 ]; then
+  "$PREFIX/bin/python" -m pip install -q -e "$target"
+else
+  "$PREFIX/bin/python" -m pip install -q "$target"
+fi
+# The TaskProlog and the hook run as the job's user: everything under the prefix must be readable.
 chmod -R a+rX "$PREFIX"
-echo "install.sh: nvshare-slurm installed in $PREFIX ($("$PREFIX/bin/python" --version))"
+# ... and so must the interpreter the venv points to (not one under /root, e.g. pyenv's).
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 \
+    && ! runuser -u nobody -- "$PREFIX/bin/python" -c 'import nvshare_slurm' >/dev/null 2>&1; then
+  say "WARNING: other users cannot run $PREFIX/bin/python ($(readlink -f "$PREFIX/bin/python")) or"
+  say "  import nvshare_slurm: jobs would fail in the TaskProlog. Use a system Python"
+  say "  (NVSHARE_VENV_PYTHON=/usr/bin/python3) and a checkout all users can read."
+fi
+say "nvshare-slurm installed in $PREFIX ($("$PREFIX/bin/python" --version))"
+# An editable install has no data files: the checkout's slurm/ and docs/ are the same files.
+if [ -d "$PREFIX/share/nvshare-slurm" ]; then
+  say "snippets, systemd unit and example config in $PREFIX/share/nvshare-slurm;" \
+    "docs in $PREFIX/share/doc/nvshare-slurm"
+fi

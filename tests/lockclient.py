@@ -11,6 +11,8 @@ reads commands on stdin, one a line:
     release UUID [no_room]    give the lock back (LOCK_RELEASED, flags IDLE, or NO_ROOM)
     mem UUID ALLOC FIXED SWAPPED REQUEST [FLAGS]
                               MEM_UPDATE (seq counts up from 1); also what --swap moves
+    stuck UUID MS             DRAIN_STUCK: asked to release, its work there has not finished
+                              after MS milliseconds (use with --on-drop ignore)
     quit
 and prints one JSON line per event: registered, grant, contended, drop, released, mem_reply,
 prepare_swap_out, swapped_in, reply, closed, reconnected. "t" is CLOCK_MONOTONIC, comparable
@@ -226,6 +228,8 @@ class _Hook:
             no_room = len(words) > 2 and words[2] == "no_room"
             self.release(words[1], C.NVSHARE_RELEASE_NO_ROOM if no_room
                          else C.NVSHARE_RELEASE_IDLE)
+        elif words[0] == "stuck":
+            self.send(gpu_frame(C.NVSHARE_MSG_DRAIN_STUCK, words[1], 0, int(words[2])))
         elif words[0] == "mem":
             allocated, fixed, swapped, request = (int(w) for w in words[2:6])
             flags = int(words[6]) if len(words) > 6 else 0

@@ -325,7 +325,10 @@ def test_memory_is_reported_to_the_daemon(hook_lib, scheduler, tmp_path, procs):
     finish(proc)
 
 
-def test_one_process_holds_one_gpu_while_it_waits_for_another(hook_lib, concurrent, tmp_path, procs):
+def test_one_process_on_two_gpus_waits_for_the_holder_of_one(hook_lib, concurrent, tmp_path, procs):
+    """A job placed on two GPUs takes gang turns (docs/design-scheduler.md): one process using
+    both waits for the single-GPU job's work on GPU 1 (its GPU 0 work may start first, when its
+    GPU 0 request came first), and completes."""
     trace = tmp_path / "trace"
     other = Job(concurrent, 151, trace, gpu_index=[1])
     both = Job(concurrent, 152, trace, gpu_index=[0, 1])
@@ -341,7 +344,6 @@ def test_one_process_holds_one_gpu_while_it_waits_for_another(hook_lib, concurre
     on0 = [r for r in mine if r[1] == GPU0]
     on1 = [r for r in mine if r[1] == GPU1]
     assert len(on0) == 3 and len(on1) == 1
-    assert min(r[2] for r in on0) < holder_end, "GPU0 work waited for GPU1's holder"
     assert on1[0][2] >= holder_end
     assert overlaps(rows, GPU1) == []
 

@@ -10,6 +10,10 @@
  * names it, so device memory runs out across processes as on a real GPU. FAKE_CUDA_NO_VMM=1 makes the
  * devices report no virtual memory management. cuMemHostAlloc touches its pages, as pinning does,
  * so they count against the process's cgroup.
+ * A kernel named "barrier" (parameters: unsigned long long microseconds, int ranks, int rank) is an
+ * NCCL-like collective: the k-th barrier launch of each rank runs until every rank of the group has
+ * launched its k-th one, then for the microseconds. The group is the POSIX shared memory segment
+ * named by FAKE_CUDA_BARRIER, so ranks may live in different processes.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -194,6 +199,11 @@ static uint64_t ctx_busy_until(struct fctx *c)
     return t;
 }
 
+/* Barrier kernels (their block below): every wait for a stream settles its barriers first. */
+static void barrier_settle(struct fstream *st);
+static void barrier_settle_ctx(struct fctx *c);
+static int barrier_try(struct fstream *st);
+
 #define NEED_INIT() do { if (!initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 #define NEED_CTX() do { NEED_INIT(); if (!current()) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
 
@@ -341,6 +351,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned i
 EXPORT CUresult cuCtxSynchronize(void)
 {
     NEED_CTX();
+    barrier_settle_ctx(current());
     pthread_mutex_lock(&mu);
     uint64_t t = ctx_busy_until(current());
     pthread_mutex_unlock(&mu);
@@ -353,6 +364,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     NEED_INIT();
     struct fctx *c = (struct fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    barrier_settle_ctx(c);
     sleep_until(ctx_busy_until(c));
     for (int i = 0; i < ctx_depth; i++)
         if (ctx_stack[i] == c) {
@@ -387,6 +399,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
     NEED_CTX();
     struct fstream *st = stream_of(s);
+    barrier_settle(st);
     pthread_mutex_lock(&mu);
     uint64_t t = st->busy_until;
     pthread_mutex_unlock(&mu);
@@ -398,6 +411,8 @@ EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchroniz
 EXPORT CUresult cuStreamQuery(CUstream s)
 {
     NEED_CTX();
+    if (!barrier_try(stream_of(s)))
+        return CUDA_ERROR_NOT_READY;
     return now_ns() >= stream_of(s)->busy_until ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -406,6 +421,185 @@ EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
     NEED_CTX();
     *ctx = (CUcontext)stream_of(s)->ctx;
     return CUDA_SUCCESS;
+}
+
+/* ---- barrier kernels ------------------------------------------------------------------------ */
+/* A barrier's end is not known at its launch, so a stream with a barrier in it keeps its work as
+ * pending operations, settled (in order, traced then) by whoever waits for the stream. */
+#define BAR_RANKS 16
+#define BAR_RING 256
+#define BAR_STREAMS 64
+struct bar_shm {
+    uint64_t launched[BAR_RANKS];                 /* barrier launches per rank */
+    uint64_t arrival_ns[BAR_RANKS][BAR_RING];     /* when rank r launched its k-th: [r][k % RING] */
+};
+struct bar_op {
+    int barrier;          /* 0: a sleep kernel queued behind a barrier */
+    uint64_t us, k, launch_ns;
+    int ranks;
+    struct bar_op *next;
+};
+static struct {
+    struct fstream *st;
+    struct bar_op *head, *tail;
+} bar_streams[BAR_STREAMS];
+static struct bar_shm *bar_group;
+static pthread_mutex_t bar_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ffunc barrier_func = {3};
+
+static struct bar_shm *bar_map(void)
+{
+    if (bar_group)
+        return bar_group;
+    const char *name = getenv("FAKE_CUDA_BARRIER");
+    if (!name || !*name)
+        return NULL;
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return NULL;
+    if (ftruncate(fd, sizeof(struct bar_shm)) == 0) {
+        void *p = mmap(NULL, sizeof(struct bar_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED)
+            bar_group = p;
+    }
+    close(fd);
+    return bar_group;
+}
+
+/* With bar_mu held: the pending list of st (NULL: none), or a new empty one when create. */
+static int bar_slot(struct fstream *st, int create)
+{
+    for (int i = 0; i < BAR_STREAMS; i++)
+        if (bar_streams[i].st == st)
+            return i;
+    if (!create)
+        return -1;
+    for (int i = 0; i < BAR_STREAMS; i++)
+        if (!bar_streams[i].st) {
+            bar_streams[i].st = st;
+            return i;
+        }
+    return -1;
+}
+
+static int barrier_pending(struct fstream *st)
+{
+    pthread_mutex_lock(&bar_mu);
+    int i = bar_slot(st, 0);
+    pthread_mutex_unlock(&bar_mu);
+    return i >= 0;
+}
+
+static void bar_trace(int dev, uint64_t start, uint64_t end)
+{
+    if (trace_fd < 0)
+        return;
+    char line[160];
+    int len = snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
+                       (unsigned long long)start, (unsigned long long)end);
+    ssize_t w = write(trace_fd, line, (size_t)len);
+    (void)w;
+}
+
+/* With bar_mu held: settle what can be settled in slot i; 1 when nothing is pending any more. */
+static int bar_resolve(int i)
+{
+    struct fstream *st = bar_streams[i].st;
+    while (bar_streams[i].head) {
+        struct bar_op *op = bar_streams[i].head;
+        pthread_mutex_lock(&mu);
+        uint64_t start = st->busy_until > op->launch_ns ? st->busy_until : op->launch_ns;
+        pthread_mutex_unlock(&mu);
+        uint64_t ready = start;
+        if (op->barrier) {
+            uint64_t last = 0;
+            for (int r = 0; r < op->ranks; r++) {
+                if (__atomic_load_n(&bar_group->launched[r], __ATOMIC_ACQUIRE) <= op->k)
+                    return 0;                      /* a rank has not launched its k-th yet */
+                uint64_t t = bar_group->arrival_ns[r][op->k % BAR_RING];
+                last = t > last ? t : last;
+            }
+            ready = last > start ? last : start;
+        }
+        uint64_t end = ready + op->us * 1000;
+        pthread_mutex_lock(&mu);
+        st->busy_until = end;
+        pthread_mutex_unlock(&mu);
+        bar_trace(st->ctx->dev, start, end);
+        bar_streams[i].head = op->next;
+        free(op);
+    }
+    bar_streams[i].st = NULL;
+    bar_streams[i].tail = NULL;
+    return 1;
+}
+
+static CUresult barrier_launch(struct ffunc *fn, struct fstream *st, void **params)
+{
+    uint64_t us = params && params[0] ? *(unsigned long long *)params[0] : 0;
+    struct bar_op *op = calloc(1, sizeof *op);
+    op->us = us;
+    op->launch_ns = now_ns();
+    pthread_mutex_lock(&bar_mu);
+    if (fn == &barrier_func) {
+        int ranks = params && params[1] ? *(int *)params[1] : 0;
+        int rank = params && params[2] ? *(int *)params[2] : -1;
+        if (!bar_map() || ranks < 1 || ranks > BAR_RANKS || rank < 0 || rank >= ranks) {
+            pthread_mutex_unlock(&bar_mu);
+            free(op);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        op->barrier = 1;
+        op->ranks = ranks;
+        op->k = bar_group->launched[rank];
+        bar_group->arrival_ns[rank][op->k % BAR_RING] = op->launch_ns;
+        __atomic_store_n(&bar_group->launched[rank], op->k + 1, __ATOMIC_RELEASE);
+    }
+    int i = bar_slot(st, 1);
+    if (i < 0) {
+        pthread_mutex_unlock(&bar_mu);
+        free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (bar_streams[i].tail)
+        bar_streams[i].tail->next = op;
+    else
+        bar_streams[i].head = op;
+    bar_streams[i].tail = op;
+    pthread_mutex_unlock(&bar_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Spins (like the kernel) until the stream's barriers and what follows them are settled. */
+static void barrier_settle(struct fstream *st)
+{
+    struct timespec pause = {0, 50000};
+    for (;;) {
+        pthread_mutex_lock(&bar_mu);
+        int i = bar_slot(st, 0);
+        int done = i < 0 || bar_resolve(i);
+        pthread_mutex_unlock(&bar_mu);
+        if (done)
+            return;
+        nanosleep(&pause, NULL);
+    }
+}
+
+static int barrier_try(struct fstream *st)
+{
+    pthread_mutex_lock(&bar_mu);
+    int i = bar_slot(st, 0);
+    int done = i < 0 || bar_resolve(i);
+    pthread_mutex_unlock(&bar_mu);
+    return done;
+}
+
+static void barrier_settle_ctx(struct fctx *c)
+{
+    barrier_settle(&c->def);
+    for (int i = 0; i < c->n_streams; i++)
+        if (c->streams[i])
+            barrier_settle(c->streams[i]);
 }
 
 /* ---- modules and kernels ------------------------------------------------------------------- */
@@ -424,6 +618,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     if (!m) return CUDA_ERROR_INVALID_HANDLE;
     if (strcmp(name, "sleep") == 0) *f = (CUfunction)&sleep_func;
     else if (strcmp(name, "empty") == 0) *f = (CUfunction)&empty_func;
+    else if (strcmp(name, "barrier") == 0) *f = (CUfunction)&barrier_func;
     else return CUDA_ERROR_NOT_FOUND;
     return CUDA_SUCCESS;
 }
@@ -432,6 +627,8 @@ static CUresult run_kernel(CUfunction f, CUstream s, void **params)
 {
     NEED_CTX();
     struct ffunc *fn = (struct ffunc *)f;
+    if (fn == &barrier_func || (fn == &sleep_func && barrier_pending(stream_of(s))))
+        return barrier_launch(fn, stream_of(s), params);
     if (fn != &sleep_func && fn != &empty_func) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t us = fn == &sleep_func && params && params[0] ? *(unsigned long long *)params[0] : 0;
     if (us == 0 && trace_fd < 0)
@@ -539,6 +736,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 static void wait_ctx(void)
 {
     struct fctx *c = current();
+    barrier_settle_ctx(c);
     pthread_mutex_lock(&mu);
     uint64_t t = ctx_busy_until(c);
     pthread_mutex_unlock(&mu);

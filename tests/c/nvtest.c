@@ -7,6 +7,11 @@
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
  *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
  *                             byte, write a new pattern; the data must survive swaps at its address)
+ *   barrier:US:N:RANKS:RANK  (N rounds of an NCCL-like collective: the fake driver's barrier kernel,
+ *                             which runs until all RANKS ranks of the FAKE_CUDA_BARRIER group launched
+ *                             theirs, then US; then synchronise)
+ *   tbarrier:D:US:N:RANKS:RANK  (the same in a new thread on device D, like one process driving
+ *                             several GPUs; `join` waits for it)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -139,20 +144,70 @@ static void check(const char *what, CUresult rc)
     }
 }
 
+/* A kernel of the fake driver by name, loaded once per thread and context. */
+static CUfunction fake_kernel(const char *name, CUfunction *fn, CUcontext *fn_ctx)
+{
+    CUcontext cur = NULL;
+    extern CUresult cuCtxGetCurrent(CUcontext *);
+    cuCtxGetCurrent(&cur);
+    if (!*fn || *fn_ctx != cur) {
+        CUmodule m;
+        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
+        check("cuModuleGetFunction", api.cuModuleGetFunction(fn, m, name));
+        *fn_ctx = cur;
+    }
+    return *fn;
+}
+
 static CUfunction sleep_fn(void)
 {
     static __thread CUfunction fn;
     static __thread CUcontext fn_ctx;
-    CUcontext cur = NULL;
-    extern CUresult cuCtxGetCurrent(CUcontext *);
-    cuCtxGetCurrent(&cur);
-    if (!fn || fn_ctx != cur) {
-        CUmodule m;
-        check("cuModuleLoadData", api.cuModuleLoadData(&m, "fake"));
-        check("cuModuleGetFunction", api.cuModuleGetFunction(&fn, m, "sleep"));
-        fn_ctx = cur;
+    return fake_kernel("sleep", &fn, &fn_ctx);
+}
+
+/* The fake driver's collective (a "barrier" kernel) in the current context. */
+static CUfunction barrier_fn(void)
+{
+    static __thread CUfunction fn;
+    static __thread CUcontext fn_ctx;
+    return fake_kernel("barrier", &fn, &fn_ctx);
+}
+
+struct rank_thread { int dev; char arg[96]; pthread_t tid; };
+static struct rank_thread rank_threads[8];
+static int n_rank_threads;
+
+static void collectives(char *arg);
+static void use_device(int d, int create);
+
+static void *rank_main(void *p)
+{
+    struct rank_thread *t = p;
+    use_device(t->dev, 0);
+    collectives(t->arg);
+    return NULL;
+}
+
+static void collectives(char *arg)
+{
+    unsigned long long us = strtoull(arg, NULL, 10);
+    int rounds = 1, ranks = 1, rank = 0;
+    char *p = strchr(arg, ':');
+    if (p) {
+        rounds = atoi(++p);
+        if ((p = strchr(p, ':'))) {
+            ranks = atoi(++p);
+            if ((p = strchr(p, ':')))
+                rank = atoi(++p);
+        }
     }
-    return fn;
+    void *params[] = {&us, &ranks, &rank};
+    for (int i = 0; i < rounds; i++) {
+        check("cuLaunchKernel", api.cuLaunchKernel(barrier_fn(), 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        check("cuCtxSynchronize", api.cuCtxSynchronize());
+    }
+    printf("barrier ok rounds=%d\n", rounds);
 }
 
 static void use_device(int d, int create)
@@ -369,6 +424,15 @@ static void run(char *action)
         check("cuMemFree", api.cuMemFree_v2(p));
         free(want);
         free(got);
+    } else if (strcmp(action, "barrier") == 0) {
+        collectives(arg);
+    } else if (strcmp(action, "tbarrier") == 0 && n_rank_threads < 8) {
+        struct rank_thread *t = &rank_threads[n_rank_threads++];
+        char *rest = strchr(arg, ':');
+        t->dev = atoi(arg);
+        snprintf(t->arg, sizeof t->arg, "%s", rest ? rest + 1 : "");
+        pthread_create(&t->tid, NULL, rank_main, t);
+        printf("tbarrier started\n");
     } else if (strcmp(action, "sleep") == 0) {
         usleep((useconds_t)atoi(arg) * 1000);
         printf("sleep ok\n");
@@ -398,6 +462,9 @@ static void run(char *action)
         for (int i = 0; i < n_threads; i++)
             pthread_join(threads[i].tid, NULL);
         n_threads = 0;
+        for (int i = 0; i < n_rank_threads; i++)
+            pthread_join(rank_threads[i].tid, NULL);
+        n_rank_threads = 0;
         printf("join ok\n");
     } else if (strcmp(action, "whois") == 0) {
 #define API_WHERE(fn, base) where(base, (void *)api.fn);

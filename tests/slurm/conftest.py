@@ -36,7 +36,7 @@ def cluster():
     missing = [p for p in ("slurmctld", "slurmd", "munged") if not (SBIN / p).exists()]
     if missing or not Path("/etc/munge/munge.key").exists():
         pytest.skip(f"real-Slurm tests need Slurm and munge installed (missing: "
-                    f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install.sh")
+                    f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install-demo-slurm.sh")
     base = Path(tempfile.mkdtemp(prefix="nvslurm-", dir="/tmp"))
     os.chmod(base, 0o755)
     c = SlurmCluster(base, NODES)

@@ -1,0 +1,295 @@
+"""Gang turns: a job placed on several GPUs holds all of them or none, in one order for all GPUs.
+
+Multi-GPU jobs (DDP over NCCL) launch kernels that wait for their peer ranks on the other GPUs. If
+job A held GPU 0 and job B held GPU 1 while each waited for the other GPU, both would spin forever,
+and the holders' drains would never end (docs/design-scheduler.md "Gang turns"). So:
+
+- A job placed on two or more GPUs of the node is a gang from its first request, for all of its
+  processes together. Waiting for its first work on a second GPU would be too late: by then its
+  first rank may already hold one GPU with a collective in flight while another job holds the next.
+- Gangs take turns in one global order (the earliest waiting request of each gang). A gang claims
+  all its GPUs at once, and only when no gang earlier in the order wants any of them and no
+  single-GPU client that waited longer waits on a GPU it needs. Claimed GPUs are given to its
+  waiting clients together (SHARED) once every GPU it waits on is free of others.
+- Single-GPU jobs fill any GPU of a claimed set that the gang has not used in this turn; a filler
+  is dropped at once when the gang asks for that GPU (its drain cannot wait on another GPU).
+- The turn ends on all its GPUs together: one switch interval (the shortest of its GPUs') after
+  someone else started waiting for one of them, DROP_LOCK goes to every holder of the gang; the
+  GPUs stay claimed until every holder has released. A holder that cannot drain (DRAIN_STUCK, or
+  no release within about a turn while its peers wait, see Gang.stuck_after) usually waits for a peer the
+  end of the turn shut out: the gang's waiting clients are granted again so that the collective
+  can finish, and the end of the turn is retried once the gang runs whole again (every client
+  it dropped holds again), or one switch interval after that resumption at the latest.
+
+Pure policy like gpustate.py: the caller's clock, no I/O; `schedule(now)` returns per-GPU Actions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .gpustate import Action, ClientInfo, GpuState, Turn
+
+
+@dataclass
+class Gang:
+    job_id: int
+    gpus: list[GpuState]             # its placed GPUs, in placement order
+    contention_since: float | None = None
+    ending: bool = False             # DROP_LOCK sent to all its holders: the turn is over
+    dropped: set[int] = field(default_factory=set)   # the clients that the end of turn dropped
+    resumed_at: float | None = None  # a stuck drain made it grant its waiting clients again
+    why: str = ""                    # why it waits (status)
+    turns: int = 0
+
+    @property
+    def owns(self) -> bool:
+        turn = self.gpus[0].turn
+        return turn is not None and turn.job_id == self.job_id
+
+    @property
+    def started(self) -> bool:
+        return self.owns and self.gpus[0].turn.started  # type: ignore[union-attr]
+
+    def holders(self) -> list[tuple[GpuState, Any]]:
+        return [(g, h) for g in self.gpus for h in g.job_holders(self.job_id)]
+
+    def waiters(self) -> list[tuple[GpuState, ClientInfo, float]]:
+        return [(g, c, since) for g in self.gpus for c, since in g.job_waiters(self.job_id)]
+
+    def ticket(self) -> float | None:
+        """Its place in the global order: its earliest waiting request."""
+        return min((since for _, _, since in self.waiters()), default=None)
+
+    def interval(self) -> float:
+        """How long its turn lasts once others wait: the shortest of its GPUs' turns."""
+        return min(g.settings.max_runtime_sec if g.settings.mode == "serial"
+                   else g.switch_interval() for g in self.gpus)
+
+    def stuck_after(self) -> float:
+        """How long a holder may drain after DROP_LOCK, while its gang's clients wait, before it
+        is taken as stuck without saying so (a hook without DRAIN_STUCK): about a turn, at least
+        a second (a drain that moves memory takes its time), at most half of drop_grace_sec."""
+        return min(self.gpus[0].settings.drop_grace_sec / 2, max(1.0, self.interval()))
+
+    def indices(self) -> str:
+        return ",".join(str(g.index) for g in self.gpus)
+
+
+@dataclass
+class GangPolicy:
+    gangs: dict[int, Gang] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)    # for the daemon's log, taken by schedule()
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def add_job(self, job_id: int, gpus: list[GpuState]) -> bool:
+        """A registered job: a gang when it is placed on two or more GPUs."""
+        if len(gpus) < 2 or job_id in self.gangs:
+            return False
+        self.gangs[job_id] = Gang(job_id, list(gpus))
+        for gpu in gpus:
+            gpu.gang_jobs.add(job_id)
+        return True
+
+    def remove_job(self, job_id: int) -> None:
+        gang = self.gangs.pop(job_id, None)
+        if gang is None:
+            return
+        for gpu in gang.gpus:
+            gpu.gang_jobs.discard(job_id)
+            if gpu.turn is not None and gpu.turn.job_id == job_id:
+                gpu.turn = None
+
+    # --- events --------------------------------------------------------------------------------
+
+    def drain_stuck(self, gpu: GpuState, client: ClientInfo, now: float) -> str:
+        """DRAIN_STUCK from a client: what the daemon does about it, for its log line."""
+        if not gpu.mark_stuck(client.client_id, now):
+            return "it holds no lock there; nothing to resolve"
+        gang = self.gangs.get(client.job_id)
+        if gang is None or not gang.owns:
+            return ("it keeps the GPU until its work finishes; others wait, and it is not "
+                    "counted as unresponsive while it reports")
+        return (f"its gang (job {gang.job_id} on GPUs {gang.indices()}) gets its waiting "
+                f"clients granted so that the work it waits for can finish")
+
+    # --- the pass ------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> list[tuple[GpuState, list[Action]]]:
+        """Advance every gang's turn after an event; the per-GPU actions that follow from it."""
+        out: list[tuple[GpuState, list[Action]]] = []
+        if not self.gangs:
+            return out
+        for _ in range(8):          # claim, start, end, release: each settles in a pass
+            changed: set[int] = set()
+            for gang in self.gangs.values():
+                if gang.owns:
+                    self._run_turn(gang, now, out, changed)
+            self._claim(now, changed)
+            if not changed:
+                break
+            for gang in self.gangs.values():
+                if gang.job_id in changed:
+                    for gpu in gang.gpus:
+                        out.append((gpu, gpu.tick(now)))
+        for gang in self.gangs.values():
+            self._set_deadline(gang, now)
+        return out
+
+    def _claim(self, now: float, changed: set[int]) -> None:
+        """Waiting gangs, in the global order, claim their GPUs when nothing earlier wants them."""
+        blocked: dict[str, int] = {}        # GPU uuid -> the gang that owns or first wants it
+        for gang in self.gangs.values():
+            if gang.owns:
+                for gpu in gang.gpus:
+                    blocked[gpu.uuid] = gang.job_id
+        waiting = [(ticket, gang.job_id, gang) for gang in self.gangs.values()
+                   if not gang.owns and (ticket := gang.ticket()) is not None]
+        for ticket, _, gang in sorted(waiting, key=lambda item: (item[0], item[1])):
+            before = next((blocked[g.uuid] for g in gang.gpus if g.uuid in blocked), None)
+            for gpu in gang.gpus:
+                blocked.setdefault(gpu.uuid, gang.job_id)
+            if before is not None:
+                gang.why = f"gang job {before} goes first on GPUs {self.gangs[before].indices()}"
+                continue
+            needed = {gpu.uuid for gpu, _, _ in gang.waiters()}
+            longer = [gpu.index for gpu in gang.gpus if gpu.uuid in needed and
+                      any(since < ticket for _, since in gpu.queue.values())]
+            if longer:
+                gang.why = (f"single-GPU clients that waited longer on GPU "
+                            f"{','.join(map(str, longer))} go first")
+                continue
+            for gpu in gang.gpus:
+                gpu.turn = Turn(gang.job_id)
+            gang.contention_since, gang.ending, gang.why = None, False, ""
+            changed.add(gang.job_id)
+
+    def _others_wait(self, gang: Gang) -> bool:
+        """Does anybody else wait for one of its GPUs: a single-GPU client where the gang has
+        work, or another gang that shares a GPU with it?"""
+        for gpu in gang.gpus:
+            if gpu.queue and gpu.turn_here():
+                return True
+        mine = {gpu.uuid for gpu in gang.gpus}
+        return any(other is not gang and other.ticket() is not None
+                   and mine & {gpu.uuid for gpu in other.gpus}
+                   for other in self.gangs.values())
+
+    def _run_turn(self, gang: Gang, now: float, out: list[tuple[GpuState, list[Action]]],
+                  changed: set[int]) -> None:
+        holders = gang.holders()
+        waiters = gang.waiters()
+        turns = [gpu.turn for gpu in gang.gpus]
+        if not gang.started:
+            if not waiters and not holders:
+                self._release(gang, changed)
+                return
+            needed = {gpu.uuid for gpu, _, _ in waiters}
+            busy = [gpu.index for gpu in gang.gpus if gpu.uuid in needed and
+                    any(h.client.job_id != gang.job_id for h in gpu.holders.values())]
+            if busy:
+                gang.why = f"claimed; others finish their turn on GPU {','.join(map(str, busy))}"
+                return
+            for turn in turns:
+                turn.started = True          # type: ignore[union-attr]
+            gang.turns += 1
+            gang.why = ""
+            changed.add(gang.job_id)
+            return
+        used = any(turn.used for turn in turns)  # type: ignore[union-attr]
+        if not holders and ((used and (gang.ending or gang.contention_since is not None
+                                       or not waiters)) or (not used and not waiters)):
+            self._release(gang, changed)
+            return
+        if self._others_wait(gang):
+            if gang.contention_since is None:
+                gang.contention_since = now
+            # Serial GPUs keep a job's lock while it idles, a gang's too.
+            serial = any(gpu.settings.mode == "serial" for gpu in gang.gpus)
+            for gpu in gang.gpus if not gang.ending and not serial else ():
+                contended = gpu.contend_job(gang.job_id)
+                if contended:
+                    out.append((gpu, contended))
+        else:
+            gang.contention_since = None
+        if not gang.ending:
+            if gang.contention_since is not None \
+                    and now >= gang.contention_since + gang.interval():
+                self._end_turn(gang, now, out, changed)
+            return
+        # The turn is over and DROP_LOCK went out. A holder that cannot drain usually waits for
+        # a peer that the end of the turn shut out: let the gang run whole again, then retry.
+        grace = gang.stuck_after()
+        stuck = [(gpu, h) for gpu, h in holders if h.drop_at is not None and
+                 (h.stuck_at is not None or (waiters and now >= h.drop_at + grace))]
+        granting = turns[0].grants  # type: ignore[union-attr]
+        if stuck and waiters and not granting:
+            gang.resumed_at = now
+            for turn in turns:
+                turn.grants = True           # type: ignore[union-attr]
+            for gpu, holder in stuck:
+                if holder.stuck_at is None:  # a hook that does not send DRAIN_STUCK
+                    holder.stuck_at = now
+                    self.notes.append(
+                        f"gpu {gpu.uuid}: {holder.client.label()}: not released "
+                        f"{now - holder.drop_at:.1f}s after DROP_LOCK while its gang's other "
+                        f"clients wait; taken as a stuck drain")
+            self.notes.append(f"job {gang.job_id}: gang on GPUs {gang.indices()}: a drain is "
+                              f"stuck; its waiting clients are granted again so that it can "
+                              f"finish")
+            changed.add(gang.job_id)
+        elif granting and not waiters and all(h.drop_at is None for _, h in holders) and (
+                gang.dropped <= {h.client.client_id for _, h in holders}
+                or now >= (gang.resumed_at or now) + gang.interval()):
+            self._end_turn(gang, now, out, changed)       # whole again: end the turn again
+
+    def _end_turn(self, gang: Gang, now: float, out: list[tuple[GpuState, list[Action]]],
+                  changed: set[int]) -> None:
+        gang.ending, gang.resumed_at = True, None
+        gang.dropped = {h.client.client_id for _, h in gang.holders()}
+        for gpu in gang.gpus:
+            gpu.turn.grants = False          # type: ignore[union-attr]
+            dropped = gpu.drop_job(gang.job_id, now)
+            if dropped:
+                out.append((gpu, dropped))
+        changed.add(gang.job_id)
+
+    def _release(self, gang: Gang, changed: set[int]) -> None:
+        for gpu in gang.gpus:
+            gpu.turn = None
+        gang.contention_since, gang.ending, gang.resumed_at = None, False, None
+        gang.dropped = set()
+        changed.add(gang.job_id)
+
+    def _set_deadline(self, gang: Gang, now: float) -> None:
+        """When the gang next needs a pass: its turn's end, or a drain to take as stuck."""
+        if not gang.owns:
+            return
+        deadline = None
+        if not gang.ending and gang.started and gang.contention_since is not None:
+            deadline = gang.contention_since + gang.interval()
+        elif gang.ending and gang.resumed_at is not None:
+            deadline = gang.resumed_at + gang.interval()
+        elif gang.ending and gang.waiters():
+            grace = gang.stuck_after()
+            pending = [h.drop_at + grace for _, h in gang.holders()
+                       if h.drop_at is not None and h.stuck_at is None]
+            deadline = min(pending, default=None)
+        for gpu in gang.gpus:
+            gpu.turn.deadline = deadline     # type: ignore[union-attr]
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self, job_id: int) -> dict[str, Any] | None:
+        gang = self.gangs.get(job_id)
+        if gang is None:
+            return None
+        if gang.owns:
+            state = "ending" if gang.ending else "running" if gang.started else "claiming"
+        else:
+            state = "waiting" if gang.ticket() is not None else "idle"
+        why = gang.why if state in ("waiting", "claiming") else ""
+        return {"job_id": job_id, "gpu_index": [g.index for g in gang.gpus],
+                "gpus": [g.uuid for g in gang.gpus], "state": state, "why": why,
+                "turns": gang.turns}

@@ -1,0 +1,93 @@
+"""The epilog's per-job GPU usage line and its AdminComment, against the real scheduler and a
+recorded-output scontrol stand-in (tests/test_slurm_glue.py's fake_slurm)."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import FAKE_GPUS
+from lockclient import ClientProc
+from nvshare_slurm import epilog
+from nvshare_slurm.epilog import merge_admin_comment
+from test_slurm_glue import DATA, fake_slurm, slurm_env  # noqa: F401
+
+GPU0 = FAKE_GPUS[0]["uuid"]
+G = 1 << 30
+
+
+def run_a_turn(sched, job_id: int) -> None:
+    sched.client().register_job(job_id, uid=0, gid=0, gpu_index=[0])
+    proc = ClientProc(sched.socket, job_id, 0)
+    try:
+        proc.send(f"request {GPU0}")
+        proc.expect("grant", gpu=GPU0)
+        proc.send(f"mem {GPU0} {G} 0 0 0")
+        proc.send(f"release {GPU0}")
+        proc.expect("released", gpu=GPU0)
+    finally:
+        proc.close()
+
+
+def test_epilog_logs_usage_and_writes_admin_comment(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+    record = tmp_path / "record.txt"
+    record.write_text((DATA / "count_only_1.txt").read_text().replace(
+        "   Power=\n", "   Power=\n   AdminComment=site note | nvshare n1: stale\n"))
+    calls = fake_slurm(str(record))
+    run_a_turn(scheduler, 1)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 1, socket_path=scheduler.socket)
+    cfg = yaml.safe_load(open(env["NVSHARE_CONFIG"]))
+    cfg["usage_admin_comment"] = True
+    open(env["NVSHARE_CONFIG"], "w").write(yaml.safe_dump(cfg))
+    assert epilog.run(env, wait_sec=2) == 0
+    err = capsys.readouterr().err
+    assert "nvshare-epilog: job 1: GPU usage on n1: gpu0 held=" in err
+    assert "peak=1.0G swapped=0B turns=1" in err
+    update = [c for c in calls.read_text().splitlines() if c.startswith("update")]
+    assert len(update) == 1
+    assert update[0].startswith("update JobId=1 AdminComment=site note | nvshare n1: gpu0 held=")
+    assert "stale" not in update[0]
+
+
+def test_epilog_without_admin_comment_only_logs(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+    calls = fake_slurm("count_only_1.txt")
+    run_a_turn(scheduler, 2)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 2, socket_path=scheduler.socket)
+    assert epilog.run(env, wait_sec=2) == 0
+    assert "GPU usage on n1: gpu0 held=" in capsys.readouterr().err
+    assert not calls.exists() or "update" not in calls.read_text()
+
+
+def test_admin_comment_failure_never_fails_the_epilog(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+    fake_slurm("count_only_1.txt", exit_code=1)            # scontrol cannot describe the job
+    run_a_turn(scheduler, 3)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 3, socket_path=scheduler.socket,
+                    NVSHARE_USAGE_ADMIN_COMMENT="true")
+    assert epilog.run(env, wait_sec=2) == 0
+    assert "GPU usage not written to AdminComment" in capsys.readouterr().err
+
+
+def test_merge_admin_comment_keeps_others_and_replaces_this_node():
+    assert merge_admin_comment("", "n1", "x") == "nvshare n1: x"
+    assert merge_admin_comment("nvshare n2: y", "n1", "x") == "nvshare n2: y | nvshare n1: x"
+    assert merge_admin_comment("site | nvshare n1: old", "n1", "x") == "site | nvshare n1: x"
+
+
+def test_a_finished_job_gets_its_admin_comment_through_the_accounting_database(tmp_path):
+    """slurmctld refuses to update a finished job (Slurm 22.05, in the epilog): sacctmgr takes it."""
+    from nvshare_slurm import slurm
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    for name, body in (("scontrol", 'echo "slurm_update error: Job has already finished" >&2; '
+                                    "exit 1"),
+                       ("sacctmgr", "exit 0")):
+        script = bindir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{body}\n')
+        script.chmod(0o755)
+    assert slurm.set_admin_comment(5, "nvshare n1: gpu0 held=1.0s", str(bindir)) == "sacctmgr"
+    assert calls.read_text().splitlines()[-1] == \
+        "sacctmgr -i modify job where jobid=5 set AdminComment=nvshare n1: gpu0 held=1.0s"
+    (bindir / "sacctmgr").write_text("#!/bin/sh\necho 'no database' >&2\nexit 1\n")
+    with pytest.raises(slurm.SlurmError) as info:
+        slurm.set_admin_comment(5, "x", str(bindir))
+    assert "Job has already finished" in str(info.value) and "no database" in str(info.value)

@@ -1,0 +1,296 @@
+"""Gang turns (nvshare_slurm/gang.py) over per-GPU states, driven with a fake clock.
+
+`Node` plays the daemon: it sends each event to one GPU, then runs the gang pass, and collects
+what would go out. `simulate` plays compute-bound clients that never idle: a DROP_LOCK is
+answered after a short drain, then the client asks again at once, unless the test makes its
+drain wait for a peer rank (the NCCL case): then it releases only once that peer holds its GPU.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from nvshare_slurm.gang import GangPolicy
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, UNRESPONSIVE, ClientInfo, GpuSettings,
+                                    GpuState)
+
+G = 1 << 30
+
+
+class Node:
+    def __init__(self, n_gpus: int = 2, **settings):
+        base = dict(mode="concurrent", switch_time_mode="fixed", switch_time_fixed=1.0,
+                    memory_reserve_percent=0, drop_grace_sec=4.0)
+        base.update(settings)
+        self.gpus = [GpuState(f"GPU-{i}", i, 16 * G, GpuSettings(**base)) for i in range(n_gpus)]
+        self.policy = GangPolicy()
+        self.clients: dict[int, tuple[ClientInfo, int]] = {}     # id -> (client, GPU index)
+        self.sent: list[tuple[int, str, int]] = []
+
+    def job(self, job_id: int, *gpus: int) -> None:
+        self.policy.add_job(job_id, [self.gpus[i] for i in gpus])
+
+    def client(self, cid: int, job: int, gpu: int) -> ClientInfo:
+        info = ClientInfo(cid, job, 0, 1000 + cid, "user")
+        self.clients[cid] = (info, gpu)
+        return info
+
+    def _pass(self, gpu: GpuState, actions, now: float) -> list[tuple[str, int]]:
+        found = [(gpu.index, a) for a in actions]
+        found += [(g.index, a) for g, acts in self.policy.schedule(now) for a in acts]
+        result = [(a.kind, a.client.client_id) for _, a in found]
+        self.sent += [(i, a.kind, a.client.client_id) for i, a in found]
+        return result
+
+    def request(self, cid: int, now: float):
+        info, gpu = self.clients[cid]
+        return self._pass(self.gpus[gpu], self.gpus[gpu].request(info, now), now)
+
+    def release(self, cid: int, now: float):
+        gpu = self.gpus[self.clients[cid][1]]
+        return self._pass(gpu, gpu.release(cid, now), now)
+
+    def stuck(self, cid: int, now: float) -> str:
+        info, gpu = self.clients[cid]
+        note = self.policy.drain_stuck(self.gpus[gpu], info, now)
+        self._pass(self.gpus[gpu], self.gpus[gpu].tick(now), now)
+        return note
+
+    def tick(self, now: float):
+        out = []
+        for gpu in self.gpus:
+            out += self._pass(gpu, gpu.tick(now), now)
+        return out
+
+    def deadline(self) -> float | None:
+        return min((d for g in self.gpus if (d := g.next_deadline()) is not None), default=None)
+
+    def holding(self) -> dict[int, set[int]]:
+        """job -> GPU indices it holds now."""
+        held: dict[int, set[int]] = {}
+        for gpu in self.gpus:
+            for holder in gpu.holders.values():
+                held.setdefault(holder.client.job_id, set()).add(gpu.index)
+        return held
+
+
+def never_half(node: Node, gangs: dict[int, set[int]]) -> None:
+    """No two gangs hold GPUs at once when their GPU sets overlap; no two jobs share a GPU."""
+    held = node.holding()
+    for a, b in itertools.combinations([j for j in held if j in gangs], 2):
+        assert not gangs[a] & gangs[b], f"gangs {a} and {b} hold {held[a]} and {held[b]}"
+    for gpu in node.gpus:
+        assert len({h.client.job_id for h in gpu.holders.values()}) <= 1, gpu.holders
+
+
+def simulate(node: Node, until: float, gangs: dict[int, set[int]], start: list[int],
+             waits_for: dict[int, int] | None = None, drain: float = 0.01,
+             step: float = 0.05) -> dict[int, float]:
+    """Compute-bound clients from `start` (request order, `step` apart) until `until`.
+    Returns the seconds each client held its GPU. `waits_for`: client -> peer whose grant its
+    drain needs (a collective in flight)."""
+    waits_for = waits_for or {}
+    held: dict[int, float] = {cid: 0.0 for cid in node.clients}
+    since: dict[int, float] = {}
+    releases: dict[int, float] = {}       # cid -> when its drain ends
+    now = 0.0
+    pending_starts = [(i * step, cid) for i, cid in enumerate(start)]
+
+    def holders() -> set[int]:
+        return {cid for g in node.gpus for cid in g.holders}
+
+    reached: set[int] = set()         # dropped clients whose peer reached the collective
+
+    def react(actions, now):
+        for kind, cid in actions:
+            if kind == DROP:
+                releases.setdefault(cid, now + drain)
+                if waits_for.get(cid) in holders():
+                    reached.add(cid)
+
+    while now < until:
+        for at, cid in [p for p in pending_starts if p[0] <= now]:
+            pending_starts.remove((at, cid))
+            react(node.request(cid, now), now)
+        for cid, at in sorted(releases.items(), key=lambda kv: kv[1]):
+            if at > now or cid not in holders():
+                if cid not in holders():
+                    releases.pop(cid)
+                continue
+            peer = waits_for.get(cid)
+            if peer in holders():
+                reached.add(cid)
+            if peer is not None and cid not in reached:
+                continue                   # its collective waits for a peer that is shut out
+            releases.pop(cid)
+            reached.discard(cid)
+            held[cid] += now - since.pop(cid, now)
+            react(node.release(cid, now), now)
+            react(node.request(cid, now), now)
+        react(node.tick(now), now)
+        for cid in holders():
+            since.setdefault(cid, now)
+        never_half(node, gangs)
+        nexts = [t for t in [node.deadline(), *releases.values(),
+                             *(p[0] for p in pending_starts)] if t is not None and t > now]
+        now = min(nexts + [now + 0.25, until])
+    for cid, t in since.items():
+        held[cid] += until - t
+    return held
+
+
+def two_gangs() -> tuple[Node, dict[int, set[int]]]:
+    node = Node()
+    node.job(1, 0, 1)
+    node.job(2, 0, 1)
+    node.client(11, 1, 0), node.client(12, 1, 1)
+    node.client(21, 2, 0), node.client(22, 2, 1)
+    return node, {1: {0, 1}, 2: {0, 1}}
+
+
+def test_a_gang_gets_all_its_gpus_at_its_first_request():
+    node, _ = two_gangs()
+    assert node.request(11, 0.0) == [(GRANT, 11)]
+    assert node.policy.status(1)["state"] == "running"
+    assert node.request(22, 0.1) == [(CONTENDED, 11)]          # GPU 1 is job 1's turn too
+    assert node.policy.status(2)["state"] == "waiting"
+    assert "gang job 1 goes first" in node.policy.status(2)["why"]
+    assert node.request(12, 0.2) == [(GRANT, 12), (CONTENDED, 12)]
+    assert node.holding() == {1: {0, 1}}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations([11, 12, 21, 22])))
+def test_two_gangs_on_the_same_gpus_never_each_hold_half(order):
+    """Every request order, ranks that never idle, collectives that make a drain wait for the
+    peer rank: both gangs get turns, never half each, and share the GPUs evenly."""
+    node, gangs = two_gangs()
+    peers = {11: 12, 12: 11, 21: 22, 22: 21}
+    held = simulate(node, 20.0, gangs, list(order), waits_for=peers)
+    for cid, seconds in held.items():
+        assert seconds == pytest.approx(10.0, abs=1.5), held
+    assert held[11] == pytest.approx(held[12], abs=0.2) and held[21] == pytest.approx(held[22],
+                                                                                     abs=0.2)
+
+
+def test_without_gangs_the_same_jobs_deadlock():
+    """The control: per-GPU turns alone let each job hold half, and the drains never end."""
+    node = Node()
+    for cid, job, gpu in [(11, 1, 0), (12, 1, 1), (21, 2, 0), (22, 2, 1)]:
+        node.client(cid, job, gpu)
+    held = simulate(node, 20.0, {}, [11, 22, 12, 21], waits_for={11: 12, 12: 11, 21: 22, 22: 21})
+    assert held[12] == 0 and held[21] == 0          # each waits for a GPU the other never frees
+
+
+def test_a_gang_beside_single_gpu_jobs_takes_turns_as_a_unit_and_starves_no_one():
+    node = Node()
+    node.job(1, 0, 1)
+    node.client(11, 1, 0), node.client(12, 1, 1)
+    node.client(30, 3, 0), node.client(40, 4, 1)             # single-GPU jobs on each GPU
+    gangs = {1: {0, 1}}
+    held = simulate(node, 40.0, gangs, [30, 11, 40, 12], waits_for={11: 12, 12: 11})
+    assert held[11] == pytest.approx(held[12], abs=0.2)
+    for cid in (11, 12, 30, 40):
+        assert held[cid] == pytest.approx(20.0, abs=2.5), held
+    # Whenever the gang held one GPU it held the other (checked at each step by never_half for
+    # jobs; here for the gang's own turns): its grants on the two GPUs came together.
+    grants = [(i, cid) for i, kind, cid in node.sent if kind == GRANT and cid in (11, 12)]
+    assert len(grants) >= 10
+    for first, second in zip(grants[::2], grants[1::2]):
+        assert {first[1], second[1]} == {11, 12}
+
+
+def test_single_gpu_jobs_fill_a_gpu_the_gang_does_not_use_and_give_way_at_once():
+    node = Node()
+    node.job(1, 0, 1)
+    node.client(11, 1, 0), node.client(12, 1, 1), node.client(40, 4, 1)
+    assert node.request(11, 0.0) == [(GRANT, 11)]
+    assert node.request(40, 0.1) == [(GRANT, 40)]             # GPU 1 is free for now
+    assert node.request(12, 0.2) == [(DROP, 40)]              # the gang runs: no slice to wait
+    assert node.release(40, 0.25) == [(GRANT, 12)]
+    assert node.request(40, 0.3) == [(CONTENDED, 11), (CONTENDED, 12)]
+
+
+def test_the_turn_ends_on_all_gpus_together():
+    node, _ = two_gangs()
+    node.request(11, 0.0), node.request(12, 0.0)
+    node.request(21, 0.5)
+    assert node.deadline() == pytest.approx(1.5)
+    assert sorted(node.tick(1.5)) == [(DROP, 11), (DROP, 12)]
+    assert node.policy.status(1)["state"] == "ending"
+    assert node.release(11, 1.6) == []
+    assert node.request(11, 1.6) == []                         # no grant while the turn ends
+    # All released: job 2's turn, told at once that job 1 waits again.
+    assert node.release(12, 1.7) == [(GRANT, 21), (CONTENDED, 21)]
+    assert node.request(22, 1.8) == [(GRANT, 22), (CONTENDED, 22)]
+
+
+def test_a_stuck_drain_gets_its_peer_granted_then_the_turn_ends_again():
+    node, _ = two_gangs()
+    node.request(11, 0.0), node.request(12, 0.0), node.request(21, 0.5)
+    node.tick(1.5)                                             # DROP to 11 and 12
+    assert node.release(12, 1.6) == []                         # 12 had nothing in flight
+    assert node.request(12, 1.6) == []                         # ... and must reach the collective
+    note = node.stuck(11, 2.0)                                 # 11's collective waits for 12
+    assert "gets its waiting clients granted" in note
+    assert (1, GRANT, 12) in node.sent[-3:]
+    assert node.release(11, 2.1) == []                         # the collective finished
+    assert node.request(11, 2.1) == [(GRANT, 11), (DROP, 11), (DROP, 12)]   # whole: end again
+    node.release(11, 2.2)
+    assert node.release(12, 2.2) == [(GRANT, 21)]
+    assert [k for k in node.sent if k[1] == UNRESPONSIVE] == []
+
+
+@pytest.mark.parametrize("interval,after", [(1.0, 1.0), (0.1, 1.0), (1.5, 1.5), (10.0, 2.0)])
+def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(interval, after):
+    """A hook without DRAIN_STUCK: the same resolution, after one turn (at least 1 s, at most
+    half of drop_grace_sec, 4 s here)."""
+    node, _ = two_gangs()
+    for gpu in node.gpus:
+        gpu.settings = replace(gpu.settings, switch_time_fixed=interval)
+    node.request(11, 0.0), node.request(12, 0.0), node.request(21, 0.0)
+    dropped = interval
+    node.tick(dropped)
+    node.release(12, dropped + 0.1), node.request(12, dropped + 0.1)
+    assert node.deadline() == pytest.approx(dropped + after)
+    assert node.tick(dropped + after - 0.01) == []
+    assert node.tick(dropped + after) == [(GRANT, 12)]
+    assert any("taken as a stuck drain" in n for n in node.policy.notes)
+
+
+def test_a_stuck_single_gpu_holder_keeps_its_turn_and_is_not_unresponsive_while_it_reports():
+    node = Node()
+    node.client(30, 3, 0), node.client(31, 5, 0)
+    node.request(30, 0.0), node.request(31, 0.1)
+    assert node.tick(1.1) == [(DROP, 30)]
+    note = node.stuck(30, 2.0)
+    assert "keeps the GPU" in note
+    assert node.tick(5.1) == []                                # grace runs from the report
+    node.stuck(30, 5.5)
+    assert node.tick(9.4) == []
+    assert node.tick(9.5) == [(UNRESPONSIVE, 30)]             # silent for a whole grace
+    assert node.release(30, 9.6) == [(GRANT, 31)]
+
+
+def test_a_gang_waits_behind_single_gpu_clients_that_waited_longer():
+    node = Node()
+    node.job(1, 0, 1)
+    node.client(11, 1, 0), node.client(30, 3, 0), node.client(31, 5, 0)
+    node.request(30, 0.0), node.request(31, 0.1)
+    assert node.request(11, 0.2) == []
+    assert "waited longer on GPU 0" in node.policy.status(1)["why"]
+    node.tick(1.1)                                             # 30's slice ends: 31 is next
+    assert node.release(30, 1.2) == [(GRANT, 31), (CONTENDED, 31)]
+    assert node.policy.status(1)["state"] == "claiming"
+    assert node.request(30, 1.3) == []                         # behind the gang now
+    assert node.tick(2.2) == [(DROP, 31)]
+    assert node.release(31, 2.3) == [(GRANT, 11), (CONTENDED, 11)]     # 30 waits behind it
+
+
+def test_a_gang_that_goes_away_frees_its_gpus():
+    node, _ = two_gangs()
+    node.request(11, 0.0), node.request(22, 0.1)
+    assert node._pass(node.gpus[0], node.gpus[0].remove_client(11, 0.2), 0.2) == [(GRANT, 22)]
+    node.policy.remove_job(1)
+    assert all(g.turn is None or g.turn.job_id == 2 for g in node.gpus)
