@@ -174,6 +174,7 @@ class Connection(asyncio.Protocol):
                     break
             raw = bytes(self._buffer[:end])
             del self._buffer[:end]
+            self._cancel("_frame_timer")     # a frame came whole: the next one's deadline is new
             self.dispatch(proto.Frame(msg_type, seq, raw[proto.HDR_SIZE:]))
         if self.closed:
             return

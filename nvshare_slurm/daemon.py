@@ -1,7 +1,8 @@
 """nvshare-scheduler: the per-node daemon. One asyncio loop, one Unix socket, every GPU on its own.
 
-This module is the wiring: connections, peer credentials, message dispatch, timers, signals.
-The policy is gpustate.py, placement is placement.py, jobs and persistence are registry.py.
+This module is the wiring: message handlers, peer credentials, timers, signals, state saving.
+The socket and the bounds on each peer are connection.py, the policy is gpustate.py (and gang.py),
+placement is placement.py, jobs and persistence are registry.py.
 """
 from __future__ import annotations
 
@@ -460,8 +461,17 @@ class Daemon:
         job = self.registry.jobs.get(conn.client.job_id)
         gpu = self.gpus.get(uuid)
         if gpu is not None and job is not None and job.rebuilt and uuid not in job.gpus:
-            # Its processes were given GPUs before the state was lost: follow them, gated.
-            job.gpus, job.gpu_index = job.gpus + [uuid], job.gpu_index + [gpu.index]
+            # Its processes were given GPUs before the state was lost: follow them, gated. A GPU
+            # of the fresh placement that none of its clients uses gives way to this one.
+            used = {u for c in self.registry.job_clients.get(job.job_id, {}).values()
+                    for u in c.gpus}
+            unused = [i for i, u in enumerate(job.gpus) if u not in used]
+            gpus, index = list(job.gpus), list(job.gpu_index)
+            if unused:
+                gpus[unused[0]], index[unused[0]] = uuid, gpu.index
+            else:
+                gpus, index = gpus + [uuid], index + [gpu.index]
+            job.gpus, job.gpu_index = gpus, index
             self.registry.job_changed(job)
             self.gangs.remove_job(job.job_id)      # now perhaps a gang over more GPUs
             self._add_gang(job)
