@@ -249,6 +249,7 @@ def main() -> int:
     parser.add_argument("--hostile", type=int, default=1000, help="hostile: connections")
     parser.add_argument("--only", default="base,churn,hostile")
     parser.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
+    parser.add_argument("--note", default="", help="a paragraph recorded after the tables")
     args = parser.parse_args()
     tables = []
     for name in args.only.split(","):
@@ -266,7 +267,7 @@ def main() -> int:
             f"cores. GPUs are configured (`gpus:`), so this measures the daemon alone: no CUDA. "
             f"Latency = a holder's LOCK_RELEASED sent to the next holder's LOCK_GRANT received, "
             f"on the same GPU. A run that misses its target is recorded as measured.\n\n"
-            + "\n".join(tables))
+            + "\n".join(tables) + (f"\n{args.note.strip()}\n" if args.note.strip() else ""))
     return 0
 
 
