@@ -4,8 +4,10 @@ Each call opens one connection, sends one request and reads its one reply.
 """
 from __future__ import annotations
 
+import errno
 import json
 import socket
+import time
 from typing import Any
 
 from . import proto
@@ -25,23 +27,36 @@ class RequestFailed(Exception):
         self.message = message
 
 
+# The daemon is there but cannot take the connection yet: its listen backlog is full. (A daemon
+# that is not running or restarting, ECONNREFUSED or ENOENT, is the callers' to wait for:
+# prolog.with_daemon; nvshare-status says so at once.)
+_RETRY_CONNECT = (errno.EAGAIN, errno.EINTR)
+
+
 class Client:
-    def __init__(self, socket_path: str, timeout: float = 10.0):
+    def __init__(self, socket_path: str, timeout: float = 10.0, connect_wait: float | None = None):
         self.socket_path = socket_path
         self.timeout = timeout
+        self.connect_wait = timeout if connect_wait is None else connect_wait
         self._seq = 0
 
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError as exc:
-            sock.close()
-            raise DaemonUnavailable(
-                f"cannot reach nvshare-scheduler at {self.socket_path}: {exc.strerror or exc}"
-            ) from None
-        return sock
+        deadline = time.monotonic() + self.connect_wait
+        delay = 0.01
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.socket_path)
+                return sock
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in _RETRY_CONNECT or time.monotonic() + delay > deadline:
+                    raise DaemonUnavailable(
+                        f"cannot reach nvshare-scheduler at {self.socket_path}: "
+                        f"{exc.strerror or exc}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
 
     def request(self, msg_type: int, fields: dict[str, Any] | None = None) -> proto.Frame:
         self._seq += 1

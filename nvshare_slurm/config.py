@@ -83,6 +83,8 @@ class Config:
     on_daemon_loss: str = "wait"           # wait | run
     rogue_process: str = "warn"            # warn | kill
     rogue_check_sec: float = 10.0
+    max_connections_per_uid: int = 256     # each job process holds one; root is not capped
+    node_name: str = "-"                   # this node's Slurm NodeName; "-": the short host name
     log_level: str = "info"
     metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
     usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
@@ -114,11 +116,13 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_release_ms": (0.1, 60000),
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
+    "max_connections_per_uid": (1, 1_000_000),
     "metrics_port": (0, 65535),
 }
 # Booleans as YAML writes them and as people write them in an environment variable.
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
+_NODE_RE = re.compile(r"^(-|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
 
@@ -160,6 +164,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
         low, high = _RANGES[key]
         if not low <= value <= high:
             raise ConfigError(f"{where}: {value} is outside {low}..{high}")
+    if key == "node_name" and not _NODE_RE.match(value):
+        raise ConfigError(f"{where}: {value!r} is not a Slurm node name (or - for the host name)")
     if key in ("socket", "state_dir", "slurm_bin_dir") and not str(value).startswith("/"):
         raise ConfigError(f"{where}: must be an absolute path, got {value!r}")
     return value

@@ -1,13 +1,15 @@
 """nvshare-scheduler: the per-node daemon. One asyncio loop, one Unix socket, every GPU on its own.
 
-This module is the wiring: connections, peer credentials, message dispatch, timers, signals.
-The policy is gpustate.py, placement is placement.py, jobs and persistence are registry.py.
+This module is the wiring: message handlers, peer credentials, timers, signals, state saving.
+The socket and the bounds on each peer are connection.py, the policy is gpustate.py (and gang.py),
+placement is placement.py, jobs and persistence are registry.py.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
 import os
 import pwd
 import signal
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, log, proto
+from . import __version__, config, log, proto, slurm
 from .accounting import UsageLedger, usage_line
 from .gang import GangPolicy
 from .gpustate import (
@@ -40,11 +42,10 @@ from .gpustate import (
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
 from .proto import C
+from .connection import (Connection, Limits, Listener, Violation, listening_socket, peer_pidfd,
+                         prepare_socket_path, raise_fd_limit, remove_socket, signal_pidfd)
 from .registry import Client, Job, Registry
 from .rogue import RogueTracker
-
-# A client that does not read its socket is cut off before its backlog costs the daemon memory.
-MAX_WRITE_BACKLOG = 1 << 20
 
 _DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
                "max runtime reached", C.NVSHARE_DROP_ADMIN: "admin update",
@@ -58,43 +59,16 @@ _CLIENT_MESSAGES = {C.NVSHARE_MSG_LOCK_REQUEST, C.NVSHARE_MSG_LOCK_RELEASED,
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
 REPEAT_WARNING_SEC = 60.0
+# GPUs not placed for its job that one client may name; past it the rest are neither listed in
+# status nor logged (NVSHARE_MAX_GPUS is what one process can see).
+MAX_UNGATED = 16
+UNGATED_MORE = "..."
+# Status for non-root users is computed at most this often per kind of query (root's is always new).
+STATUS_CACHE_SEC = 1.0
+# Room for the STATUS_REPLY struct in front of the JSON.
+STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.ffi.sizeof("struct nvshare_status_reply")
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus", "metrics_port")
-
-
-class Connection:
-    """One accepted socket: its peer's credentials and, after CLIENT_REGISTER, its client."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
-        self.pid, self.uid, self.gid = proto.peer_credentials(writer.get_extra_info("socket"))
-        self.client: Client | None = None
-        self.info: ClientInfo | None = None
-        self.closed = False
-
-    def who(self) -> str:
-        if self.info is not None:
-            return self.info.label()
-        return f"pid {self.pid} uid {self.uid}"
-
-    def send(self, msg_type: int, fields: dict[str, Any] | None = None, seq: int = 0,
-             tail: bytes = b"") -> None:
-        if self.closed:
-            return
-        self.writer.write(proto.encode(msg_type, fields, seq, tail))
-        if self.writer.transport.get_write_buffer_size() > MAX_WRITE_BACKLOG:
-            log.get().warning(f"{self.who()}: does not read its socket; closing the connection")
-            self.close()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.writer.close()
-
-
-class Violation(Exception):
-    """A message that is not allowed from this peer or in this state: close the connection."""
 
 
 class Daemon:
@@ -127,8 +101,15 @@ class Daemon:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._sharing: dict[str, tuple[str, str]] = {}   # GPU -> (sharing, reason) last logged
         self._warned: dict[tuple[str, int, str], float] = {}   # (gpu, client, what) -> when
-        self._connections: set[Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self.listener: Listener | None = None
+        self._throttle = log.Throttle()
+        self.state_incomplete = False
+        self._state_dirty = False
+        self._save_task: asyncio.Task | None = None
+        self._rebuilding = False
+        self._parked: list[tuple[Connection, proto.Frame]] = []
+        self._rebuild_task: asyncio.Future | None = None
+        self._status_cache: dict[tuple[int, int], tuple[float, int, bytes]] = {}
         self._stop: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[int, Callable[[Connection, proto.Frame], None]] = {
@@ -152,21 +133,113 @@ class Daemon:
         return self.loop.time() if self.loop is not None else time.monotonic()
 
     def restore_state(self) -> None:
-        self.registry.load(set(self.gpus))
+        result = self.registry.load(set(self.gpus))
         for uuid, gpu in self.gpus.items():
-            gpu.settings = GpuSettings.from_config(self.cfg, self.registry.gpu_overrides.get(uuid))
+            overrides = self.registry.gpu_overrides.get(uuid)
+            try:
+                gpu.settings = GpuSettings.from_config(self.cfg, overrides)
+            except (TypeError, ValueError, KeyError) as exc:
+                self.logger.error(f"state: gpu {uuid}: admin overrides {log.escape(overrides)} "
+                                  f"left out: {log.escape(exc)}")
+                self.registry.gpu_overrides.pop(uuid, None)
+                gpu.settings = GpuSettings.from_config(self.cfg)
         for job in self.registry.jobs.values():
             job.gpu_index = [self.gpus[u].index for u in job.gpus]
             self._add_gang(job)
         if self.registry.jobs:
             self.logger.info(f"state: restored {len(self.registry.jobs)} registered jobs from "
                              f"{self.registry.path}; their clients re-register when they reconnect")
+        self.state_incomplete = not result.complete
 
     def _save(self) -> None:
+        """Write state.json soon, off the event loop; saves asked for meanwhile become one."""
+        self._state_dirty = True
+        if self.loop is None or not self.loop.is_running():
+            return self._save_now()
+        if self._save_task is None or self._save_task.done():
+            self._save_task = self.loop.create_task(self._save_soon())
+
+    async def _save_soon(self) -> None:
+        while self._state_dirty:
+            self._state_dirty = False
+            data = self.registry.snapshot()
+            try:
+                await asyncio.to_thread(self.registry.write, data)
+            except OSError as exc:
+                self.logger.error(f"state: cannot write {self.registry.path}: {exc}")
+
+    def _save_now(self) -> None:
+        self._state_dirty = False
         try:
             self.registry.save()
         except OSError as exc:
             self.logger.error(f"state: cannot write {self.registry.path}: {exc}")
+
+    # --- lost state: rebuilt from Slurm --------------------------------------------------------
+
+    def node_name(self) -> str:
+        return socket.gethostname().split(".")[0] if self.cfg.node_name == "-" \
+            else self.cfg.node_name
+
+    async def rebuild_from_slurm(self) -> None:
+        """Register the jobs Slurm runs on this node that the registry lacks. Meanwhile a client or
+        a TaskProlog asking for a job not (yet) known waits for the answer instead of hearing
+        "no such job" and running ungated."""
+        node = self.node_name()
+        self._rebuilding = True
+        try:
+            try:
+                records = await asyncio.to_thread(slurm.jobs_on_node, node,
+                                                  self.cfg.slurm_bin_dir)
+            except slurm.SlurmError as exc:
+                self.logger.error(f"state: cannot rebuild the registry from Slurm: "
+                                  f"{log.escape(exc, 256)}; jobs it lacks are unknown until "
+                                  f"their prolog runs again")
+                return
+            added = []
+            for record in records:
+                job = self._rebuild_job(record, node)
+                if job is not None:
+                    added.append(job.job_id)
+            self.logger.info(f"state: rebuilt from Slurm on node {log.escape(node)}: "
+                             f"{len(added)} jobs added {added[:20]}"
+                             f"{' ...' if len(added) > 20 else ''}")
+        finally:
+            self._rebuilding = False
+            parked, self._parked = self._parked, []
+            for conn, frame in parked:
+                if not conn.closed:
+                    conn.dispatch(frame)
+                    conn.unhold()
+
+    def _rebuild_job(self, record: slurm.JobRecord, node: str) -> Job | None:
+        gres = record.on_node(node)
+        if record.job_id in self.registry.jobs or record.uid is None or record.gid is None:
+            return None
+        if not gres.holds_nvshare and not gres.gpu_index:
+            return None
+        given = list(gres.nvshare_gpus) or (list(gres.gpu_index) if not gres.holds_nvshare
+                                            else None)
+        try:
+            job = self._place(record.job_id, record.uid, record.gid, record.user or
+                              _user_name(record.uid), record.name, gres.nvshare_slots, given, 0)
+        except PlacementError as exc:
+            self.logger.warning(f"job {record.job_id}: not rebuilt from Slurm: "
+                                f"{log.escape(exc)}")
+            return None
+        job.rebuilt = True
+        self.registry.add_job(job)
+        self._add_gang(job)
+        self._save()
+        return job
+
+    def _park(self, conn: Connection, frame: proto.Frame) -> bool:
+        """While the registry is rebuilt, keep a question about an unknown job for later."""
+        if not self._rebuilding:
+            return False
+        conn.hold()
+        self._parked.append((conn, frame))
+        return True
 
     # --- actions from the policy ---------------------------------------------------------------
 
@@ -269,19 +342,39 @@ class Daemon:
                                             "total": decision.total}, seq)
 
     def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> None:
+        """A holder that ignored DROP_LOCK for drop_grace_sec loses the lock here, whatever the
+        policy, so one client can never keep a GPU from the others; kill also signals it."""
         grace = self.cfg.drop_grace_sec
+        where = f"gpu {gpu.uuid}: {info.label()}"
+        client = self.registry.clients.get(info.client_id)
+        conn = client.connection if client is not None else None
         if self.cfg.unresponsive_holder == "kill":
-            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
-                                f"{grace:g}s after DROP_LOCK; killing it (unresponsive_holder=kill)")
-            try:
-                os.kill(info.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            except OSError as exc:
-                self.logger.error(f"gpu {gpu.uuid}: {info.label()}: cannot kill: {exc}")
-        else:
-            self.logger.warning(f"gpu {gpu.uuid}: {info.label()}: has not released the lock "
-                                f"{grace:g}s after DROP_LOCK (unresponsive; policy warn)")
+            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK; "
+                                f"killing it (unresponsive_holder=kill)")
+            pidfd = conn.pidfd if conn is not None else None
+            if pidfd is None:
+                self.logger.error(f"{where}: its process cannot be told apart from a reused pid; "
+                                  f"not signalled")
+            else:
+                try:
+                    signal_pidfd(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    self.logger.warning(f"{where}: the process that registered has exited (a "
+                                        f"child it forked holds the connection); not signalled")
+                except OSError as exc:
+                    self.logger.error(f"{where}: cannot kill: {exc}")
+            if conn is not None:
+                self.logger.warning(f"{where}: lock revoked, connection closed")
+                conn.abort()          # drops its lock and queue place: the next waiter runs
+            return
+        if not gpu.queue:
+            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
+                                f"(unresponsive; policy warn)")
+            return
+        self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
+                            f"(unresponsive; policy warn): lock revoked and handed on; what it "
+                            f"still runs there is not gated")
+        self.apply(gpu, gpu.release(info.client_id, self.now()))
 
     def _arm(self, gpu: GpuState) -> None:
         handle = self._timers.pop(gpu.uuid, None)
@@ -299,31 +392,22 @@ class Daemon:
 
     # --- connections ---------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            conn = Connection(reader, writer)
-        except OSError as exc:
-            self.logger.warning(f"connection: cannot read peer credentials ({exc}); closing it")
-            writer.close()
-            return
-        self._connections.add(conn)
-        try:
-            while not conn.closed:
-                frame = await proto.read_frame(reader)
-                if frame is None:
-                    break
-                handler = self._handlers.get(frame.type)
-                if handler is None:
-                    raise Violation(f"{frame.name} is not a message a peer may send")
-                handler(conn, frame)
-        except (proto.ProtocolError, Violation) as exc:
-            self.logger.warning(f"connection from {conn.who()}: {exc}; closing it")
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            self._connections.discard(conn)
-            self._drop_client(conn)
-            conn.close()
+    def _limits(self) -> Limits:
+        return Limits(per_uid=self.cfg.max_connections_per_uid)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's own errors: one line each, now and then, never a traceback per event."""
+        exc = context.get("exception")
+        text = context.get("message", "error")
+        if exc is not None:
+            text += f": {type(exc).__name__}: {exc}"
+        self._throttle(("loop", text[:80]), logging.ERROR, f"event loop: {log.escape(text, 256)}")
+
+    def _on_frame(self, conn: Connection, frame: proto.Frame) -> None:
+        handler = self._handlers.get(frame.type)
+        if handler is None:
+            raise Violation(f"{frame.name} is not a message a peer may send")
+        handler(conn, frame)
 
     def _drop_client(self, conn: Connection) -> None:
         client = conn.client
@@ -358,6 +442,8 @@ class Daemon:
             conn.close()
 
         if job is None:
+            if self._park(conn, frame):
+                return None
             return refuse(C.NVSHARE_ERR_NOJOB, f"job {body.job_id} is not registered on this node")
         if conn.uid != 0 and conn.uid != job.uid:
             return refuse(C.NVSHARE_ERR_PERM, f"uid {conn.uid} may not attach to job "
@@ -365,6 +451,8 @@ class Daemon:
         if body.pid != conn.pid:
             return refuse(C.NVSHARE_ERR_PERM, f"pid {body.pid} in the message is not the "
                                               f"connecting process {conn.pid}")
+        if self.cfg.unresponsive_holder == "kill":
+            conn.pidfd = peer_pidfd(conn)
         client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
                                           body.mem_limit or job.mem_limit, conn)
         conn.client = client
@@ -383,11 +471,38 @@ class Daemon:
         uuid = proto.text(body.gpu_uuid)
         job = self.registry.jobs.get(conn.client.job_id)
         gpu = self.gpus.get(uuid)
+        if gpu is not None and job is not None and job.rebuilt and uuid not in job.gpus:
+            # Its processes were given GPUs before the state was lost: follow them, gated. A GPU
+            # of the fresh placement that none of its clients uses gives way to this one.
+            used = {u for c in self.registry.job_clients.get(job.job_id, {}).values()
+                    for u in c.gpus}
+            unused = [i for i, u in enumerate(job.gpus) if u not in used]
+            gpus, index = list(job.gpus), list(job.gpu_index)
+            if unused:
+                gpus[unused[0]], index[unused[0]] = uuid, gpu.index
+            else:
+                gpus, index = gpus + [uuid], index + [gpu.index]
+            job.gpus, job.gpu_index = gpus, index
+            self.registry.job_changed(job)
+            self.gangs.remove_job(job.job_id)      # now perhaps a gang over more GPUs
+            self._add_gang(job)
+            self._save()
+            self.logger.info(f"job {job.job_id}: rebuilt from Slurm, its process uses gpu {uuid}: "
+                             f"added to its placement")
         if gpu is None or job is None or uuid not in job.gpus:
-            if uuid not in conn.client.ungated:
-                conn.client.ungated.add(uuid)
-                self.logger.warning(f"gpu {uuid or '?'}: {conn.who()}: not a GPU placed for this "
-                                    f"job; its work there is not gated")
+            ungated = conn.client.ungated
+            if uuid in ungated or len(ungated) > MAX_UNGATED:
+                return None
+            if len(ungated) == MAX_UNGATED:
+                # One peer must not grow the daemon's memory, the log or status without bound.
+                ungated.add(UNGATED_MORE)
+                self.logger.warning(f"{conn.who()}: names more than {MAX_UNGATED} GPUs not "
+                                    f"placed for its job; no more of them are listed or logged")
+                return None
+            ungated.add(uuid)
+            self.logger.warning(f"gpu {log.escape(proto.raw(body.gpu_uuid)) or '?'}: {conn.who()}: "
+                                f"not a GPU placed "
+                                f"for this job; its work there is not gated")
             return None
         conn.client.gpus.add(uuid)
         return gpu
@@ -397,7 +512,8 @@ class Daemon:
         gpu = self._client_gpu(conn, frame, body)
         if gpu is None:
             return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
-                               f"GPU {proto.text(body.gpu_uuid)} is not managed for this job")
+                               f"GPU {log.escape(proto.text(body.gpu_uuid))} is not managed "
+                               f"for this job")
         self.apply(gpu, gpu.request(_info(conn), self.now()))
 
     def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:
@@ -424,7 +540,7 @@ class Daemon:
         gpu = self._client_gpu(conn, frame, body)
         if gpu is None:
             if body.request:
-                conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.text(body.gpu_uuid),
+                conn.send(C.NVSHARE_MSG_MEM_REPLY, {"gpu_uuid": proto.raw(body.gpu_uuid),
                                                     "status": C.NVSHARE_ERR_NOGPU}, frame.seq)
             return
         request = int(body.request)
@@ -497,29 +613,33 @@ class Daemon:
                 return self._job_reply(conn, frame, C.NVSHARE_ERR_INVAL,
                                        f"n_gpus {body.n_gpus} is outside 1..{C.NVSHARE_MAX_GPUS}")
             given = [int(body.gpu_index[i]) for i in range(body.n_gpus)]
+        user = proto.text(body.user) or _user_name(int(body.uid))
+        try:
+            job = self._place(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
+                              int(body.slots), given, int(body.mem_limit))
+        except PlacementError as exc:
+            reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
+            self.logger.error(f"job {job_id}: cannot be placed: {reason}")
+            return self._job_reply(conn, frame, exc.status, reason)
+        self.registry.add_job(job)
+        self._add_gang(job)
+        self._save()
+        self.logger.info(f"job {job_id}: registered for {log.escape(user)} (uid {job.uid}) on "
+                         f"{', '.join(job.gpus)}")
+        self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
+
+    def _place(self, job_id: int, uid: int, gid: int, user: str, name: str, slots: int,
+               given: list[int] | None, mem_limit: int) -> Job:
+        """A new Job placed on this node's GPUs (not yet added); PlacementError when it cannot be."""
         jobs_on: dict[str, int] = {}
         for job in self.registry.jobs.values():
             for uuid in job.gpus:
                 jobs_on[uuid] = jobs_on.get(uuid, 0) + 1
         loads = [GpuLoad(g.uuid, g.index, g.sum_allocated, jobs_on.get(g.uuid, 0))
                  for g in self.gpus.values()]
-        try:
-            placed = place_job(loads, int(body.slots), given, C.NVSHARE_ERR_NOGPU,
-                               C.NVSHARE_ERR_INVAL)
-        except PlacementError as exc:
-            reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
-            self.logger.error(f"job {job_id}: cannot be placed: {reason}")
-            return self._job_reply(conn, frame, exc.status, reason)
-        user = proto.text(body.user) or _user_name(int(body.uid))
-        job = Job(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
-                  int(body.slots), [g.uuid for g in placed], [g.index for g in placed],
-                  int(body.mem_limit))
-        self.registry.add_job(job)
-        self._add_gang(job)
-        self._save()
-        self.logger.info(f"job {job_id}: registered for {user} (uid {job.uid}) on "
-                         f"{', '.join(job.gpus)}")
-        self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
+        placed = place_job(loads, slots, given, C.NVSHARE_ERR_NOGPU, C.NVSHARE_ERR_INVAL)
+        return Job(job_id, uid, gid, user, name, slots, [g.uuid for g in placed],
+                   [g.index for g in placed], mem_limit)
 
     def _on_job_unregister(self, conn: Connection, frame: proto.Frame) -> None:
         job_id = int(frame.body().job_id)
@@ -551,6 +671,8 @@ class Daemon:
         job_id = int(frame.body().job_id)
         job = self.registry.jobs.get(job_id)
         if job is None:
+            if self._park(conn, frame):
+                return None
             return self._job_reply(conn, frame, C.NVSHARE_ERR_NOJOB,
                                    f"job {job_id} is not registered on this node")
         self._job_reply(conn, frame, C.NVSHARE_OK, "", job)
@@ -560,7 +682,18 @@ class Daemon:
 
     def _on_status_query(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
-        status, tail = self.status(int(body.what), int(body.job_id))
+        what, job_id = int(body.what), int(body.job_id)
+        if conn.uid == 0:
+            status, tail = self.status(what, job_id)
+        else:
+            # A status of many jobs takes milliseconds of the loop: users share one per second.
+            key, now = (what, job_id), self.now()
+            cached = self._status_cache.get(key)
+            if cached is None or now - cached[0] >= STATUS_CACHE_SEC:
+                if len(self._status_cache) > 64:
+                    self._status_cache.clear()
+                cached = self._status_cache[key] = (now, *self.status(what, job_id))
+            status, tail = cached[1], cached[2]
         conn.send(C.NVSHARE_MSG_STATUS_REPLY, {"status": status, "json_length": len(tail)},
                   frame.seq, tail)
 
@@ -587,7 +720,7 @@ class Daemon:
             data["config"] = self.cfg.as_dict()
         else:
             return C.NVSHARE_ERR_INVAL, f"unknown status query {what}".encode()
-        return C.NVSHARE_OK, json.dumps(data).encode()
+        return C.NVSHARE_OK, _fit_status(data)
 
     def _job_status(self, job: Job) -> dict[str, Any]:
         clients = []
@@ -671,6 +804,8 @@ class Daemon:
             new = replace(new, **kept)
         self.cfg = new
         self.logger.setLevel(new.log_level.upper())
+        if self.listener is not None:
+            self.listener.set_limits(self._limits())
         now = self.now()
         for uuid, gpu in self.gpus.items():
             settings = GpuSettings.from_config(new, self.registry.gpu_overrides.get(uuid))
@@ -720,7 +855,7 @@ class Daemon:
     async def serve(self) -> int:
         self.loop = asyncio.get_running_loop()
         path = self.cfg.socket
-        if not await _prepare_socket_path(path):
+        if not await prepare_socket_path(path):
             self.logger.error(f"another nvshare-scheduler answers on {path}; not starting")
             return 1
         # Before the socket appears: whoever sees the socket finds the metrics too.
@@ -734,8 +869,13 @@ class Daemon:
                 self.logger.error(f"metrics: cannot listen on port {self.cfg.metrics_port}: "
                                   f"{exc}; serving without metrics")
                 metrics = None
-        self._server = await asyncio.start_unix_server(self._serve, sock=_listening_socket(path),
-                                                       limit=2 * proto.MAX_PAYLOAD)
+        self.listener = Listener(listening_socket(path), self._on_frame, self._drop_client,
+                                 self._limits())
+        self.loop.set_exception_handler(self._loop_error)
+        if self.state_incomplete:
+            self._rebuilding = True      # from the first connection on
+            self._rebuild_task = asyncio.ensure_future(self.rebuild_from_slurm())
+        self.listener.start()
         self._stop = asyncio.Event()
         self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         self.loop.add_signal_handler(signal.SIGINT, self._stop.set)
@@ -748,54 +888,14 @@ class Daemon:
         rogue_task.cancel()
         if metrics is not None:
             metrics.close()
-        self._server.close()
-        for conn in list(self._connections):
-            conn.close()
+        self.listener.close()
         for handle in self._timers.values():
             handle.cancel()
-        self._save()
-        try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except OSError:
-            pass
+        if self._save_task is not None:
+            await self._save_task
+        self._save_now()
+        remove_socket(path)
         return 0
-
-
-async def _prepare_socket_path(path: str) -> bool:
-    """Create the socket's directory; remove a stale socket. False if a daemon answers there."""
-    directory = Path(path).parent
-    if not directory.exists():
-        directory.mkdir(parents=True, mode=0o755)
-        os.chmod(directory, 0o755)
-    if os.path.lexists(path):
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
-        except (OSError, asyncio.TimeoutError):
-            os.unlink(path)
-            return True
-        writer.close()
-        return False
-    return True
-
-
-def _listening_socket(path: str) -> socket.socket:
-    """A socket that listens before its name appears: whoever sees the path can connect."""
-    temporary = os.path.join(os.path.dirname(path), f".{os.getpid()}.sock")   # short: sun_path
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(temporary)
-        sock.listen(128)
-        os.chmod(temporary, 0o666)
-        os.rename(temporary, path)
-    except OSError:
-        sock.close()
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
-        raise
-    return sock
 
 
 def _admin_changes(body: Any) -> dict[str, Any]:
@@ -839,6 +939,35 @@ def _info(conn: Connection) -> ClientInfo:
     return conn.info
 
 
+def _fit_status(data: dict[str, Any]) -> bytes:
+    """The status JSON within one frame: when it does not fit, the longest prefix of its list
+    ("gpus" or "jobs"; a lone job's "clients") that does, and "truncated" says what was left out."""
+    text = json.dumps(data).encode()
+    if len(text) <= STATUS_JSON_MAX:
+        return text
+    key = "gpus" if "gpus" in data else "jobs"
+    items = data[key]
+    if len(items) == 1 and "clients" in items[0]:
+        job = dict(items[0])
+        data[key] = [job]
+        items, key, holder = job["clients"], "clients", job
+    else:
+        holder = data
+    total = len(items)
+    low, high = 0, total         # the most items that fit lies in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        holder[key] = items[:mid]
+        data["truncated"] = {"list": key, "shown": mid, "total": total}
+        if len(json.dumps(data).encode()) <= STATUS_JSON_MAX:
+            low = mid
+        else:
+            high = mid
+    holder[key] = items[:low]
+    data["truncated"] = {"list": key, "shown": low, "total": total}
+    return json.dumps(data).encode()
+
+
 def _size(value: int) -> str:
     if value >= 1 << 30:
         return f"{value / (1 << 30):.1f} GiB"
@@ -863,6 +992,7 @@ def main(argv: list[str] | None = None) -> int:
         log.get().error(f"config: {exc}")
         return 1
     logger = log.setup("nvshare-scheduler", cfg.log_level)
+    raise_fd_limit()
     daemon = Daemon(cfg, args.config)
     if not daemon.gpus:
         logger.warning("no GPUs found: job registrations will be refused")

@@ -131,8 +131,8 @@ def new(msg_type: int, fields: dict[str, Any] | None = None) -> Any:
 
 
 def set_field(obj: Any, key: str, value: Any) -> None:
-    if isinstance(value, str):
-        raw = value.encode()
+    if isinstance(value, (str, bytes)):
+        raw = value.encode() if isinstance(value, str) else value   # bytes: echoed as received
         size = ffi.sizeof(getattr(obj, key))
         if len(raw) >= size:
             raise ValueError(f"{key}: {len(raw)} bytes do not fit in {size - 1}")
@@ -156,6 +156,11 @@ def set_field(obj: Any, key: str, value: Any) -> None:
 def text(field: Any) -> str:
     """A NUL-padded char[] as str; undecodable bytes are replaced, never raised."""
     return ffi.string(field).decode("utf-8", "replace")
+
+
+def raw(field: Any) -> bytes:
+    """A NUL-padded char[] as the bytes a peer sent, to echo back unchanged."""
+    return ffi.string(field)
 
 
 def encode(msg_type: int, fields: dict[str, Any] | None = None, seq: int = 0,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-import unicodedata
 from typing import Any, Iterable, Sequence
+
+from .log import escape
 
 # A record: lines, each a list of (key, rendered value).
 Pair = tuple[str, str]
@@ -27,50 +28,13 @@ STEP_NAMES = {
     0xFFFFFFFD: "pending",
 }
 
-# Unicode categories that move the cursor, reorder text or are not characters at all.
-_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
-
-
-def _escape_char(ch: str) -> str:
-    code = ord(ch)
-    if ch == "\n":
-        return "\\n"
-    if ch == "\r":
-        return "\\r"
-    if ch == "\t":
-        return "\\t"
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
 def safe(value: Any, limit: int | None = MAX_TEXT) -> str:
     """Text fit for a terminal: control and format characters escaped, backslash doubled (so an
-    escape in the output is never ambiguous), cut to `limit` characters with a trailing '...'."""
+    escape in the output is never ambiguous), cut to `limit` characters with a trailing '...'.
+    The same escaping as the daemon's log (log.escape)."""
     if value is None:
         return NULL
-    text = value if isinstance(value, str) else str(value)
-    out = []
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif unicodedata.category(ch) in _UNSAFE_CATEGORIES:
-            out.append(_escape_char(ch))
-        else:
-            out.append(ch)
-    escaped = "".join(out)
-    if limit is not None and len(escaped) > limit:
-        # Cut between escapes, never inside one.
-        shown, length = [], 0
-        for piece in out:
-            if length + len(piece) > limit:
-                break
-            shown.append(piece)
-            length += len(piece)
-        escaped = "".join(shown) + "..."
-    return escaped
+    return escape(value, limit)
 
 
 def human_size(value: Any) -> str:
@@ -272,12 +236,23 @@ def format_records(records: Sequence[Record], oneliner: bool = False) -> str:
     return ("\n" if oneliner else "\n\n").join(texts) + "\n"
 
 
+def truncated_note(status: dict[str, Any]) -> str:
+    """The daemon's reply fits one frame: say so when it had to leave entries out."""
+    cut = status.get("truncated")
+    if not isinstance(cut, dict):
+        return ""
+    return (f"({number(cut.get('shown'))} of {number(cut.get('total'))} "
+            f"{safe(cut.get('list'))} shown: the rest did not fit in one reply; "
+            f"`nvshare-status show job <id>` shows any one job)\n")
+
+
 def render_gpus(status: dict[str, Any], oneliner: bool = False) -> str:
     gpus = status.get("gpus") or []
     if not gpus:
         node = safe(status.get("node") or "this node")
         return f"No GPUs managed by nvshare-scheduler on {node}\n"
-    return format_records([gpu_record(g, status.get("node")) for g in gpus], oneliner)
+    return format_records([gpu_record(g, status.get("node")) for g in gpus],
+                          oneliner) + truncated_note(status)
 
 
 def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
@@ -285,7 +260,7 @@ def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
     if not jobs:
         return f"No nvshare jobs on {safe(status.get('node') or 'this node')}\n"
     return format_records([job_record(j, status.get("time"), status.get("node")) for j in jobs],
-                          oneliner)
+                          oneliner) + truncated_note(status)
 
 
 def render_config(status: dict[str, Any], oneliner: bool = False) -> str:

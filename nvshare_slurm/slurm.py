@@ -47,6 +47,7 @@ class JobRecord:
     gid: int | None = None
     nodes: dict[str, NodeGres] = field(default_factory=dict)   # per node name
     admin_comment: str = ""
+    state: str = ""                                            # JobState, e.g. RUNNING
 
     def on_node(self, node: str) -> NodeGres:
         return self.nodes.get(node, NodeGres())
@@ -170,13 +171,37 @@ def _count(info: dict[str, str], qualifiers: list[str], item: str) -> int:
 
 def parse_show_job(text: str, job_id: int) -> JobRecord:
     """The output of `scontrol show job -d <id>` (one job; array/het jobs print one record each)."""
-    records = [r for r in re.split(r"\n(?=JobId=)", text.strip()) if r.strip()]
-    for record in records:
-        first = record.splitlines()[0]
-        match = re.match(r"^JobId=(\d+)\b", first)
-        if match and int(match.group(1)) == job_id:
-            return _parse_record(record, job_id)
+    for record in parse_show_jobs(text):
+        if record.job_id == job_id:
+            return record
     raise SlurmError(f"scontrol did not describe job {job_id}")
+
+
+def parse_show_jobs(text: str) -> list[JobRecord]:
+    """Every record of `scontrol show job -d` output; a record that cannot be read is skipped."""
+    out = []
+    for record in re.split(r"\n(?=JobId=)", text.strip()):
+        match = re.match(r"^JobId=(\d+)\b", record)
+        if not match:
+            continue
+        try:
+            out.append(_parse_record(record, int(match.group(1))))
+        except SlurmError:
+            continue
+    return out
+
+
+# Jobs whose processes may be running on their nodes.
+_LIVE_STATES = ("RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED")
+
+
+def jobs_on_node(node: str, slurm_bin_dir: str, timeout: float = 10.0,
+                 attempts: int = 2) -> list[JobRecord]:
+    """Live jobs that hold something on `node`, for rebuilding the daemon's registry after its
+    state was lost: one `scontrol show job -d` for every job of the cluster."""
+    text = _scontrol(["show", "job", "-d"], slurm_bin_dir, timeout, attempts)
+    return [r for r in parse_show_jobs(text)
+            if r.state in _LIVE_STATES and node in r.nodes]
 
 
 def _parse_record(record: str, job_id: int) -> JobRecord:
@@ -200,12 +225,22 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
             gres = parse_gres(match.group(2))
             for node in expand_hostlist(match.group(1)):
                 nodes[node] = gres
-    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment)
+    state_match = re.search(r"(?m)^\s*JobState=(\S+)", record)
+    state = state_match.group(1) if state_match else ""
+    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment, state)
 
 
 def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: int = 3,
              environ: dict[str, str] | None = None) -> JobRecord:
     """Ask slurmctld once (retrying a transient failure) for the job's detailed record."""
+    text = _scontrol(["show", "job", "-d", str(job_id)], slurm_bin_dir, timeout, attempts,
+                     environ)
+    return parse_show_job(text, job_id)
+
+
+def _scontrol(args: list[str], slurm_bin_dir: str, timeout: float, attempts: int,
+              environ: dict[str, str] | None = None) -> str:
+    """scontrol's stdout, retrying a transient failure; SlurmError with its last complaint."""
     scontrol = Path(slurm_bin_dir) / "scontrol"
     if not os.access(scontrol, os.X_OK):
         raise SlurmError(f"{scontrol} is not an executable (config slurm_bin_dir)")
@@ -214,21 +249,21 @@ def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: i
     last = ""
     for attempt in range(attempts):
         try:
-            result = subprocess.run([str(scontrol), "show", "job", "-d", str(job_id)],
-                                    capture_output=True, text=True, errors="replace",
-                                    timeout=timeout, env=env)
+            result = subprocess.run([str(scontrol), *args], capture_output=True, text=True,
+                                    errors="replace", timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            last = f"{scontrol} show job timed out after {timeout:g}s"
+            last = f"{scontrol} {args[0]} {args[1]} timed out after {timeout:g}s"
         except OSError as exc:
             raise SlurmError(f"cannot run {scontrol}: {exc}") from None
         else:
             if result.returncode == 0:
-                return parse_show_job(result.stdout, job_id)
+                return result.stdout
             last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
             if "Invalid job id" in last:
                 break
-        time.sleep(0.5 * (attempt + 1))
-    raise SlurmError(f"scontrol show job {job_id}: {last}")
+        if attempt + 1 < attempts:
+            time.sleep(0.5 * (attempt + 1))
+    raise SlurmError(f"scontrol {' '.join(args)}: {last}")
 
 
 def set_admin_comment(job_id: int, text: str, slurm_bin_dir: str, timeout: float = 10.0,

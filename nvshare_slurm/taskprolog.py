@@ -5,6 +5,11 @@ Prints `export NAME=value` lines that slurmstepd puts in the task's environment:
 the job id, the daemon-loss policy and, when the config turns swap off, NVSHARE_SWAP=off. Jobs
 the daemon does not know print nothing.
 
+A daemon that cannot be reached (restarting, or its backlog full under a flood) must not hand out
+an ungated task on a shared GPU: the TaskProlog then still exports the hook, with the job's GPUs
+from the daemon's state.json when it can read them, else every GPU the node manages, unless
+Slurm says the job holds nothing of nvshare here. The hook then follows on_daemon_loss (wait).
+
 Slurm reads each stdout line literally up to the newline, with no quoting: every value printed here
 is checked to be one line of plain characters, and user-controlled text (an existing LD_PRELOAD) is
 only passed on when it is safe. The config comes from the node's file (NVSHARE_CONFIG or
@@ -12,9 +17,12 @@ only passed on when it is safe. The config comes from the node's file (NVSHARE_C
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from . import config as config_mod
@@ -24,7 +32,15 @@ from .prolog import say, with_daemon
 from .proto import C
 
 ME = "nvshare-taskprolog"
-DAEMON_WAIT_SEC = 2.0
+DAEMON_WAIT_SEC = 5.0
+USAGE = """usage: nvshare-taskprolog
+
+Slurm TaskProlog of nvshare-slurm (TaskProlog=/path/to/nvshare-taskprolog in slurm.conf). Run by
+slurmstepd as the job's user before each task; prints `export NAME=value` lines for the task's
+environment (LD_PRELOAD, CUDA_VISIBLE_DEVICES, NVSHARE_SOCKET, ...) for jobs with nvshare GPUs on
+this node, nothing for other jobs. Reads SLURM_JOB_ID and the node's config (NVSHARE_CONFIG or
+/etc/nvshare/nvshare.yaml). Always exits 0.
+"""
 _NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
@@ -55,17 +71,23 @@ def ld_preload(hook: str, existing: str | None) -> str:
 
 def export_lines(job_id: int, placement: dict[str, Any], cfg: config_mod.Config, hook: str,
                  existing_preload: str | None) -> list[str]:
+    """The exports; a placement marked "managed_only" (the daemon could not be asked) names the
+    GPUs to gate but leaves the GPUs the job sees as Slurm set them, and may name none (the hook
+    then gates every GPU)."""
     uuids = placement["gpu_uuid"]
     for uuid in uuids:
         if not _UUID.match(uuid):
             raise UnsafeValue(f"the daemon placed the job on a GPU with an unusable UUID {uuid!r}")
-    if not uuids:
+    managed_only = placement.get("managed_only", False)
+    if not uuids and not managed_only:
         raise UnsafeValue("the daemon placed the job on no GPU")
     gpus = ",".join(uuids)
-    lines = [export_line("LD_PRELOAD", ld_preload(hook, existing_preload)),
-             export_line("CUDA_VISIBLE_DEVICES", gpus),
-             export_line("NVSHARE_MANAGED_GPUS", gpus),
-             export_line("NVSHARE_SOCKET", cfg.socket),
+    lines = [export_line("LD_PRELOAD", ld_preload(hook, existing_preload))]
+    if not managed_only:
+        lines.append(export_line("CUDA_VISIBLE_DEVICES", gpus))
+    if gpus:
+        lines.append(export_line("NVSHARE_MANAGED_GPUS", gpus))
+    lines += [export_line("NVSHARE_SOCKET", cfg.socket),
              export_line("NVSHARE_JOB_ID", str(job_id)),
              export_line("NVSHARE_ON_DAEMON_LOSS", cfg.on_daemon_loss)]
     if not cfg.swap:
@@ -85,13 +107,17 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
     except config_mod.ConfigError as exc:
         say(ME, job_id, f"bad config, job runs without nvshare: {exc}")
         return 0
-    client = Client(cfg.socket, timeout=5.0)
+    client = Client(cfg.socket, timeout=wait_sec, connect_wait=wait_sec)
     try:
         placement = with_daemon(lambda: client.query_job(job_id), wait_sec)
-    except DaemonUnavailable:
-        # The prolog registered the job (or failed it), so the daemon died since: nothing to place on.
-        say(ME, job_id, "scheduler not running: task starts without nvshare")
-        return 0
+    except DaemonUnavailable as exc:
+        placement = placement_without_daemon(job_id, cfg, environ)
+        if placement is None:
+            return 0
+        where = "its GPUs from state.json" if not placement.get("managed_only") else \
+            "every GPU nvshare manages here gated"
+        say(ME, job_id, f"scheduler cannot be reached ({exc}): task starts with the hook, "
+                        f"{where}, on_daemon_loss={cfg.on_daemon_loss}")
     except RequestFailed as exc:
         if exc.status != C.NVSHARE_ERR_NOJOB:
             say(ME, job_id, f"scheduler refused the placement query: {exc}")
@@ -107,7 +133,39 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
     return 0
 
 
-def main() -> int:
+def placement_without_daemon(job_id: int, cfg: config_mod.Config,
+                             environ: dict[str, str]) -> dict[str, Any] | None:
+    """The job's GPUs when the daemon cannot be asked: its entry in the daemon's state.json, else
+    (unless Slurm says the job holds no nvshare GPU here) every GPU the node manages."""
+    try:
+        state = json.loads((Path(cfg.state_dir) / "state.json").read_text())
+        for job in state.get("jobs", []):
+            if isinstance(job, dict) and job.get("job_id") == job_id:
+                uuids = [u for u in job.get("gpus", []) if isinstance(u, str)]
+                if uuids:
+                    return {"gpu_uuid": uuids}
+    except (OSError, ValueError, AttributeError):
+        pass
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        gres = slurm.show_job(job_id, cfg.slurm_bin_dir, timeout=5.0, attempts=1).on_node(node)
+        if not gres.holds_nvshare and not gres.gpu_index:
+            return None
+    except slurm.SlurmError:
+        pass        # cannot tell: gating a job that needs none only makes it wait
+    try:
+        from .inventory import from_config
+        uuids = [g.uuid for g in from_config(cfg).gpus()]
+    except Exception:  # noqa: BLE001 - NVML missing or failing: the hook then gates every GPU
+        uuids = []
+    return {"gpu_uuid": [u for u in uuids if _UUID.match(u)], "managed_only": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
     try:
         return run(dict(os.environ))
     except Exception as exc:  # noqa: BLE001 - a TaskProlog failure fails the task; say why, run

@@ -19,6 +19,13 @@ FAKE_GPUS = [
 REPO = Path(__file__).resolve().parent.parent
 
 
+def become(uid: int) -> None:
+    """This (forked) process drops root for uid: the attacks in tests are a user's."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 class Scheduler:
     """A running nvshare-scheduler process (python -m nvshare_slurm.daemon) with its own config."""
 
@@ -28,8 +35,10 @@ class Scheduler:
         self.state_dir = str(workdir / "state")
         self.config_path = workdir / "nvshare.yaml"
         self.log_path = workdir / "scheduler.log"
+        # No scontrol in workdir: a daemon that starts without state finds no Slurm to rebuild
+        # from at once (tests of the rebuild give it a fake scontrol).
         config = {"socket": self.socket, "state_dir": self.state_dir, "gpus": FAKE_GPUS,
-                  "log_level": "debug"}
+                  "log_level": "debug", "slurm_bin_dir": str(workdir)}
         config.update(settings)
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
@@ -40,12 +49,13 @@ class Scheduler:
         env["NVSHARE_CONFIG"] = str(self.config_path)
         return env
 
-    def start(self, timeout: float = 10.0) -> "Scheduler":
+    def start(self, timeout: float = 10.0, preexec_fn=None) -> "Scheduler":
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"],
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -90,12 +100,12 @@ def scheduler_factory(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="nvs-", dir="/tmp"))
     os.chmod(base, 0o755)
 
-    def make(**settings) -> Scheduler:
+    def make(start: bool = True, **settings) -> Scheduler:
         workdir = base / f"d{len(started)}"
         workdir.mkdir()
         sched = Scheduler(workdir, settings)
         started.append(sched)
-        return sched.start()
+        return sched.start() if start else sched
 
     yield make
     for sched in started:

@@ -110,6 +110,8 @@ KEYS = {
     "rogue_process": ("kill", "kill", ["maim"]),
     "rogue_check_sec": (1, 1.0, [0.1, "often"]),
     "log_level": ("DEBUG", "debug", ["verbose"]),
+    "max_connections_per_uid": (16, 16, [0, -1, "many", 1.5]),
+    "node_name": ("gpu01", "gpu01", ["", "a b", "n1;rm", 5]),
     "metrics_port": ("9402", 9402, [-1, 65536, "http", 1.5, True]),
     "usage_admin_comment": ("yes", True, ["maybe", 2, ""]),
     "gpus": ([{"uuid": "GPU-a", "memory": "1G"}], (config.GpuSpec("GPU-a", 1 << 30, 0),),

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from conftest import FAKE_GPUS
+from conftest import FAKE_GPUS, become
 from lockclient import connect_and_register, gpu_frame, register_frame
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
@@ -22,9 +22,7 @@ def as_uid(uid: int, action) -> int:
     if pid == 0:
         code = 255
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            become(uid)
             code = action()
         finally:
             os._exit(code)

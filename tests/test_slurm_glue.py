@@ -243,12 +243,16 @@ def test_epilog_daemon_down_for_nvshare_job_drains(tmp_path, fake_slurm, capsys)
     assert "state=drain" in calls.read_text()
 
 
-def test_taskprolog_prints_nothing_when_daemon_is_down(tmp_path, fake_slurm, capsys):
+def test_taskprolog_exports_the_hook_when_daemon_is_down(tmp_path, fake_slurm, capsys):
+    # An nvshare job whose daemon cannot be reached still gets the hook, which then waits for the
+    # daemon (on_daemon_loss), instead of running ungated on a shared GPU (issue 9).
     fake_slurm("count_only_1.txt")
     out = io.StringIO()
     assert taskprolog.run(slurm_env(tmp_path, fake_slurm.bindir, 1), out=out, wait_sec=0.2) == 0
-    assert out.getvalue() == ""
-    assert "scheduler not running" in capsys.readouterr().err
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("export LD_PRELOAD=")
+    assert "export NVSHARE_JOB_ID=1" in lines and "export NVSHARE_ON_DAEMON_LOSS=wait" in lines
+    assert "scheduler cannot be reached" in capsys.readouterr().err
 
 
 def test_taskprolog_ignores_nvshare_overrides_in_the_job_environment(tmp_path, fake_slurm):

@@ -145,8 +145,10 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
         (b / "gres.conf").write_text(
             "".join(line + "\n" for n in self.nodes.values() for line in n.gres_conf))
         for node in self.nodes.values():
+            # node_name: every node runs on this host, so the host name names none of them.
             config = {"socket": node.socket, "state_dir": str(node.workdir / "state"),
-                      "gpus": FAKE_GPUS, "log_level": "debug", "slurm_bin_dir": str(BIN)}
+                      "gpus": FAKE_GPUS, "log_level": "debug", "slurm_bin_dir": str(BIN),
+                      "node_name": node.name}
             config.update(node.settings)
             node.config_path.write_text(yaml.safe_dump(config))
             os.chmod(node.workdir, 0o755)

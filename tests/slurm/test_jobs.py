@@ -160,6 +160,25 @@ def test_scheduler_restart_while_job_runs_keeps_it_and_epilog_cleans_up(healthy,
     assert "nvshare: " not in healthy.run([BIN / "sinfo", "-h", "-R"]).stdout
 
 
+def test_lost_state_is_rebuilt_from_slurm_while_jobs_run(healthy, jobdir):
+    """state.json deleted while the scheduler is down: the restarted scheduler asks Slurm which
+    jobs run on its node and registers them again, so their tasks stay gated and the epilog finds
+    them (issue 9)."""
+    n1 = healthy.nodes["n1"]
+    job, out, go = hold_job(healthy, jobdir, "-w", "n1", "--gres=nvshare:1", name="lost")
+    wait_until(out.exists, 30, "job start", healthy.diagnostics)
+    healthy.stop_scheduler("n1")
+    (n1.workdir / "state" / "state.json").unlink()
+    healthy.start_scheduler("n1")
+    wait_until(lambda: job in registered_jobs(n1), 20, "job rebuilt from Slurm",
+               healthy.diagnostics)
+    assert "rebuilt from Slurm on node n1" in n1.log_path.read_text()
+    go.touch()
+    assert healthy.wait_job(job) == "COMPLETED"
+    wait_until(lambda: job not in registered_jobs(n1), 10, "epilog unregisters the rebuilt job")
+    assert "nvshare: " not in healthy.run([BIN / "sinfo", "-h", "-R"]).stdout
+
+
 def test_scancel_runs_the_epilog(healthy, jobdir):
     n1 = healthy.nodes["n1"]
     job, out, go = hold_job(healthy, jobdir, "-w", "n1", "--gres=nvshare:1", name="cancel")
