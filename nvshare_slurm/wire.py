@@ -132,6 +132,11 @@ class WireFormat:
         for name, body in _STRUCT.findall(block):
             self.structs[name] = _layout(name, body)
         self.hdr = self.structs["nvshare_hdr"]
+        # The daemon decodes a header per frame: one precompiled unpack, fields in header order.
+        if [f.name for f in self.hdr.fields] != ["magic", "version", "type", "length", "seq"] \
+                or any(f.dims for f in self.hdr.fields):
+            raise RuntimeError("nvshare: struct nvshare_hdr is not magic, version, type, length, seq")
+        self._hdr_struct = struct.Struct(_scalar_format(self.hdr))
         self.msg_types = set(self.enums["nvshare_msg_type"].values())
         if self.hdr.size != self.constants["NVSHARE_HDR_SIZE"]:
             raise RuntimeError("nvshare: struct nvshare_hdr is not NVSHARE_HDR_SIZE bytes")
@@ -152,19 +157,18 @@ class WireFormat:
         """(type, length, seq) of a header, or ProtocolError naming what is wrong."""
         if len(data) != self.hdr.size:
             raise ProtocolError(f"short header: {len(data)} bytes")
-        hdr = self.hdr.unpack(data)
-        magic, version, length = hdr["magic"], hdr["version"], hdr["length"]
+        magic, version, msg_type, length, seq = self._hdr_struct.unpack(data)
         if magic != self.constants["NVSHARE_MAGIC"]:
             raise ProtocolError(f"bad magic 0x{magic:08x}")
         if version != self.constants["NVSHARE_PROTO_VERSION"]:
             raise ProtocolError(f"protocol version {version}, expected "
                                 f"{self.constants['NVSHARE_PROTO_VERSION']}")
-        if length > self.constants["NVSHARE_MAX_PAYLOAD"]:  # type: ignore[operator]
+        if length > self.constants["NVSHARE_MAX_PAYLOAD"]:
             raise ProtocolError(f"length {length} over the limit "
                                 f"{self.constants['NVSHARE_MAX_PAYLOAD']}")
-        if hdr["type"] not in self.msg_types:
-            raise ProtocolError(f"unknown message type {hdr['type']}")
-        return int(hdr["type"]), int(length), int(hdr["seq"])  # type: ignore[call-overload]
+        if msg_type not in self.msg_types:
+            raise ProtocolError(f"unknown message type {msg_type}")
+        return msg_type, length, seq
 
 
 def _layout(name: str, body: str) -> Layout:
@@ -190,6 +194,15 @@ def _layout(name: str, body: str) -> Layout:
         offset += elem * count
         align_max = max(align_max, elem)
     return Layout(name, -(-offset // align_max) * align_max, fields)
+
+
+def _scalar_format(layout: Layout) -> str:
+    """A struct format for a layout of scalar fields, padding included."""
+    out, at = "=", 0
+    for f in layout.fields:
+        out += "x" * (f.offset - at) + f.code
+        at = f.offset + f.size
+    return out + "x" * (layout.size - at)
 
 
 _FORMAT: WireFormat | None = None
