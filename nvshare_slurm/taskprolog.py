@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 
 from . import libnvshare_file, taskconfig
 from .jobquery import DaemonUnavailable, RequestFailed, query_job
@@ -114,14 +115,17 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
         cfg = full_config(job_id, environ)
         if cfg is None:
             return 0
+    socket_path, started = cfg.socket, time.monotonic()
+
+    def ask() -> dict[str, Any]:
+        return query_job(socket_path, job_id, timeout=wait_sec, connect_wait=wait_sec)
+
     try:
         try:
-            placement = query_job(cfg.socket, job_id, timeout=wait_sec, connect_wait=wait_sec)
-        except DaemonUnavailable:
+            placement = ask()
+        except DaemonUnavailable:   # restarting, or its backlog full: retry what is left of wait_sec
             from .prolog import with_daemon
-            socket_path = cfg.socket
-            placement = with_daemon(lambda: query_job(socket_path, job_id, timeout=wait_sec,
-                                                      connect_wait=wait_sec), wait_sec)
+            placement = with_daemon(ask, wait_sec - (time.monotonic() - started))
     except DaemonUnavailable as exc:
         full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else full_config(job_id, environ)
         if full is None:
