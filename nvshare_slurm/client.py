@@ -4,33 +4,12 @@ Each call opens one connection, sends one request and reads its one reply.
 """
 from __future__ import annotations
 
-import errno
 import json
-import socket
-import time
 from typing import Any
 
-from . import proto
+from . import jobquery, proto
+from .jobquery import DaemonUnavailable, RequestFailed
 from .proto import C
-
-
-class DaemonUnavailable(Exception):
-    """The daemon's socket cannot be reached (not running, or wrong path)."""
-
-
-class RequestFailed(Exception):
-    """The daemon answered with a non-zero status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{proto.status_name(status)}: {message}")
-        self.status = status
-        self.message = message
-
-
-# The daemon is there but cannot take the connection yet: its listen backlog is full. (A daemon
-# that is not running or restarting, ECONNREFUSED or ENOENT, is the callers' to wait for:
-# prolog.with_daemon; nvshare-status says so at once.)
-_RETRY_CONNECT = (errno.EAGAIN, errno.EINTR)
 
 
 class Client:
@@ -40,32 +19,19 @@ class Client:
         self.connect_wait = timeout if connect_wait is None else connect_wait
         self._seq = 0
 
-    def _connect(self) -> socket.socket:
-        deadline = time.monotonic() + self.connect_wait
-        delay = 0.01
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
-            try:
-                sock.connect(self.socket_path)
-                return sock
-            except OSError as exc:
-                sock.close()
-                if exc.errno not in _RETRY_CONNECT or time.monotonic() + delay > deadline:
-                    raise DaemonUnavailable(
-                        f"cannot reach nvshare-scheduler at {self.socket_path}: "
-                        f"{exc.strerror or exc}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
+    def _connect(self):
+        return jobquery.connect(self.socket_path, self.timeout, self.connect_wait)
 
     def request(self, msg_type: int, fields: dict[str, Any] | None = None) -> proto.Frame:
         self._seq += 1
-        with self._connect() as sock:
-            try:
-                sock.sendall(proto.encode(msg_type, fields, seq=self._seq))
-                return proto.recv_frame(sock)
-            except (OSError, ConnectionError) as exc:
-                raise DaemonUnavailable(f"nvshare-scheduler at {self.socket_path}: {exc}") from None
+        sock = self._connect()
+        try:
+            sock.sendall(proto.encode(msg_type, fields, seq=self._seq))
+            return proto.recv_frame(sock)
+        except (OSError, ConnectionError) as exc:
+            raise DaemonUnavailable(f"nvshare-scheduler at {self.socket_path}: {exc}") from None
+        finally:
+            sock.close()
 
     @staticmethod
     def _check(status: int, message: Any) -> None:
@@ -84,7 +50,9 @@ class Client:
         return self._job_reply(self.request(C.NVSHARE_MSG_JOB_REGISTER, fields))
 
     def query_job(self, job_id: int) -> dict[str, Any]:
-        return self._job_reply(self.request(C.NVSHARE_MSG_JOB_QUERY, {"job_id": job_id}))
+        self._seq += 1
+        return jobquery.query_job(self.socket_path, job_id, self.timeout, self.connect_wait,
+                                  seq=self._seq)
 
     def _job_reply(self, frame: proto.Frame) -> dict[str, Any]:
         if frame.type == C.NVSHARE_MSG_REPLY:

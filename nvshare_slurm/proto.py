@@ -9,31 +9,18 @@ import asyncio
 import socket
 import struct
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import cffi
 
-_HEADER_NAME = "nvshare_proto.h"
+from . import wire
+from .wire import ProtocolError, cdef_block as _cdef_block, recv_exact as _recv_exact, wire_format
 
 
 def header_path() -> Path:
     """The installed copy of the header (package data), else the source tree's csrc/."""
-    packaged = Path(str(resources.files("nvshare_slurm"))) / _HEADER_NAME
-    if packaged.is_file():
-        return packaged
-    source = Path(__file__).resolve().parent.parent / "csrc" / _HEADER_NAME
-    if source.is_file():
-        return source
-    raise FileNotFoundError(f"nvshare: {_HEADER_NAME} is neither in the package nor in csrc/")
-
-
-def _cdef_block(text: str) -> str:
-    try:
-        return text.split("/* NVSHARE_CDEF_BEGIN */", 1)[1].split("/* NVSHARE_CDEF_END */", 1)[0]
-    except IndexError as exc:
-        raise RuntimeError("nvshare: nvshare_proto.h lacks its NVSHARE_CDEF markers") from exc
+    return Path(wire.header_path())
 
 
 ffi = cffi.FFI()
@@ -79,10 +66,6 @@ MSG_NAME: dict[int, str] = {
 }
 
 
-class ProtocolError(Exception):
-    """A frame that breaks the wire format; the connection it came on must be closed."""
-
-
 @dataclass
 class Frame:
     type: int
@@ -106,19 +89,7 @@ def pack_header(msg_type: int, length: int, seq: int = 0) -> bytes:
 
 def decode_header(data: bytes) -> tuple[int, int, int]:
     """(type, length, seq) of a header, or ProtocolError naming what is wrong."""
-    if len(data) != HDR_SIZE:
-        raise ProtocolError(f"short header: {len(data)} bytes")
-    hdr = ffi.new("struct nvshare_hdr *")
-    ffi.memmove(hdr, data, HDR_SIZE)
-    if hdr.magic != MAGIC:
-        raise ProtocolError(f"bad magic 0x{hdr.magic:08x}")
-    if hdr.version != VERSION:
-        raise ProtocolError(f"protocol version {hdr.version}, expected {VERSION}")
-    if hdr.length > MAX_PAYLOAD:
-        raise ProtocolError(f"length {hdr.length} over the limit {MAX_PAYLOAD}")
-    if hdr.type not in MSG_STRUCT:
-        raise ProtocolError(f"unknown message type {hdr.type}")
-    return int(hdr.type), int(hdr.length), int(hdr.seq)
+    return wire_format().decode_header(data)
 
 
 def new(msg_type: int, fields: dict[str, Any] | None = None) -> Any:
@@ -230,16 +201,6 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     return frame
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("nvshare-scheduler closed the connection")
-        chunks += chunk
-    return bytes(chunks)
-
-
 def recv_frame(sock: socket.socket) -> Frame:
     """Blocking read of one frame from a socket (for the small synchronous clients)."""
     msg_type, length, seq = decode_header(_recv_exact(sock, HDR_SIZE))
@@ -257,10 +218,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def status_name(code: int) -> str:
-    for name in dir(C):
-        if name.startswith(("NVSHARE_OK", "NVSHARE_ERR_")) and getattr(C, name) == code:
-            return name[len("NVSHARE_"):]
-    return str(code)
+    return wire_format().status_name(code)
 
 
 __all__ = ["C", "Frame", "ProtocolError", "decode_header", "encode", "ffi", "new", "read_frame",

@@ -14,22 +14,29 @@ Slurm reads each stdout line literally up to the newline, with no quoting: every
 is checked to be one line of plain characters, and user-controlled text (an existing LD_PRELOAD) is
 only passed on when it is safe. The config comes from the node's file (NVSHARE_CONFIG or
 /etc/nvshare/nvshare.yaml) only, never from NVSHARE_* overrides in the job's environment.
+
+It runs for every task (`srun -n 64` runs it 64 times), so the way through for a registered job
+imports neither cffi nor yaml (bench/bench_taskprolog.py measures it): taskconfig reads the three
+settings it needs from a plain config file, jobquery asks the daemon with the struct module. Every
+other way (a config taskconfig does not read, the daemon unreachable, an error to report) imports
+what it needs when it gets there.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 import sys
-from pathlib import Path
-from typing import Any, TextIO
+import time
 
-from . import config as config_mod
-from . import libnvshare_path, slurm
-from .client import Client, DaemonUnavailable, RequestFailed
-from .prolog import say, with_daemon
-from .proto import C
+from . import libnvshare_file, taskconfig
+from .jobquery import DaemonUnavailable, RequestFailed, query_job
+from .wire import wire_format
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+    from .config import Config
 
 ME = "nvshare-taskprolog"
 DAEMON_WAIT_SEC = 5.0
@@ -44,6 +51,7 @@ this node, nothing for other jobs. Reads SLURM_JOB_ID and the node's config (NVS
 _NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+_JOB_ID = re.compile(r"^[1-9]\d{0,9}$")        # slurm.valid_job_id's; a test keeps them equal
 
 
 class UnsafeValue(ValueError):
@@ -69,7 +77,7 @@ def ld_preload(hook: str, existing: str | None) -> str:
     return ":".join(entries)
 
 
-def export_lines(job_id: int, placement: dict[str, Any], cfg: config_mod.Config, hook: str,
+def export_lines(job_id: int, placement: dict[str, Any], cfg: Config | taskconfig.TaskConfig, hook: str,
                  existing_preload: str | None) -> list[str]:
     """The exports; a placement marked "managed_only" (the daemon could not be asked) names the
     GPUs to gate but leaves the GPUs the job sees as Slurm set them, and may name none (the hook
@@ -98,45 +106,84 @@ def export_lines(job_id: int, placement: dict[str, Any], cfg: config_mod.Config,
 
 def run(environ: dict[str, str], out: TextIO = sys.stdout,
         wait_sec: float = DAEMON_WAIT_SEC) -> int:
-    job_id = slurm.valid_job_id(environ.get("SLURM_JOB_ID"))
+    job_id = valid_job_id(environ.get("SLURM_JOB_ID"))
     if job_id is None:
         return 0
-    file_only = {"NVSHARE_CONFIG": environ["NVSHARE_CONFIG"]} if "NVSHARE_CONFIG" in environ else {}
+    cfg: Config | taskconfig.TaskConfig | None = taskconfig.read(
+        environ.get("NVSHARE_CONFIG", taskconfig.DEFAULT_PATH))
+    if cfg is None:
+        cfg = full_config(job_id, environ)
+        if cfg is None:
+            return 0
+    socket_path, started = cfg.socket, time.monotonic()
+
+    def ask() -> dict[str, Any]:
+        return query_job(socket_path, job_id, timeout=wait_sec, connect_wait=wait_sec)
+
     try:
-        cfg = config_mod.load(environ=file_only)
-    except config_mod.ConfigError as exc:
-        say(ME, job_id, f"bad config, job runs without nvshare: {exc}")
-        return 0
-    client = Client(cfg.socket, timeout=wait_sec, connect_wait=wait_sec)
-    try:
-        placement = with_daemon(lambda: client.query_job(job_id), wait_sec)
+        try:
+            placement = ask()
+        except DaemonUnavailable:   # restarting, or its backlog full: retry what is left of wait_sec
+            from .prolog import with_daemon
+            placement = with_daemon(ask, wait_sec - (time.monotonic() - started))
     except DaemonUnavailable as exc:
-        placement = placement_without_daemon(job_id, cfg, environ)
+        full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else full_config(job_id, environ)
+        if full is None:
+            return 0
+        cfg = full
+        placement = placement_without_daemon(job_id, full, environ)
         if placement is None:
             return 0
         where = "its GPUs from state.json" if not placement.get("managed_only") else \
             "every GPU nvshare manages here gated"
-        say(ME, job_id, f"scheduler cannot be reached ({exc}): task starts with the hook, "
-                        f"{where}, on_daemon_loss={cfg.on_daemon_loss}")
+        say(job_id, f"scheduler cannot be reached ({exc}): task starts with the hook, "
+                    f"{where}, on_daemon_loss={full.on_daemon_loss}")
     except RequestFailed as exc:
-        if exc.status != C.NVSHARE_ERR_NOJOB:
-            say(ME, job_id, f"scheduler refused the placement query: {exc}")
+        if exc.status != wire_format().constants["NVSHARE_ERR_NOJOB"]:
+            say(job_id, f"scheduler refused the placement query: {exc}")
         return 0
     try:
-        lines = export_lines(job_id, placement, cfg, str(libnvshare_path()),
-                             environ.get("LD_PRELOAD"))
+        lines = export_lines(job_id, placement, cfg, libnvshare_file(), environ.get("LD_PRELOAD"))
     except UnsafeValue as exc:
-        say(ME, job_id, f"task starts without nvshare: {exc}")
+        say(job_id, f"task starts without nvshare: {exc}")
         return 0
     out.write("".join(line + "\n" for line in lines))
     out.flush()
     return 0
 
 
-def placement_without_daemon(job_id: int, cfg: config_mod.Config,
+def valid_job_id(value: str | None) -> int | None:
+    """slurm.valid_job_id, without importing slurm.py (subprocess, dataclasses)."""
+    if value is None or not _JOB_ID.match(value.strip()):
+        return None
+    return int(value.strip())
+
+
+def say(job_id: int | None, message: str) -> None:
+    from .prolog import say as say_line
+    say_line(ME, job_id, message)
+
+
+def full_config(job_id: int, environ: dict[str, str]) -> Config | None:
+    """The node's config through config.load (file only), or None after saying why it is bad."""
+    from . import config as config_mod
+    file_only = {"NVSHARE_CONFIG": environ["NVSHARE_CONFIG"]} if "NVSHARE_CONFIG" in environ else {}
+    try:
+        return config_mod.load(environ=file_only)
+    except config_mod.ConfigError as exc:
+        say(job_id, f"bad config, job runs without nvshare: {exc}")
+        return None
+
+
+def placement_without_daemon(job_id: int, cfg: Config,
                              environ: dict[str, str]) -> dict[str, Any] | None:
     """The job's GPUs when the daemon cannot be asked: its entry in the daemon's state.json, else
     (unless Slurm says the job holds no nvshare GPU here) every GPU the node manages."""
+    import json
+    import socket
+    from pathlib import Path
+
+    from . import slurm
     try:
         state = json.loads((Path(cfg.state_dir) / "state.json").read_text())
         for job in state.get("jobs", []):
@@ -169,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(dict(os.environ))
     except Exception as exc:  # noqa: BLE001 - a TaskProlog failure fails the task; say why, run
-        say(ME, slurm.valid_job_id(os.environ.get("SLURM_JOB_ID")),
+        say(valid_job_id(os.environ.get("SLURM_JOB_ID")),
             f"internal error, task starts without nvshare: {type(exc).__name__}: {exc}")
         return 0
 

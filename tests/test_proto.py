@@ -335,3 +335,68 @@ def test_peer_credentials_of_a_uid_above_2_31():
         shutil.rmtree(public)
     assert os.waitstatus_to_exitcode(wait_status) == 0
     assert creds == (pid, big, big)
+
+
+# --- wire.py: the same header read with the struct module (the TaskProlog's way) -----------------
+
+from nvshare_slurm import jobquery, wire  # noqa: E402
+
+WIRE = wire.wire_format()
+
+
+@pytest.mark.parametrize("struct_name", sorted(header_structs()))
+def test_wire_layout_matches_cffi(struct_name):
+    ctype = f"struct {struct_name}"
+    layout = WIRE.structs[struct_name]
+    assert layout.size == ffi.sizeof(ctype)
+    cffi_fields = ffi.typeof(ctype).fields
+    assert [f.name for f in layout.fields] == [name for name, _ in cffi_fields]
+    for f, (name, ftype) in zip(layout.fields, cffi_fields):
+        assert (f.offset, f.size) == (ffi.offsetof(ctype, name), ffi.sizeof(ftype.type)), name
+
+
+def test_wire_constants_and_message_types_match_cffi():
+    named = {n: getattr(C, n) for n in dir(C) if n.startswith("NVSHARE_")}
+    assert WIRE.constants == named
+    assert WIRE.msg_types == set(proto.MSG_STRUCT)
+    for code in list(WIRE.enums["nvshare_status"].values()) + [1234]:
+        assert WIRE.status_name(code) == proto.status_name(code)
+
+
+def test_jobquery_carries_the_structs_proto_names():
+    assert proto.MSG_STRUCT[C.NVSHARE_MSG_JOB_QUERY] == f"struct {jobquery.QUERY_STRUCT}"
+    assert proto.MSG_STRUCT[C.NVSHARE_MSG_JOB_REPLY] == f"struct {jobquery.JOB_REPLY_STRUCT}"
+    assert proto.MSG_STRUCT[C.NVSHARE_MSG_REPLY] == f"struct {jobquery.REPLY_STRUCT}"
+
+
+@pytest.mark.parametrize("msg_type", sorted(proto.MSG_STRUCT))
+def test_wire_reads_and_writes_what_cffi_does(msg_type):
+    struct_name = proto.MSG_STRUCT[msg_type]
+    fields = sample_fields(struct_name, seed=3)
+    frame = proto.encode(msg_type, fields, seq=9)
+    assert WIRE.decode_header(frame[:proto.HDR_SIZE]) == (msg_type, len(frame) - proto.HDR_SIZE, 9)
+    layout = WIRE.structs[struct_name[len("struct "):]]
+    read = layout.unpack(frame[proto.HDR_SIZE:])
+    for key, value in fields.items():
+        if isinstance(value, str):
+            assert read[key].decode() == value, key
+        elif value and isinstance(value[0] if isinstance(value, list) else 0, str):
+            assert [v.decode() for v in read[key]] == value, key
+        else:
+            assert read[key] == value, key
+    if not any(isinstance(v, list) and v and isinstance(v[0], str) for v in fields.values()):
+        assert WIRE.encode(msg_type, layout.name, fields, seq=9) == frame
+
+
+def test_wire_refuses_what_proto_refuses():
+    good = proto.pack_header(C.NVSHARE_MSG_JOB_QUERY, 8, 1)
+    bad = {"magic": b"XXXX" + good[4:], "version": good[:4] + b"\x09\x00" + good[6:],
+           "length": good[:8] + (proto.MAX_PAYLOAD + 1).to_bytes(4, "little") + good[12:],
+           "type": good[:6] + (99).to_bytes(2, "little") + good[8:], "short": good[:15]}
+    for what, data in bad.items():
+        with pytest.raises(ProtocolError):
+            WIRE.decode_header(data)
+    with pytest.raises(ProtocolError):
+        WIRE.structs["nvshare_job_reply"].unpack(b"\0" * 10)
+    with pytest.raises(ValueError):
+        WIRE.structs["nvshare_reply"].pack({"message": "x" * 256})
