@@ -81,6 +81,9 @@ if [ "${NVSHARE_EDITABLE:-0}" = 1 ]; then
 else
   "$PREFIX/bin/python" -m pip install -q "$target"
 fi
+# The TaskProlog runs before every task as the job's user, who cannot write bytecode: compile the
+# package here (an editable install's checkout too), or each task pays ~15 ms more to compile it.
+"$PREFIX/bin/python" -m compileall -q "$("$PREFIX/bin/python" -c 'import nvshare_slurm, os; print(os.path.dirname(nvshare_slurm.__file__))')" >/dev/null 2>&1 || true
 # The TaskProlog and the hook run as the job's user: everything under the prefix must be readable.
 chmod -R a+rX "$PREFIX"
 # ... and so must the interpreter the venv points to (not one under /root, e.g. pyenv's).
