@@ -910,10 +910,11 @@ class GpuState:
             "sharing": self.sharing or s.mode, "sharing_reason": self.sharing_reason,
             "holders": [{"job_id": h.client.job_id, "step_id": h.client.step_id,
                          "pid": h.client.pid, "user": h.client.user,
-                         "held_sec": round(now - h.since, 3), "shared": h.shared}
+                         "held_sec": round(now - h.since, 3), "shared": h.shared,
+                         "class": h.client.share_class}
                         for h in self.holders.values()],
             "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
-                         "waiting_sec": round(now - since, 3)}
+                         "waiting_sec": round(now - since, 3), "class": c.share_class}
                         for c, since in [*self.queue.values(), *self.gang_queue.values()]],
             "turn": None if self.turn is None else {
                 "job_id": self.turn.job_id,
