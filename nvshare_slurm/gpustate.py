@@ -643,7 +643,7 @@ class GpuState:
         if len(takers) <= 1:
             self._corun(now, out, skip=outranked)
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
-            if running and outranked & set(self.queue):
+            if running and outranked & set(self.queue) and self._leaves_idle_time(running[0]):
                 self._contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
             return
@@ -670,14 +670,24 @@ class GpuState:
             self.contention_since = None
             return
         holder = running[0]
-        self._contend(holder, out)
         if not rivals:        # only lower classes wait: no timeslice, it gives way once idle
+            if self._leaves_idle_time(holder):
+                self._contend(holder, out)
             self.contention_since = None
             return
+        self._contend(holder, out)
         if self.contention_since is None:
             self.contention_since = now
         if now >= self.contention_since + self.switch_interval():
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+
+    def _leaves_idle_time(self, holder: _Holder) -> bool:
+        """May a worse class have this holder's idle time? Only the long idle stretches of a
+        holder that is not busy most of the time: once told LOCK_CONTENDED the hook gives the
+        lock back after each idle threshold, even between two kernels, and taking it back waits
+        for the worse job's kernel in flight. A holder that has not reported keeps the GPU."""
+        demand = self.demand.get(holder.client.client_id)
+        return demand is not None and (demand.busy < TURN_BUSY or demand.gap >= TURN_GAP_SEC)
 
     def _contend(self, holder: _Holder, out: list[Action]) -> None:
         if not holder.contended:
@@ -714,7 +724,7 @@ class GpuState:
                 if head_rank > holder.client.rank:
                     # Only worse classes wait: they get the time it leaves idle, never a timeslice
                     # (nor that time when it would cost a swap each way).
-                    if not self._switch_needs_swap():
+                    if not self._switch_needs_swap() and self._leaves_idle_time(holder):
                         self._contend(holder, out)
                     self.contention_since = None
                     return

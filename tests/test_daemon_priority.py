@@ -61,11 +61,13 @@ def test_a_high_request_drops_a_low_holder_at_once(scheduler_factory, clients): 
     assert drop["reason"] == C.NVSHARE_DROP_TIMESLICE
     high.expect("grant", gpu=GPU0)
     assert time.monotonic() - asked < 5.0
-    # Now the low job waits: the high holder is told once (give it back when idle), no more.
+    # Now the low job waits; the high holder, busy as far as the scheduler knows, keeps the GPU
+    # until its demand shows pauses worth handing over.
     low.send(f"request {GPU0}")
     low_waits = wait_for_waiters(sched, 1)
     assert low_waits == [1]
     status = gpu_status(sched)
     assert [h["class"] for h in status["holders"]] == ["high"]
     assert [w["class"] for w in status["waiting"]] == ["low"]
+    high.send(f"demand {GPU0} 500000 300000 200000")
     high.expect("contended", gpu=GPU0)
