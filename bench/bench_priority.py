@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import (TRAIN, WORKLOADS, Job, Mps, Scheduler, clean_env, log,  # noqa: E402
-                       run_jobs, train_phase)
-from bench_interactive import gpu_uuid  # noqa: E402
+from gpu_bench import (TRAIN, WORKLOADS, Job, Mps, Scheduler, log, run_jobs,  # noqa: E402
+                       train_phase)
+from bench_interactive import prepare  # noqa: E402
 
 SEEDS = (1, 2, 3)
 ARMS = ("alone", "colocate", "mps", "mps-pct", "nvshare", "lows-only")
@@ -53,11 +53,7 @@ def main() -> int:
     ap.add_argument("--low-pct", type=int, default=20,
                     help="mps-pct: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each low job")
     args = ap.parse_args()
-    out = Path(args.out)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    base = clean_env()
-    base["CUDA_VISIBLE_DEVICES"] = gpu_uuid()
+    out, logs, base = prepare(args.out)
     w1 = WORKLOADS["W1"]
     results: dict = {"steps": args.steps, "low_steps": args.low_steps, "low_busy": args.low_busy,
                      "low_pct": args.low_pct, "scenarios": {}}

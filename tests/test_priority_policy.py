@@ -25,6 +25,15 @@ def client(n: int, share_class: str = "normal") -> ClientInfo:
     return ClientInfo(n, n, 0, 1000 + n, "user", 0, share_class)
 
 
+def high_and_low(high_demand: Demand = BUSY, low_demand: Demand = BUSY):
+    """A GPU with a high and a low client (ids 1 and 2) whose demand is known."""
+    g = gpu()
+    high, low = client(1, "high"), client(2, "low")
+    g.report_demand(high, high_demand, 0.0)
+    g.report_demand(low, low_demand, 0.0)
+    return g, high, low
+
+
 def grants(actions):
     return [(a.client.client_id, a.flags) for a in actions if a.kind == GRANT]
 
@@ -40,10 +49,7 @@ def drops(actions):
 # --- adaptive (the default) ------------------------------------------------------------------------
 
 def test_a_busy_low_holder_gives_way_at_once_when_a_busy_high_job_asks():
-    g = gpu()
-    high, low = client(1, "high"), client(2, "low")
-    g.report_demand(high, BUSY, 0.0)
-    g.report_demand(low, BUSY, 0.0)
+    g, high, low = high_and_low()
     assert grants(g.request(low, 0.0)) == [(2, EXCLUSIVE)]    # the high job is idle: low runs
     actions = g.request(high, 1.0)
     assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)]   # not after a switch interval
@@ -57,10 +63,7 @@ def test_a_busy_low_holder_gives_way_at_once_when_a_busy_high_job_asks():
 
 
 def test_a_high_holder_is_never_timesliced_for_low_waiters_and_gives_back_only_when_idle():
-    g = gpu()
-    high, low = client(1, "high"), client(2, "low")
-    g.report_demand(high, BUSY, 0.0)
-    g.report_demand(low, BUSY, 0.0)
+    g, high, low = high_and_low()
     g.request(high, 0.0)
     actions = g.request(low, 0.1)
     assert actions == []             # busy: no LOCK_CONTENDED (the hook would give the GPU back
@@ -124,20 +127,14 @@ def test_two_high_jobs_take_turns_and_a_low_one_waits_for_both_to_be_idle():
 
 
 def test_light_low_clients_still_co_run_beside_a_high_holder():
-    g = gpu()
-    high, light = client(1, "high"), client(2, "low")
-    g.report_demand(high, BUSY, 0.0)
-    g.report_demand(light, LIGHT, 0.0)
+    g, high, light = high_and_low(low_demand=LIGHT)
     g.request(high, 0.0)
     actions = g.request(light, 0.1)
     assert grants(actions) == [(2, SHARED)] and drops(actions) == []
 
 
 def test_a_bursty_low_job_beside_a_busy_high_one_runs_only_in_its_idle_time():
-    g = gpu()
-    high, low = client(1, "high"), client(2, "low")
-    g.report_demand(high, BUSY, 0.0)
-    g.report_demand(low, BURSTY, 0.0)
+    g, high, low = high_and_low(low_demand=BURSTY)
     g.request(high, 0.0)
     assert grants(g.request(low, 0.0)) == []
 
