@@ -21,6 +21,13 @@ Modes (docs/protocol.md "Scheduling modes"):
   corun: SHARED grants to all. Once memory does not fit: the concurrent rules with swap
   (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
 
+Share classes (priority.py; docs/design-scheduler.md "Priority classes"): the FIFO is ordered by
+class, FIFO within one. A better class at the head takes the GPU from a worse exclusive holder at
+once; in adaptive only the best class among the turn-takers that want the GPU takes turns, worse
+ones wait and a holder among them is dropped at once. A holder with only worse waiters is never
+time-sliced; it is told LOCK_CONTENDED only when its demand shows long pauses. Swap candidates are
+taken lowest class first.
+
 Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue`, never in the
 FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
 of the gang's GPUs together. While the gang has work here, nobody else is granted here.

@@ -9,6 +9,7 @@ from test_hook import (GPU0, Job, finish, hook_lib, procs,  # noqa: F401
                        read_trace, start_nvtest)
 
 KERNEL_MS = 20
+SHORT_TURN_MS = 50      # switch_time_min: a bound that CPU noise on a shared CI machine stays under
 
 
 def spans(trace, pid: int) -> list[tuple[int, int]]:
@@ -36,7 +37,7 @@ def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp
     first_burst = high_runs[:40]
     gaps_ms = [(b[0] - a[1]) / 1e6 for a, b in zip(first_burst, first_burst[1:])]
     assert statistics.median(gaps_ms) <= 5, gaps_ms
-    assert max(gaps_ms) <= KERNEL_MS + 25, gaps_ms
+    assert max(gaps_ms) <= SHORT_TURN_MS, gaps_ms
     # While the high job is busy the low job starts no kernel: it only drains the one in flight.
     busy_from, busy_to = first_burst[0][0], first_burst[-1][1]
     low_inside = [s for s in low_runs if busy_from < s[0] < busy_to]
@@ -46,5 +47,5 @@ def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp
     assert any(pause_from <= s[0] < pause_to for s in low_runs)
     # And the second high burst starts within one low kernel of its request.
     second_wait_ms = (high_runs[40][0] - pause_from) / 1e6 - 300
-    assert second_wait_ms <= KERNEL_MS + 25, second_wait_ms
+    assert second_wait_ms <= KERNEL_MS + SHORT_TURN_MS, second_wait_ms
     assert "of a lower class wait" in scheduler.log(), scheduler.log()[-3000:]

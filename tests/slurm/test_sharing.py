@@ -147,6 +147,7 @@ def test_a_prod_job_keeps_the_gpu_beside_a_scavenge_job(healthy, jobdir, nvtest)
     high_rows = [r for r in rows if r[0] != low_pid]
     assert len(high_rows) == 60
     gaps_ms = [(b[1] - a[2]) / 1e6 for a, b in zip(high_rows, high_rows[1:])]
-    assert max(gaps_ms) <= kernel_us / 1000 + 25, gaps_ms
+    assert max(gaps_ms) <= 50, gaps_ms         # one short turn (switch_time_min) at most
+    assert sorted(gaps_ms)[len(gaps_ms) // 2] <= 5, gaps_ms
     low_inside = [r for r in rows if r[0] == low_pid and high_rows[0][1] < r[1] < high_rows[-1][2]]
     assert len(low_inside) <= 1, low_inside
