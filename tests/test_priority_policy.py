@@ -192,28 +192,55 @@ def test_low_clients_memory_is_swapped_out_first():
 
 # --- gangs --------------------------------------------------------------------------------------
 
-def test_a_high_gang_claims_before_a_low_gang_that_waited_longer():
+def gang_node(classes: dict[int, str]):
+    """Two GPUs (concurrent, 1 s turns), a gang per job in `classes`, and an event helper."""
     settings = GpuSettings(mode="concurrent", switch_time_mode="fixed", switch_time_fixed=1.0,
                            memory_reserve_percent=0)
     gpus = [GpuState(f"GPU-{i}", i, 16 * G, settings) for i in range(2)]
     policy = GangPolicy()
-    classes = {4: "normal", 1: "low", 2: "high"}
     for job in classes:
         policy.add_job(job, gpus)
     members = {job: [ClientInfo(job * 10 + i, job, 0, 100 * job + i, "user", 0, share_class)
                      for i in range(2)] for job, share_class in classes.items()}
 
-    def event(now, calls):
-        for gpu, call in calls:
-            call(gpu)
+    def everywhere(job, now, what):
+        for gpu, client in zip(gpus, members[job]):
+            if what == "request":
+                gpu.request(client, now)
+            else:
+                gpu.release(client.client_id, now)
         policy.schedule(now)
 
-    event(0.0, [(g, lambda g, c=c: g.request(c, 0.0)) for g, c in zip(gpus, members[4])])
-    assert gpus[0].turn.job_id == 4
-    event(1.0, [(g, lambda g, c=c: g.request(c, 1.0)) for g, c in zip(gpus, members[1])])
-    event(2.0, [(g, lambda g, c=c: g.request(c, 2.0)) for g, c in zip(gpus, members[2])])
+    return gpus, policy, everywhere
+
+
+def end_turn_of(job, gpus, policy, everywhere, now):
     for g in gpus:
-        g.tick(3.5)
-    policy.schedule(3.5)                      # job 4's turn ends: its clients are dropped
-    event(3.6, [(g, lambda g, c=c: g.release(c.client_id, 3.6)) for g, c in zip(gpus, members[4])])
+        g.tick(now)
+    policy.schedule(now)                      # the turn ends: its clients are dropped
+    everywhere(job, now + 0.1, "release")
+
+
+def test_a_high_gang_claims_before_a_low_gang_that_waited_longer():
+    gpus, policy, everywhere = gang_node({4: "normal", 1: "low", 2: "high"})
+    everywhere(4, 0.0, "request")
+    assert gpus[0].turn.job_id == 4
+    everywhere(1, 1.0, "request")
+    everywhere(2, 2.0, "request")
+    end_turn_of(4, gpus, policy, everywhere, 3.5)
     assert gpus[0].turn is not None and gpus[0].turn.job_id == 2   # high, though low waited longer
+
+
+@pytest.mark.parametrize("single_class,first", [("high", True), ("low", False)])
+def test_a_high_single_gpu_job_goes_before_a_low_gang_that_waited_longer(single_class, first):
+    gpus, policy, everywhere = gang_node({4: "normal", 1: "low"})
+    everywhere(4, 0.0, "request")
+    everywhere(1, 1.0, "request")
+    single = ClientInfo(50, 5, 0, 500, "user", 0, single_class)
+    gpus[0].request(single, 2.0)
+    policy.schedule(2.0)
+    end_turn_of(4, gpus, policy, everywhere, 3.5)
+    # A high single-GPU job gets GPU 0 first and the low gang's turn starts after it; one of the
+    # gang's class that came later waits for the gang's turn.
+    assert (50 in gpus[0].holders) == first
+    assert gpus[0].turn.job_id == 1 and gpus[0].turn.started != first
