@@ -33,6 +33,16 @@ def gpu_uuid() -> str:
     return uuid.decode() if isinstance(uuid, bytes) else uuid
 
 
+def prepare(out_dir: str) -> tuple[Path, Path, dict]:
+    """The output folder, its logs/ folder, and the jobs' environment on GPU 0 (by UUID)."""
+    out = Path(out_dir)
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base = clean_env()
+    base["CUDA_VISIBLE_DEVICES"] = gpu_uuid()
+    return out, logs, base
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -44,11 +54,7 @@ def main() -> int:
     ap.add_argument("--start-delay", type=float, default=6.0,
                     help="the probe idles this long first, so the batch jobs are training")
     args = ap.parse_args()
-    out = Path(args.out)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    base = clean_env()
-    base["CUDA_VISIBLE_DEVICES"] = gpu_uuid()
+    out, logs, base = prepare(args.out)
     w1 = WORKLOADS["W1"]
     results: dict = {"steps": args.steps, "every_s": args.every, "arms": {}}
 

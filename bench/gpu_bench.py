@@ -270,11 +270,13 @@ class Scheduler:
         self.client = Client(self.socket)
         self.next_job = 500
 
-    def job_env(self, base: dict) -> tuple[int, dict]:
+    def job_env(self, base: dict, share_class: str = "normal") -> tuple[int, dict]:
         from nvshare_slurm import libnvshare_path
         self.next_job += 1
         place = self.client.register_job(self.next_job, uid=os.getuid(), gid=os.getgid(), slots=1,
-                                         name=f"bench{self.next_job}", user="root")
+                                         name=f"bench{self.next_job}", user="root",
+                                         share_class=share_class,
+                                         class_reason="bench" if share_class != "normal" else "")
         env = dict(base)
         env.update(LD_PRELOAD=str(libnvshare_path()), NVSHARE_SOCKET=self.socket,
                    NVSHARE_JOB_ID=str(self.next_job), NVSHARE_MANAGED_GPUS=",".join(place["gpu_uuid"]),

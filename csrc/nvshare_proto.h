@@ -15,7 +15,7 @@
 
 /* NVSHARE_CDEF_BEGIN */
 #define NVSHARE_MAGIC 0x4E565348
-#define NVSHARE_PROTO_VERSION 2
+#define NVSHARE_PROTO_VERSION 3
 #define NVSHARE_HDR_SIZE 16
 #define NVSHARE_MAX_PAYLOAD 1048576
 #define NVSHARE_UUID_LEN 64
@@ -23,6 +23,7 @@
 #define NVSHARE_TEXT_LEN 256
 #define NVSHARE_NAME_LEN 128
 #define NVSHARE_USER_LEN 32
+#define NVSHARE_REASON_LEN 64
 
 /* Slurm's step id of the batch script, used when SLURM_STEP_ID is not set. */
 #define NVSHARE_STEP_BATCH 4294967291
@@ -88,6 +89,12 @@ enum nvshare_status {
 
 /* nvshare_job_register.flags */
 #define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */
+/* Bits 1-2: the job's share class, from the site's priority_classes map (the prolog, as root, so a
+ * user never sets it). 0 is normal, so a registration without a class is a normal job; 6 is refused. */
+#define NVSHARE_JOB_CLASS_MASK 6
+#define NVSHARE_JOB_CLASS_NORMAL 0
+#define NVSHARE_JOB_CLASS_HIGH 2
+#define NVSHARE_JOB_CLASS_LOW 4
 
 /* nvshare_status_query.what */
 #define NVSHARE_STATUS_GPUS 1
@@ -170,6 +177,7 @@ struct nvshare_job_register {
     uint64_t mem_limit;         /* bytes per GPU, 0 = none */
     char name[128];             /* job name, for status only (NVSHARE_NAME_LEN) */
     char user[32];              /* NVSHARE_USER_LEN */
+    char class_reason[64];      /* why that class, e.g. "qos prod" (status only; NVSHARE_REASON_LEN) */
 };
 
 struct nvshare_job_id {

@@ -40,13 +40,16 @@ class Client:
 
     def register_job(self, job_id: int, uid: int, gid: int, slots: int = 0,
                      gpu_index: list[int] | None = None, name: str = "", user: str = "",
-                     mem_limit: int = 0) -> dict[str, Any]:
+                     mem_limit: int = 0, share_class: str = "normal",
+                     class_reason: str = "") -> dict[str, Any]:
         """Register a job (root only); returns the placement {gpu_uuid: [...], gpu_index: [...]}."""
         gpus = list(gpu_index or [])
+        flags = (C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0) | proto.class_flag(share_class)
         fields = {"job_id": job_id, "uid": uid, "gid": gid, "slots": slots, "n_gpus": len(gpus),
-                  "gpu_index": gpus, "flags": C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0,
+                  "gpu_index": gpus, "flags": flags,
                   "mem_limit": mem_limit, "name": _fit(name, C.NVSHARE_NAME_LEN),
-                  "user": _fit(user, C.NVSHARE_USER_LEN)}
+                  "user": _fit(user, C.NVSHARE_USER_LEN),
+                  "class_reason": _fit(class_reason, C.NVSHARE_REASON_LEN)}
         return self._job_reply(self.request(C.NVSHARE_MSG_JOB_REGISTER, fields))
 
     def query_job(self, job_id: int) -> dict[str, Any]:
@@ -93,3 +96,4 @@ def _fit(value: str, size: int) -> str:
     """Cut a string to fit a NUL-terminated char[size] without splitting a UTF-8 sequence."""
     raw = value.encode("utf-8", "replace")[: size - 1]
     return raw.decode("utf-8", "ignore")
+

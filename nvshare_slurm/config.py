@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from .priority import ClassMap, ClassMapError, parse_map
+
 DEFAULT_PATH = "/etc/nvshare/nvshare.yaml"
 ENV_PREFIX = "NVSHARE_"
 
@@ -89,10 +91,13 @@ class Config:
     metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
     usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
+    # QOS, partition, interactive, --comment word -> high | normal | low (priority.py)
+    priority_classes: ClassMap = field(default_factory=ClassMap)
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["gpus"] = [{"uuid": g.uuid, "memory": g.memory, "index": g.index} for g in self.gpus]
+        out["priority_classes"] = self.priority_classes.as_dict()
         return out
 
 
@@ -131,6 +136,16 @@ def _convert(key: str, value: Any, source: str) -> Any:
     where = f"{key} (from {source})"
     if key == "gpus":
         return _convert_gpus(value, where)
+    if key == "priority_classes":
+        if isinstance(value, str):   # from the environment: YAML text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{where}: not a YAML mapping: {exc}") from None
+        try:
+            return parse_map(value, where)
+        except ClassMapError as exc:
+            raise ConfigError(str(exc)) from None
     if key == "swap_bandwidth":
         value = parse_size(value, where)
     elif kind == "bool":

@@ -41,6 +41,7 @@ from .gpustate import (
 )
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
+from .priority import classify
 from .proto import C
 from .connection import (Connection, Limits, Listener, Violation, listening_socket, peer_pidfd,
                          prepare_socket_path, raise_fd_limit, remove_socket, signal_pidfd)
@@ -228,6 +229,9 @@ class Daemon:
                                 f"{log.escape(exc)}")
             return None
         job.rebuilt = True
+        share = classify(self.cfg.priority_classes, record.qos, record.partition,
+                         record.interactive, record.comment)
+        job.share_class, job.class_reason = share.name, share.reason
         self.registry.add_job(job)
         self._add_gang(job)
         self._save()
@@ -457,7 +461,7 @@ class Daemon:
                                           body.mem_limit or job.mem_limit, conn)
         conn.client = client
         conn.info = ClientInfo(client.client_id, job.job_id, body.step_id, conn.pid, job.user,
-                               client.mem_limit)
+                               client.mem_limit, job.share_class)
         conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
                   {"status": C.NVSHARE_OK, "client_id": client.client_id,
                    "idle_release_us": int(self.cfg.idle_release_ms * 1000),
@@ -613,6 +617,10 @@ class Daemon:
                 return self._job_reply(conn, frame, C.NVSHARE_ERR_INVAL,
                                        f"n_gpus {body.n_gpus} is outside 1..{C.NVSHARE_MAX_GPUS}")
             given = [int(body.gpu_index[i]) for i in range(body.n_gpus)]
+        share_class = proto.class_of_flags(int(body.flags))
+        if share_class is None:
+            return self._job_reply(conn, frame, C.NVSHARE_ERR_INVAL,
+                                   f"flags {body.flags:#x}: no such share class")
         user = proto.text(body.user) or _user_name(int(body.uid))
         try:
             job = self._place(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
@@ -621,11 +629,14 @@ class Daemon:
             reason = f"{exc} ({self.inventory_error})" if self.inventory_error else str(exc)
             self.logger.error(f"job {job_id}: cannot be placed: {reason}")
             return self._job_reply(conn, frame, exc.status, reason)
+        job.share_class = share_class
+        job.class_reason = proto.text(body.class_reason) or "default"
         self.registry.add_job(job)
         self._add_gang(job)
         self._save()
         self.logger.info(f"job {job_id}: registered for {log.escape(user)} (uid {job.uid}) on "
-                         f"{', '.join(job.gpus)}")
+                         f"{', '.join(job.gpus)}, class {job.share_class} "
+                         f"({log.escape(job.class_reason)})")
         self._job_reply(conn, frame, C.NVSHARE_OK, "registered", job)
 
     def _place(self, job_id: int, uid: int, gid: int, user: str, name: str, slots: int,
@@ -738,6 +749,7 @@ class Daemon:
         return {"job_id": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
                 "slots": job.slots, "gpus": list(job.gpus), "gpu_index": list(job.gpu_index),
                 "registered": job.registered, "clients": clients,
+                "share_class": job.share_class, "class_reason": job.class_reason,
                 "usage": self.ledger.job_usage(job.job_id, self.now()),
                 "gang": self.gangs.status(job.job_id)}
 

@@ -7,9 +7,10 @@ and the holders' drains would never end (docs/design-scheduler.md "Gang turns").
 - A job placed on two or more GPUs of the node is a gang from its first request, for all of its
   processes together. Waiting for its first work on a second GPU would be too late: by then its
   first rank may already hold one GPU with a collective in flight while another job holds the next.
-- Gangs take turns in one global order (the earliest waiting request of each gang). A gang claims
-  all its GPUs at once, and only when no gang earlier in the order wants any of them and no
-  single-GPU client that waited longer waits on a GPU it needs. Claimed GPUs are given to its
+- Gangs take turns in one global order (class first, then the earliest waiting request of each
+  gang). A gang claims all its GPUs at once, and only when no gang earlier in the order wants any
+  of them and no single-GPU client that waited longer (in its class, or of a better class) waits
+  on a GPU it needs. A running turn is not cut short for a better class: it ends as any turn does. Claimed GPUs are given to its
   waiting clients together (SHARED) once every GPU it waits on is free of others.
 - Single-GPU jobs fill any GPU of a claimed set that the gang has not used in this turn; a filler
   is dropped at once when the gang asks for that GPU (its drain cannot wait on another GPU).
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gpustate import Action, ClientInfo, GpuState, Turn
+from .priority import RANK
 
 
 @dataclass
@@ -60,6 +62,10 @@ class Gang:
     def ticket(self) -> float | None:
         """Its place in the global order: its earliest waiting request."""
         return min((since for _, _, since in self.waiters()), default=None)
+
+    def rank(self) -> int:
+        """Its job's class rank (priority.py); the same for all its clients."""
+        return min((c.rank for _, c, _ in self.waiters()), default=RANK["normal"])
 
     def interval(self) -> float:
         """How long its turn lasts once others wait: the shortest of its GPUs' turns."""
@@ -144,9 +150,9 @@ class GangPolicy:
             if gang.owns:
                 for gpu in gang.gpus:
                     blocked[gpu.uuid] = gang.job_id
-        waiting = [(ticket, gang.job_id, gang) for gang in self.gangs.values()
+        waiting = [(gang.rank(), ticket, gang.job_id, gang) for gang in self.gangs.values()
                    if not gang.owns and (ticket := gang.ticket()) is not None]
-        for ticket, _, gang in sorted(waiting, key=lambda item: (item[0], item[1])):
+        for rank, ticket, _, gang in sorted(waiting, key=lambda item: item[:3]):
             before = next((blocked[g.uuid] for g in gang.gpus if g.uuid in blocked), None)
             for gpu in gang.gpus:
                 blocked.setdefault(gpu.uuid, gang.job_id)
@@ -155,7 +161,8 @@ class GangPolicy:
                 continue
             needed = {gpu.uuid for gpu, _, _ in gang.waiters()}
             longer = [gpu.index for gpu in gang.gpus if gpu.uuid in needed and
-                      any(since < ticket for _, since in gpu.queue.values())]
+                      any(client.rank < rank or since < ticket and client.rank == rank
+                          for client, since in gpu.queue.values())]
             if longer:
                 gang.why = (f"single-GPU clients that waited longer on GPU "
                             f"{','.join(map(str, longer))} go first")

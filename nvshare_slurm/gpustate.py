@@ -21,6 +21,13 @@ Modes (docs/protocol.md "Scheduling modes"):
   corun: SHARED grants to all. Once memory does not fit: the concurrent rules with swap
   (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
 
+Share classes (priority.py; docs/design-scheduler.md "Priority classes"): the FIFO is ordered by
+class, FIFO within one. A better class at the head takes the GPU from a worse exclusive holder at
+once; in adaptive only the best class among the turn-takers that want the GPU takes turns, worse
+ones wait and a holder among them is dropped at once. A holder with only worse waiters is never
+time-sliced; it is told LOCK_CONTENDED only when its demand shows long pauses. Swap candidates are
+taken lowest class first.
+
 Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue`, never in the
 FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
 of the gang's GPUs together. While the gang has work here, nobody else is granted here.
@@ -36,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .priority import RANK
 from .proto import C
 
 MODES = ("auto", "concurrent", "serial")
@@ -101,6 +109,12 @@ class ClientInfo:
     pid: int
     user: str = ""
     mem_limit: int = 0        # NVSHARE_MEM_LIMIT of this process, else the job's mem_limit; 0 = none
+    share_class: str = "normal"   # its job's class (priority.py): high, normal, low
+
+    @property
+    def rank(self) -> int:
+        """Lower goes first."""
+        return RANK.get(self.share_class, RANK["normal"])
 
     def label(self) -> str:
         return f"job {self.job_id} step {self.step_id} pid {self.pid}"
@@ -363,6 +377,9 @@ class GpuState:
         waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
         if cid not in waiting:
             waiting[cid] = (client, now)
+            if waiting is self.queue and client.rank < max(c.rank for c, _ in self.queue.values()):
+                # A better class waits ahead of worse ones; FIFO within a class (stable sort).
+                self.queue = dict(sorted(self.queue.items(), key=lambda item: item[1][0].rank))
         self.asked.add(cid)
         return self._schedule(now)
 
@@ -599,32 +616,50 @@ class GpuState:
         holder.unresponsive_reported = False
         return True
 
-    def _corun(self, now: float, out: list[Action]) -> None:
+    def _corun(self, now: float, out: list[Action], skip: set[int] | None = None) -> None:
         # Everything fits, swapped memory included: each grantee brings its own back.
-        while self.queue:
-            self._grant(next(iter(self.queue.values()))[0], now, True, out)
+        for client, _ in list(self.queue.values()):
+            if not skip or client.client_id not in skip:
+                self._grant(client, now, True, out)
         self.contention_since = None
 
     def _share(self, sharing: str, reason: str) -> None:
         self.sharing, self.sharing_reason = sharing, reason
 
     def _schedule_adaptive(self, now: float, out: list[Action]) -> None:
-        """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run."""
+        """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run.
+
+        Classes: only the best class among the turn-takers that want the GPU takes turns; worse
+        turn-takers wait (a holder among them is dropped at once) until no better one wants it.
+        Light clients co-run whatever their class."""
         wanting = set(self.queue) | set(self.holders)
         # A busy client between two turns is still busy; one that has not reported yet counts as
         # busy once it has asked for the lock.
         takers = {cid for cid, d in self.demand.items() if d.takes_turns and cid in self.clients}
         takers |= {cid for cid in self.asked if cid not in self.demand}
+        best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
+                   default=None)
+        outranked = {cid for cid in takers & wanting
+                     if cid in self.clients and self.clients[cid].rank > best}  # type: ignore[operator]
+        for cid in outranked:
+            holder = self.holders.get(cid)
+            if holder is not None and holder.drop_at is None:
+                self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+        takers -= outranked
+        wait_note = f", {len(outranked)} of a lower class wait" if outranked else ""
         if len(takers) <= 1:
-            self._corun(now, out)
-            self._share("corun", "at most one busy client" if wanting else "idle")
+            self._corun(now, out, skip=outranked)
+            running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
+            if running and outranked & set(self.queue) and self._leaves_idle_time(running[0]):
+                self._contend(running[0], out)   # it gives the GPU back once idle
+            self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
             return
-        light = len(wanting - takers)
+        light = len(wanting - takers - outranked)
         self._share("turns", f"{len(takers)} busy clients take turns"
-                             + (f", {light} light co-run" if light else ""))
+                             + (f", {light} light co-run" if light else "") + wait_note)
         turn_began = self.contention_since    # a co-runner's grant does not restart the turn
         for cid, (client, _) in list(self.queue.items()):
-            if cid not in takers:
+            if cid not in takers and cid not in outranked:
                 self._grant(client, now, True, out)
         self.contention_since = turn_began
         turn_holders = [h for cid, h in self.holders.items() if cid in takers]
@@ -632,21 +667,39 @@ class GpuState:
         for holder in running[1:]:
             # A co-runner that became busy while another busy one holds: the oldest keeps its turn.
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
-        if not turn_holders and self.queue:
-            self._try_grant(self._head(), now, False, out)
+        rivals = [cid for cid in self.queue if cid in takers]
+        if not turn_holders and rivals:
+            self._try_grant(self.queue[rivals[0]][0], now, False, out)
             turn_holders = [h for cid, h in self.holders.items() if cid in takers]
             running = [h for h in turn_holders if h.drop_at is None]
+            rivals = [cid for cid in self.queue if cid in takers]
         if not running or not self.queue:
             self.contention_since = None
             return
+        holder = running[0]
+        if not rivals:        # only lower classes wait: no timeslice, it gives way once idle
+            if self._leaves_idle_time(holder):
+                self._contend(holder, out)
+            self.contention_since = None
+            return
+        self._contend(holder, out)
         if self.contention_since is None:
             self.contention_since = now
-        holder = running[0]
+        if now >= self.contention_since + self.switch_interval():
+            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+
+    def _leaves_idle_time(self, holder: _Holder) -> bool:
+        """May a worse class have this holder's idle time? Only the long idle stretches of a
+        holder that is not busy most of the time: once told LOCK_CONTENDED the hook gives the
+        lock back after each idle threshold, even between two kernels, and taking it back waits
+        for the worse job's kernel in flight. A holder that has not reported keeps the GPU."""
+        demand = self.demand.get(holder.client.client_id)
+        return demand is not None and (demand.busy < TURN_BUSY or demand.gap >= TURN_GAP_SEC)
+
+    def _contend(self, holder: _Holder, out: list[Action]) -> None:
         if not holder.contended:
             holder.contended = True
             out.append(Action(CONTENDED, holder.client))
-        if now >= self.contention_since + self.switch_interval():
-            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
 
     def _switch_needs_swap(self) -> bool:
         """Would handing the GPU to the queue head move memory? Then an early (idle) release
@@ -674,10 +727,19 @@ class GpuState:
         if len(self.holders) == 1:
             holder = next(iter(self.holders.values()))
             if holder.drop_at is None:
+                head_rank = next(iter(self.queue.values()))[0].rank
+                if head_rank > holder.client.rank:
+                    # Only worse classes wait: they get the time it leaves idle, never a timeslice
+                    # (nor that time when it would cost a swap each way).
+                    if not self._switch_needs_swap() and self._leaves_idle_time(holder):
+                        self._contend(holder, out)
+                    self.contention_since = None
+                    return
                 if not holder.contended and not self._switch_needs_swap():
                     holder.contended = True
                     out.append(Action(CONTENDED, holder.client))
-                if now >= self.contention_since + self.switch_interval():
+                if head_rank < holder.client.rank \
+                        or now >= self.contention_since + self.switch_interval():
                     self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
                                self._holder_must_move())
 
@@ -796,7 +858,8 @@ class GpuState:
 
     def _swap_candidates(self, exclude: set[int]) -> list[tuple[ClientInfo, int]]:
         """Clients without a lock whose resident memory can move and that were not asked in this
-        episode: idle ones (largest first), then waiters from the back of the queue."""
+        episode: lower classes first; within a class idle ones (largest first), then waiters from
+        the back of the queue."""
         place = {cid: n for n, cid in enumerate(self.queue)}
         found = []
         for cid, use in self.usage.items():
@@ -805,7 +868,7 @@ class GpuState:
                     or cid in self.swap_asked or cid in self.swap_answered:
                 continue
             found.append((client, use.swappable))
-        found.sort(key=lambda item: (item[0].client_id in place,
+        found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,
                                      -place.get(item[0].client_id, 0), -item[1]))
         return found
 
@@ -826,9 +889,11 @@ class GpuState:
             out.append(Action(SWAP_OUT, client, 0, 0, move))
             need -= move
         if need > 0 and self._alloc_need > 0:
-            # A running holder's allocation: other co-running holders make the rest, newest first.
-            others = [h for h in reversed(self.holders.values())
-                      if h.drop_at is None and h.client.client_id not in requesters]
+            # A running holder's allocation: other co-running holders make the rest, lower classes
+            # first, then newest first.
+            others = sorted((h for h in reversed(self.holders.values())
+                             if h.drop_at is None and h.client.client_id not in requesters),
+                            key=lambda h: -h.client.rank)
             moves = {c.client_id: move for c, move in _shares(
                 min(need, self._alloc_need),
                 [(h.client, self._use(h.client.client_id).swappable) for h in others])}
@@ -862,10 +927,11 @@ class GpuState:
             "sharing": self.sharing or s.mode, "sharing_reason": self.sharing_reason,
             "holders": [{"job_id": h.client.job_id, "step_id": h.client.step_id,
                          "pid": h.client.pid, "user": h.client.user,
-                         "held_sec": round(now - h.since, 3), "shared": h.shared}
+                         "held_sec": round(now - h.since, 3), "shared": h.shared,
+                         "class": h.client.share_class}
                         for h in self.holders.values()],
             "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
-                         "waiting_sec": round(now - since, 3)}
+                         "waiting_sec": round(now - since, 3), "class": c.share_class}
                         for c, since in [*self.queue.values(), *self.gang_queue.values()]],
             "turn": None if self.turn is None else {
                 "job_id": self.turn.job_id,

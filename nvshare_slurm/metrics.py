@@ -5,7 +5,7 @@ between two events, never while one is half applied, and needs no lock. The endp
 `GET /metrics` only; a slow or oversized request is cut off, and only a few scrapes run at once.
 
 Every sample carries `node`; GPU samples carry `gpu` (UUID) and `index`; job samples `job`,
-`user`, `gpu` and `index`. Names follow Prometheus conventions: `_bytes`, `_seconds`, `_total`.
+`user`, `class` (the job's share class: high, normal, low), `gpu` and `index`. Names follow Prometheus conventions: `_bytes`, `_seconds`, `_total`.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class SchedulerCollector:
 
     def _jobs(self, now: float) -> Iterator[Metric]:
         src, node = self.source, self.node
-        j_labels = ["node", "job", "user", "gpu", "index"]
+        j_labels = ["node", "job", "user", "class", "gpu", "index"]
         registered = GaugeMetricFamily("nvshare_jobs_registered", "Jobs registered on this node",
                                        labels=["node"])
         registered.add_metric([node], len(src.registry.jobs))
@@ -114,7 +114,7 @@ class SchedulerCollector:
                 u = usage.get(uuid)
                 if u is None:
                     continue
-                labels = [node, str(job.job_id), job.user, uuid, str(index)]
+                labels = [node, str(job.job_id), job.user, job.share_class, uuid, str(index)]
                 held.add_metric(labels, u["held_sec"])
                 wait.add_metric(labels, u["wait_sec"])
                 peak.add_metric(labels, u["peak_memory"])

@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 import yaml
 
 from . import config as config_mod
-from . import slurm
+from . import priority, slurm
 from .client import Client, DaemonUnavailable, RequestFailed
 from .proto import C
 
@@ -140,11 +140,14 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
         return fail(f"nvshare: job {job_id} holds {len(gpu_index)} GPUs, at most "
                     f"{C.NVSHARE_MAX_GPUS} per node are supported")
 
+    # From slurmctld's record, never from the job's environment: the user cannot raise it.
+    share = priority.classify(cfg.priority_classes, record.qos, record.partition,
+                              record.interactive, record.comment)
     client = Client(cfg.socket, timeout=10.0)
     try:
         placement = with_daemon(lambda: client.register_job(
-            job_id, uid, gid, slots=slots, gpu_index=gpu_index, name=record.name, user=user),
-            wait_sec)
+            job_id, uid, gid, slots=slots, gpu_index=gpu_index, name=record.name, user=user,
+            share_class=share.name, class_reason=share.reason), wait_sec)
     except DaemonUnavailable:
         return fail("nvshare: scheduler not running")
     except RequestFailed as exc:
@@ -154,7 +157,7 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
         return fail(f"nvshare: scheduler refused job {job_id}: {exc}")
     where = ", ".join(f"GPU {i} ({u})" for i, u in zip(placement["gpu_index"], placement["gpu_uuid"]))
     kind = f"{slots} nvshare slot(s)" if gres.holds_nvshare else f"Slurm GPUs {env_gpus}"
-    say(me, job_id, f"registered on {node}: {kind} on {where}")
+    say(me, job_id, f"registered on {node}: {kind} on {where}, class {share.describe()}")
     return 0
 
 

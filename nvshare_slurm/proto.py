@@ -223,3 +223,15 @@ def status_name(code: int) -> str:
 
 __all__ = ["C", "Frame", "ProtocolError", "decode_header", "encode", "ffi", "new", "read_frame",
            "recv_frame", "text", "to_dict", "unpack", "peer_credentials", "status_tail"]
+
+
+def class_flag(share_class: str) -> int:
+    """NVSHARE_JOB_CLASS_* bits of nvshare_job_register.flags for a class name."""
+    return {"high": C.NVSHARE_JOB_CLASS_HIGH, "low": C.NVSHARE_JOB_CLASS_LOW}.get(
+        share_class, C.NVSHARE_JOB_CLASS_NORMAL)
+
+
+def class_of_flags(flags: int) -> str | None:
+    """The class name in nvshare_job_register.flags; None for the reserved value."""
+    return {C.NVSHARE_JOB_CLASS_NORMAL: "normal", C.NVSHARE_JOB_CLASS_HIGH: "high",
+            C.NVSHARE_JOB_CLASS_LOW: "low"}.get(flags & C.NVSHARE_JOB_CLASS_MASK)

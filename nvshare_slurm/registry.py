@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import log
+from .priority import RANK
 
 STATE_VERSION = 1
 
@@ -36,6 +37,8 @@ class Job:
     registered: float = field(default_factory=time.time)
     rebuilt: bool = False      # registered from Slurm's record after state was lost: its placement
     #                            may not be the one its running processes were given (see adopt)
+    share_class: str = "normal"        # high | normal | low (priority.py), from the prolog
+    class_reason: str = "default"      # why: "qos prod", "partition scavenge", ...
 
 
 @dataclass
@@ -66,8 +69,8 @@ class LoadResult:
 
 _JOB_FIELDS = {"job_id": int, "uid": int, "gid": int, "user": str, "name": str, "slots": int,
                "gpus": list, "gpu_index": list, "mem_limit": int, "registered": (int, float),
-               "rebuilt": bool}
-_OPTIONAL = {"mem_limit", "registered", "rebuilt"}
+               "rebuilt": bool, "share_class": str, "class_reason": str}
+_OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason"}
 
 
 def job_from_json(item: Any) -> Job:
@@ -93,6 +96,8 @@ def job_from_json(item: Any) -> Job:
         raise ValueError("gpus must be strings and gpu_index integers")
     if len(gpus) != len(index):
         raise ValueError(f"{len(gpus)} gpus but {len(index)} gpu_index entries")
+    if item.get("share_class", "normal") not in RANK:
+        raise ValueError(f"share_class {item['share_class']!r} is not one of {', '.join(RANK)}")
     return Job(**item)
 
 class Registry:

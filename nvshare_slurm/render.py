@@ -105,12 +105,13 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
     for h in gpu.get("holders") or []:
         mode = ",shared" if h.get("shared") else ""
         holders.append(f"{step_name(h.get('job_id'), h.get('step_id'))}(pid={safe(h.get('pid'))},"
-                       f"user={user_label(h.get('user'))},held={duration(h.get('held_sec'))}{mode})")
+                       f"user={user_label(h.get('user'))},held={duration(h.get('held_sec'))}{mode}"
+                       f"{_class_note(h)})")
     waiting = []
     for w in gpu.get("waiting") or []:
         waiting.append(f"{step_name(w.get('job_id'), w.get('step_id'))}(pid={safe(w.get('pid'))},"
                        f"user={user_label(w.get('user'))},"
-                       f"waiting={duration(w.get('waiting_sec'))})")
+                       f"waiting={duration(w.get('waiting_sec'))}{_class_note(w)})")
     rogue = [f"{safe(r.get('pid'))}({human_size(r.get('memory'))})" for r in gpu.get("rogue") or []]
     switch_time = gpu.get("switch_time")
     first = [("Index", number(gpu.get("index"))), ("UUID", safe(gpu.get("uuid"), None))]
@@ -137,6 +138,19 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
         [("Waiting", _join(waiting))],
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
     ]
+
+
+def _class_note(entry: dict[str, Any]) -> str:
+    """`,class=low` for a holder or waiter of a class other than normal."""
+    share_class = entry.get("class")
+    return f",class={safe(share_class)}" if share_class and share_class != "normal" else ""
+
+
+def class_label(job: dict[str, Any]) -> str:
+    """`high(qos prod)`: the job's share class and why."""
+    if not job.get("share_class"):
+        return NULL
+    return f"{safe(job.get('share_class'))}({safe(job.get('class_reason') or 'default')})"
 
 
 def turn_label(turn: Any) -> str:
@@ -179,7 +193,8 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
         [("Slots", number(job.get("slots"))),
          ("GPUs", _join(safe(i) for i in indices)),
          ("GPU_UUIDs", _join(safe(u, None) for u in uuids))],
-        [("Registered", timestamp(registered)), ("RunTime", duration(run_time))],
+        [("Registered", timestamp(registered)), ("RunTime", duration(run_time)),
+         ("Class", class_label(job))],
         *gang_lines(job.get("gang")),
     ]
     usage = job.get("usage")

@@ -48,6 +48,10 @@ class JobRecord:
     nodes: dict[str, NodeGres] = field(default_factory=dict)   # per node name
     admin_comment: str = ""
     state: str = ""                                            # JobState, e.g. RUNNING
+    qos: str = ""                                              # "" for (null): no accounting
+    partition: str = ""
+    interactive: bool = False                                  # BatchFlag=0: salloc, bare srun
+    comment: str = ""                                          # the user's --comment
 
     def on_node(self, node: str) -> NodeGres:
         return self.nodes.get(node, NodeGres())
@@ -210,11 +214,14 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
     name = lines[0].split(" JobName=", 1)[1] if " JobName=" in lines[0] else ""
     user, uid, gid = "", None, None
     nodes: dict[str, NodeGres] = {}
-    admin_comment = ""
+    admin_comment = comment = ""
     for line in lines[1:]:
         stripped = line.strip()
         if stripped.startswith("AdminComment="):
             admin_comment = stripped[len("AdminComment="):]
+            continue
+        if stripped.startswith("Comment="):
+            comment = stripped[len("Comment="):]
             continue
         match = re.match(r"^UserId=(.*)\((\d+)\) GroupId=.*\((\d+)\)", stripped)
         if match:
@@ -227,7 +234,17 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
                 nodes[node] = gres
     state_match = re.search(r"(?m)^\s*JobState=(\S+)", record)
     state = state_match.group(1) if state_match else ""
-    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment, state)
+    rest = "\n".join(lines[1:])   # not the first line: the job's name may hold "QOS=x"
+    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment, state,
+                     qos=_word(rest, "QOS"), partition=_word(rest, "Partition"),
+                     interactive=_word(rest, "BatchFlag") == "0", comment=comment)
+
+
+def _word(record: str, key: str) -> str:
+    """The first `Key=value` word of the record ("" when absent or Slurm's "(null)")."""
+    match = re.search(rf"(?:^|\s){key}=(\S*)", record)
+    value = match.group(1) if match else ""
+    return "" if value == "(null)" else value
 
 
 def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: int = 3,

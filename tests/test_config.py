@@ -12,6 +12,7 @@ import yaml
 
 from nvshare_slurm import config
 from nvshare_slurm.config import Config, ConfigError
+from nvshare_slurm.priority import ClassMap
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "slurm" / "nvshare.yaml.example"
 FIELDS = [f.name for f in dataclasses.fields(Config)]
@@ -116,6 +117,12 @@ KEYS = {
     "usage_admin_comment": ("yes", True, ["maybe", 2, ""]),
     "gpus": ([{"uuid": "GPU-a", "memory": "1G"}], (config.GpuSpec("GPU-a", 1 << 30, 0),),
              ["GPU-a", [{"uuid": "GPU-a"}]]),
+    "priority_classes": (
+        {"qos": {"prod": "High"}, "partition": {"scavenge": "low"}, "interactive": "high",
+         "comment": {"opportunistic": "low"}},
+        ClassMap({"prod": "high"}, {"scavenge": "low"}, {"opportunistic": "low"}, "high"),
+        ["high", {"qos": {"prod": "urgent"}}, {"qos": ["prod"]}, {"tier": {"a": "low"}},
+         {"partition": {"a b": "low"}}, {"interactive": "yes"}, {"default": None}]),
 }
 
 
@@ -139,7 +146,7 @@ def test_bad_value_is_refused_naming_the_key(tmp_path, key, bad):
 # Environment values are always strings; an empty one means "not set", so blank stands for it.
 ENV_BAD = {key: next((b for b in KEYS[key][2] if isinstance(b, str) and b), None)
            for key in KEYS if key != "gpus"}
-ENV_BAD.update(idle_release_ms="0", slurm_user="  ")
+ENV_BAD.update(idle_release_ms="0", slurm_user="  ", priority_classes="{qos: {prod: urgent}}")
 
 
 @pytest.mark.parametrize("key", sorted(ENV_BAD))

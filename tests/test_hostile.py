@@ -359,7 +359,8 @@ def _job(job_id: int, gpus, index, uid: int = 0) -> dict:
 
 
 def test_type_corrupt_state_keeps_the_good_jobs_and_rebuilds_the_rest(scheduler_factory):
-    sched = scheduler_factory(start=False, node_name="n1")
+    sched = scheduler_factory(start=False, node_name="n1",
+                              priority_classes={"partition": {"debug": "low"}})
     _fake_scontrol(Path(sched.workdir), "all_jobs_composed.txt")
     state = Path(sched.state_dir)
     state.mkdir()
@@ -369,6 +370,10 @@ def test_type_corrupt_state_keeps_the_good_jobs_and_rebuilds_the_rest(scheduler_
     wait_for(lambda: "rebuilt from Slurm" in sched.log(), what="rebuild")
     jobs = {j["job_id"]: j for j in sched.client().status(C.NVSHARE_STATUS_JOBS)["jobs"]}
     assert sorted(jobs) == [1, 5, 9]                # 9 kept; 1 and 5 from Slurm; 2, 6 not
+    # Rebuilt jobs are classified from their record as the prolog would; a kept entry of an older
+    # state.json (no class) is normal.
+    assert (jobs[1]["share_class"], jobs[1]["class_reason"]) == ("low", "partition debug")
+    assert jobs[9]["share_class"] == "normal"
     assert sched.proc.poll() is None
     assert "job entry 1 left out" in sched.log()
 

@@ -44,7 +44,7 @@ def test_metrics_after_a_hand_over(scheduler_factory, clients):  # noqa: F811
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                               switch_time_fixed=30, metrics_port=port)
     register(sched, 1, user="alice")
-    register(sched, 2, user="bob")
+    register(sched, 2, user="bob", share_class="low", class_reason="partition scavenge")
     a, b = clients(sched, 1), clients(sched, 2)
     a.send(f"request {GPU0}")
     a.expect("grant", gpu=GPU0)
@@ -65,8 +65,10 @@ def test_metrics_after_a_hand_over(scheduler_factory, clients):  # noqa: F811
     assert sample(samples, "nvshare_gpu_memory_bytes", kind="total", **gpu) == 16 * G
     assert sample(samples, "nvshare_gpu_info", mode="concurrent", sharing="turns", **gpu) == 1
     assert sample(samples, "nvshare_jobs_registered") == 2
-    held_a = sample(samples, "nvshare_job_gpu_held_seconds_total", job=1, user="alice", **gpu)
-    wait_b = sample(samples, "nvshare_job_gpu_wait_seconds_total", job=2, user="bob", **gpu)
+    held_a = sample(samples, "nvshare_job_gpu_held_seconds_total", job=1, user="alice",
+                    **{"class": "normal"}, **gpu)
+    wait_b = sample(samples, "nvshare_job_gpu_wait_seconds_total", job=2, user="bob",
+                    **{"class": "low"}, **gpu)
     assert held_a >= 0.3 and wait_b >= 0.3
     assert held_a >= wait_b                    # alice held the GPU all the time bob waited
     assert sample(samples, "nvshare_job_gpu_wait_seconds_total", job=1, **gpu) == 0

@@ -99,6 +99,7 @@ ARRAY_DIMS = {
     ("char", "message"): ["NVSHARE_TEXT_LEN"],
     ("char", "name"): ["NVSHARE_NAME_LEN"],
     ("char", "user"): ["NVSHARE_USER_LEN"],
+    ("char", "class_reason"): ["NVSHARE_REASON_LEN"],
     ("int32_t", "gpu_index"): ["NVSHARE_MAX_GPUS"],
 }
 

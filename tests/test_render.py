@@ -85,8 +85,9 @@ def test_hostile_job_name_shown_escaped_and_cut():
 def test_gpu_record_shows_queue_in_order_and_holders():
     text = render.render_gpus(sample("gpus"))
     gpu0 = text.split("\n\n")[0]
-    assert "Holders=1234.0(pid=4242,user=alice,held=00:01:15,shared)," \
-           "1235.batch(pid=4300,user=bob,held=00:00:03,shared)" in gpu0
+    assert "Holders=1234.0(pid=4242,user=alice,held=00:01:15,shared,class=high)," \
+           "1235.batch(pid=4300,user=bob,held=00:00:03,shared)" in gpu0   # normal: not shown
+    assert "1236.interactive(pid=4400,user=carol,waiting=00:00:12,class=low)" in gpu0
     waiting = gpu0.index("1236.interactive(")
     assert waiting < gpu0.index("1237.2(")
     assert "MemoryTotal=16.0G MemoryUsed=3.0G MemoryReserved=819.2M MemoryUsable=15.2G" in gpu0

@@ -12,6 +12,8 @@ import yaml
 
 from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskprolog
 from nvshare_slurm.config import Config
+from nvshare_slurm.priority import ClassMap, ShareClass, classify
+from nvshare_slurm.proto import C
 
 DATA = Path(__file__).parent / "data" / "scontrol"
 
@@ -154,6 +156,57 @@ def test_hook_path_is_the_packaged_library():
     assert libnvshare_path().parent.name == "nvshare_slurm"
 
 
+def test_qos_partition_and_comment_are_read():
+    job = slurm.parse_show_job(recorded("qos_partition_comment.txt"), 11)
+    # The job's name holds "QOS=scavenger Partition=low": only the record's own fields count.
+    assert (job.qos, job.partition, job.comment, job.interactive) == \
+        ("prod", "gpu-prod", "opportunistic", False)
+
+
+def test_no_accounting_qos_is_empty_and_salloc_is_interactive():
+    batch = slurm.parse_show_job(recorded("count_only_1.txt"), 1)
+    assert (batch.qos, batch.partition, batch.comment, batch.interactive) == \
+        ("", "debug", "", False)
+    salloc = slurm.parse_show_job(recorded("salloc_interactive.txt"), 12)
+    assert salloc.interactive and salloc.partition == "debug"
+
+
+SITE_MAP = ClassMap(qos={"prod": "high", "scavenger": "low"}, partition={"gpu-prod": "low",
+                    "debug": "normal"}, comment={"opportunistic": "low"}, interactive="high",
+                    default="normal")
+
+
+@pytest.mark.parametrize("facts,expected", [
+    (dict(qos="prod", partition="debug"), ShareClass("high", "qos prod")),
+    (dict(qos="unlisted", partition="gpu-prod"), ShareClass("low", "partition gpu-prod")),
+    (dict(partition="other,gpu-prod"), ShareClass("low", "partition gpu-prod")),
+    (dict(partition="other", interactive=True), ShareClass("high", "interactive")),
+    (dict(partition="other", comment="opportunistic"), ShareClass("low", "comment opportunistic")),
+    # Words the site did not list, and a class name itself, choose nothing.
+    (dict(partition="other", comment="high"), ShareClass("normal", "default")),
+    (dict(), ShareClass("normal", "default")),
+])
+def test_the_site_map_decides_in_order_qos_partition_interactive_comment(facts, expected):
+    assert classify(SITE_MAP, **facts) == expected
+
+
+def test_interactive_none_gives_no_class_of_its_own():
+    assert classify(ClassMap(interactive="none", default="low"), interactive=True) == \
+        ShareClass("low", "default")
+
+
+def test_prolog_registers_the_class_from_slurmctlds_record(tmp_path, fake_slurm, scheduler_factory,
+                                                           capsys):
+    sched = scheduler_factory()
+    fake_slurm("qos_partition_comment.txt")
+    env = slurm_env(tmp_path, fake_slurm.bindir, 11, socket_path=sched.socket,
+                    priority_classes={"qos": {"prod": "high"}, "partition": {"gpu-prod": "low"}})
+    assert prolog.run(env, wait_sec=2.0) == 0
+    assert "class high(qos prod)" in capsys.readouterr().err
+    job = sched.client().status(C.NVSHARE_STATUS_JOB, 11)["jobs"][0]
+    assert (job["share_class"], job["class_reason"]) == ("high", "qos prod")
+
+
 # ---- prolog / epilog / taskprolog decisions ----------------------------------------------------
 @pytest.fixture
 def fake_slurm(tmp_path):
@@ -173,10 +226,12 @@ def fake_slurm(tmp_path):
     return setup
 
 
-def slurm_env(tmp_path, bindir, job_id, socket_path=None, **extra):
+def slurm_env(tmp_path, bindir, job_id, socket_path=None, priority_classes=None, **extra):
     cfg = tmp_path / "nvshare.yaml"
-    cfg.write_text(yaml.safe_dump({"socket": socket_path or str(tmp_path / "none.sock"),
-                                   "slurm_bin_dir": str(bindir)}))
+    settings = {"socket": socket_path or str(tmp_path / "none.sock"), "slurm_bin_dir": str(bindir)}
+    if priority_classes is not None:
+        settings["priority_classes"] = priority_classes
+    cfg.write_text(yaml.safe_dump(settings))
     env = {"SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
            "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "NVSHARE_CONFIG": str(cfg)}
     env.update(extra)

@@ -29,6 +29,10 @@ FAKE_GPUS = [
 ]
 
 
+# The test cluster's share classes: its partitions stand in for a site's QOS names.
+PRIORITY_CLASSES = {"partition": {"prod": "high", "scavenge": "low"}, "default": "normal"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -141,6 +145,9 @@ Epilog={b}/epilog.sh
 TaskProlog={b}/taskprolog.sh
 {node_lines}
 PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+# Two more over the same nodes, for share classes (no slurmdbd here, so no QOS): see PRIORITY_CLASSES.
+PartitionName=prod Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=scavenge Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
         (b / "gres.conf").write_text(
             "".join(line + "\n" for n in self.nodes.values() for line in n.gres_conf))
@@ -148,7 +155,7 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
             # node_name: every node runs on this host, so the host name names none of them.
             config = {"socket": node.socket, "state_dir": str(node.workdir / "state"),
                       "gpus": FAKE_GPUS, "log_level": "debug", "slurm_bin_dir": str(BIN),
-                      "node_name": node.name}
+                      "node_name": node.name, "priority_classes": PRIORITY_CLASSES}
             config.update(node.settings)
             node.config_path.write_text(yaml.safe_dump(config))
             os.chmod(node.workdir, 0o755)

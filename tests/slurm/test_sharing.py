@@ -124,3 +124,30 @@ def test_scancel_of_the_holder_lets_the_next_job_run(healthy, jobdir, nvtest, gp
     theirs = [r for r in kernels(trace) if r[0] != kernels(trace)[0][0]]
     assert len(theirs) == 3
     assert theirs[0][1] - cancelled < 5e9, "the waiter started long after the holder was cancelled"
+
+
+def test_a_prod_job_keeps_the_gpu_beside_a_scavenge_job(healthy, jobdir, nvtest):
+    """Partitions map to share classes (cluster.PRIORITY_CLASSES: prod high, scavenge low). A
+    compute-bound prod job beside a compute-bound scavenge job on one GPU: the prod job's kernels
+    wait at most one short turn (the scavenge kernel in flight), never the scavenge job's turn."""
+    trace = jobdir / "trace"
+    kernel_us = 20000
+    low = submit(healthy, nvtest, trace, f"burst:{kernel_us}:250:0", "-p", "scavenge")
+    wait_until(lambda: trace.exists() and kernels(trace), 30, "the scavenge job runs",
+               healthy.diagnostics)
+    high = submit(healthy, nvtest, trace, f"burst:{kernel_us}:60:0", "-p", "prod")
+    assert healthy.wait_job(high, 60) == "COMPLETED", healthy.diagnostics()
+    log = healthy.nodes["n2"].log_path.read_text()
+    assert f"job {high}: registered for" in log
+    assert "class high (partition prod)" in log.split(f"job {high}: registered for")[1].split("\n")[0]
+    assert "class low (partition scavenge)" in log.split(f"job {low}: registered for")[1].split("\n")[0]
+    assert healthy.wait_job(low, 90) == "COMPLETED", healthy.diagnostics()
+    rows = kernels(trace)
+    low_pid = rows[0][0]
+    high_rows = [r for r in rows if r[0] != low_pid]
+    assert len(high_rows) == 60
+    gaps_ms = [(b[1] - a[2]) / 1e6 for a, b in zip(high_rows, high_rows[1:])]
+    assert max(gaps_ms) <= 50, gaps_ms         # one short turn (switch_time_min) at most
+    assert sorted(gaps_ms)[len(gaps_ms) // 2] <= 5, gaps_ms
+    low_inside = [r for r in rows if r[0] == low_pid and high_rows[0][1] < r[1] < high_rows[-1][2]]
+    assert len(low_inside) <= 1, low_inside

@@ -1,0 +1,51 @@
+"""Priority classes end to end: libnvshare.so in two processes on the fake driver, the real
+scheduler deciding; the fake driver's trace shows that a high job's kernels wait at most one short
+turn beside a compute-bound low job, and that the low job runs only while the high one is idle."""
+from __future__ import annotations
+
+import statistics
+
+from test_hook import (GPU0, Job, finish, hook_lib, procs,  # noqa: F401
+                       read_trace, start_nvtest)
+
+KERNEL_MS = 20
+SHORT_TURN_MS = 50      # switch_time_min: a bound that CPU noise on a shared CI machine stays under
+
+
+def spans(trace, pid: int) -> list[tuple[int, int]]:
+    return sorted((r[2], r[3]) for r in trace if r[0] == pid and r[1] == GPU0)
+
+
+def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp_path,  # noqa: F811
+                                                        procs):  # noqa: F811
+    trace = tmp_path / "trace"
+    low = Job(scheduler, 1, trace, gpu_index=[0], share_class="low")
+    high = Job(scheduler, 2, trace, gpu_index=[0], share_class="high")
+    # Both compute-bound (20 ms kernels back to back): without classes they would take turns.
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"burst:{KERNEL_MS * 1000}:150:0"],
+                              low.env))
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "sleep:500",
+                                         f"burst:{KERNEL_MS * 1000}:40:0", "sleep:300",
+                                         f"burst:{KERNEL_MS * 1000}:10:0"], high.env))
+    for proc in procs:
+        finish(proc, timeout=120)
+    rows = read_trace(trace)
+    low_runs, high_runs = spans(rows, procs[0].pid), spans(rows, procs[1].pid)
+    assert len(high_runs) == 50 and len(low_runs) == 150
+    # Between two kernels of one high burst, the high job waits at most one short turn: the low
+    # kernel in flight when it asked (never a switch interval of the low job's).
+    first_burst = high_runs[:40]
+    gaps_ms = [(b[0] - a[1]) / 1e6 for a, b in zip(first_burst, first_burst[1:])]
+    assert statistics.median(gaps_ms) <= 5, gaps_ms
+    assert max(gaps_ms) <= SHORT_TURN_MS, gaps_ms
+    # While the high job is busy the low job starts no kernel: it only drains the one in flight.
+    busy_from, busy_to = first_burst[0][0], first_burst[-1][1]
+    low_inside = [s for s in low_runs if busy_from < s[0] < busy_to]
+    assert len(low_inside) <= 1, low_inside
+    # In the high job's 300 ms pause the low job gets the GPU: the leftover is used.
+    pause_from, pause_to = first_burst[-1][1], high_runs[40][0]
+    assert any(pause_from <= s[0] < pause_to for s in low_runs)
+    # And the second high burst starts within one low kernel of its request.
+    second_wait_ms = (high_runs[40][0] - pause_from) / 1e6 - 300
+    assert second_wait_ms <= KERNEL_MS + SHORT_TURN_MS, second_wait_ms
+    assert "of a lower class wait" in scheduler.log(), scheduler.log()[-3000:]
