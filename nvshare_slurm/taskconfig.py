@@ -21,7 +21,7 @@ KEYS = frozenset((
     "memory_reserve_percent", "max_runtime_sec", "idle_release_ms", "drop_grace_sec",
     "unresponsive_holder", "socket", "state_dir", "slurm_user", "slurm_bin_dir", "on_daemon_loss",
     "rogue_process", "rogue_check_sec", "max_connections_per_uid", "node_name", "log_level",
-    "metrics_port", "usage_admin_comment", "gpus"))
+    "metrics_port", "usage_admin_comment", "priority_classes", "gpus"))
 # A top-level key and a value YAML reads as the same plain string it shows (no quotes, flow,
 # anchors, tags, block scalars or `: ` inside), then an optional comment.
 _LINE = re.compile(r"([a-z_][a-z0-9_]*):(?:[ ]+([A-Za-z0-9_./+-][A-Za-z0-9_./+-]*))?"
