@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gpustate import GpuState
+from .render import human_size
 
 
 @dataclass
@@ -148,13 +149,7 @@ def usage_line(usage: dict[str, dict[str, Any]], index_of: dict[str, int] | None
     for uuid, u in usage.items():
         label = f"gpu{index_of[uuid]}" if index_of and uuid in index_of else uuid
         parts.append(f"{label} held={u['held_sec']:.1f}s wait={u['wait_sec']:.1f}s "
-                     f"peak={_short_size(int(u['peak_memory']))} "
-                     f"swapped={_short_size(int(u['swapped_out']))} turns={u['turns']}")
+                     f"peak={human_size(int(u['peak_memory']))} "
+                     f"swapped={human_size(int(u['swapped_out']))} turns={u['turns']}")
     return "; ".join(parts)
 
-
-def _short_size(value: int) -> str:
-    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
-        if value >= 1 << shift:
-            return f"{value / (1 << shift):.1f}{unit}"
-    return f"{value}B"
