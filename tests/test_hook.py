@@ -191,6 +191,14 @@ def test_without_the_hook_calls_go_to_the_driver(hook_lib):
     ("cuCtxCreate:11040:0", "cuCtxCreate_v3"),
     ("cuCtxCreate:11000:0", "cuCtxCreate_v2"),
     ("cuLaunchKernelEx:12040:0", "cuLaunchKernelEx"),
+    # CUDA 13's entry points (issue 10): the driver hands these out for cudaVersion 13000
+    ("cuMemcpyBatchAsync:13000:0", "cuMemcpyBatchAsync_v2"),
+    ("cuMemcpyBatchAsync:13000:2", "cuMemcpyBatchAsync_v2_ptsz"),
+    ("cuMemPrefetchBatchAsync:13000:0", "cuMemPrefetchBatchAsync"),
+    ("cuMemDiscardBatchAsync:13000:0", "cuMemDiscardBatchAsync"),
+    ("cuGraphUpload:13000:0", "cuGraphUpload"),
+    ("cuStreamBeginCapture:13000:0", "cuStreamBeginCapture_v2"),
+    ("cuMemAllocFromPoolAsync:13000:0", "cuMemAllocFromPoolAsync"),
 ])
 def test_cuGetProcAddress_hands_out_the_matching_wrapper(hook_lib, query, expected):
     out = run_nvtest(hook_lib, ["init", f"procaddr:{query}"], via="procaddr")
