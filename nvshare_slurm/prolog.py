@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Callable, TypeVar
 
 import yaml
@@ -71,14 +69,7 @@ def with_daemon(call: Callable[[], T], wait_sec: float) -> T:
 
 def drain(cfg: config_mod.Config, node: str, reason: str, environ: dict[str, str]) -> None:
     """Set our reason on the node; slurmd drains it anyway, but with a generic 'Prolog error'."""
-    scontrol = Path(cfg.slurm_bin_dir) / "scontrol"
-    env = dict(environ)
-    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    try:
-        subprocess.run([str(scontrol), "update", f"nodename={node}", "state=drain",
-                        f"reason={reason[:200]}"], capture_output=True, timeout=10, env=env)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    slurm.drain_node(node, reason, cfg.slurm_bin_dir, environ)
 
 
 def load_config(environ: dict[str, str]) -> tuple[config_mod.Config, str]:

@@ -255,32 +255,52 @@ def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: i
     return parse_show_job(text, job_id)
 
 
+def _run(name: str, args: list[str], slurm_bin_dir: str, timeout: float,
+         environ: dict[str, str] | None) -> tuple[str | None, str]:
+    """Run a Slurm command from slurm_bin_dir (Prolog/Epilog have no PATH): (stdout, '') when it
+    succeeded, else (None, its last complaint in one line). SlurmError when it cannot run at all."""
+    command = Path(slurm_bin_dir) / name
+    if not os.access(command, os.X_OK):
+        raise SlurmError(f"{command} is not an executable (config slurm_bin_dir)")
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    try:
+        result = subprocess.run([str(command), *args], capture_output=True, text=True,
+                                errors="replace", timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"{command} {' '.join(args[:2])} timed out after {timeout:g}s"
+    except OSError as exc:
+        raise SlurmError(f"cannot run {command}: {exc}") from None
+    if result.returncode == 0:
+        return result.stdout, ""
+    out = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    return None, out[-1] if out else f"exit {result.returncode}"
+
+
 def _scontrol(args: list[str], slurm_bin_dir: str, timeout: float, attempts: int,
               environ: dict[str, str] | None = None) -> str:
     """scontrol's stdout, retrying a transient failure; SlurmError with its last complaint."""
-    scontrol = Path(slurm_bin_dir) / "scontrol"
-    if not os.access(scontrol, os.X_OK):
-        raise SlurmError(f"{scontrol} is not an executable (config slurm_bin_dir)")
-    env = dict(os.environ if environ is None else environ)
-    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     last = ""
     for attempt in range(attempts):
-        try:
-            result = subprocess.run([str(scontrol), *args], capture_output=True, text=True,
-                                    errors="replace", timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            last = f"{scontrol} {args[0]} {args[1]} timed out after {timeout:g}s"
-        except OSError as exc:
-            raise SlurmError(f"cannot run {scontrol}: {exc}") from None
-        else:
-            if result.returncode == 0:
-                return result.stdout
-            last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
-            if "Invalid job id" in last:
-                break
+        out, last = _run("scontrol", args, slurm_bin_dir, timeout, environ)
+        if out is not None:
+            return out
+        if "Invalid job id" in last:
+            break
         if attempt + 1 < attempts:
             time.sleep(0.5 * (attempt + 1))
     raise SlurmError(f"scontrol {' '.join(args)}: {last}")
+
+
+def drain_node(node: str, reason: str, slurm_bin_dir: str,
+               environ: dict[str, str] | None = None) -> None:
+    """Drain the node with our reason (slurmd drains it anyway, with a generic 'Prolog error');
+    best effort: the failing prolog or epilog is what matters."""
+    try:
+        _run("scontrol", ["update", f"nodename={node}", "state=drain", f"reason={reason[:200]}"],
+             slurm_bin_dir, 10.0, environ)
+    except SlurmError:
+        pass
 
 
 def set_admin_comment(job_id: int, text: str, slurm_bin_dir: str, timeout: float = 10.0,
@@ -309,22 +329,10 @@ def set_admin_comment(job_id: int, text: str, slurm_bin_dir: str, timeout: float
 def _admin_command(slurm_bin_dir: str, name: str, args: list[str], timeout: float,
                    environ: dict[str, str] | None) -> str:
     """Run a Slurm admin command; '' when it succeeded, else why not (one line)."""
-    command = Path(slurm_bin_dir) / name
-    if not os.access(command, os.X_OK):
-        return f"{command} is not an executable"
-    env = dict(os.environ if environ is None else environ)
-    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     try:
-        result = subprocess.run([str(command), *args], capture_output=True, text=True,
-                                errors="replace", timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:g}s"
-    except OSError as exc:
-        return f"cannot run {command}: {exc}"
-    if result.returncode == 0:
-        return ""
-    out = (result.stderr.strip() or result.stdout.strip()).splitlines()
-    return out[-1] if out else f"exit {result.returncode}"
+        return _run(name, args, slurm_bin_dir, timeout, environ)[1]
+    except SlurmError as exc:
+        return str(exc)
 
 
 def job_gpus_from_env(value: str | None) -> list[int]:
