@@ -2,10 +2,14 @@
  *
  * The launch path only sets a flag (demand_touched, beside the gate's own `touched`). A sampler
  * thread looks every DEMAND_SAMPLE_NS: a GPU counts as busy in that sample when work entered its
- * gate, a thread is inside the gate (launching, or waiting in a synchronising call) or waits for
- * the lock, or a thread waits in cuCtxSynchronize, cuStreamSynchronize or cuEventSynchronize for
- * its work (those are interposed only to count that). From the samples: the busy share (an average over about DEMAND_WINDOW_NS), and the
- * mean lengths of busy stretches (bursts) and idle stretches between them (gaps). DEMAND goes to the
+ * gate, a thread is inside the gate (launching, or waiting in a synchronising call), or a thread
+ * waits in cuCtxSynchronize, cuStreamSynchronize or cuEventSynchronize for its work (those are
+ * interposed only to count that). A sample in which the process only waits for the lock counts
+ * neither way: the figures describe the work as it runs, not the turns of others (counted as busy,
+ * waiting made a 60 %-busy job in turns look ~100 % busy, so it kept taking turns that leave the GPU
+ * idle in its pauses). From the samples: the busy share (an average over about DEMAND_WINDOW_NS),
+ * and the mean lengths of busy stretches (bursts) and idle stretches between them (gaps), with
+ * the time spent waiting left out of both. DEMAND goes to the
  * daemon when these moved enough, at most every DEMAND_REPORT_MIN_NS, and again every
  * DEMAND_REFRESH_NS (a restarted daemon has forgotten them). The daemon decides from them who takes
  * turns and who co-runs (docs/design-scheduler.md "Adaptive sharing").
@@ -89,8 +93,13 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
 {
     int busy = atomic_exchange_explicit(&g->demand_touched, 0, memory_order_relaxed)
                || atomic_load_explicit(&g->inside, memory_order_relaxed) > 0
-               || atomic_load_explicit(&g->syncing, memory_order_relaxed) > 0
-               || __atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0;
+               || atomic_load_explicit(&g->syncing, memory_order_relaxed) > 0;
+    if (!busy && __atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0) {
+        /* Only waiting for the lock: the stretch under way is paused, not lengthened. */
+        if (d->seen)
+            d->run_start = d->run_start + DEMAND_SAMPLE_NS < now ? d->run_start + DEMAND_SAMPLE_NS : now;
+        return;
+    }
     if (!d->seen) {
         if (!busy)
             return;

@@ -123,7 +123,7 @@ class ClientInfo:
 @dataclass(frozen=True)
 class Demand:
     """What one client asks of this GPU lately (the hook's DEMAND report)."""
-    busy: float               # 0..1: share of recent time with work launched, in flight or waiting
+    busy: float               # 0..1: share of recent time with work launched or in flight (lock waits left out)
     burst: float              # seconds: mean busy stretch
     gap: float                # seconds: mean idle stretch between busy ones
 

@@ -61,3 +61,26 @@ def test_two_short_burst_clients_co_run_and_both_progress(hook_lib, scheduler, t
         spans.append(starts[-1] - starts[0])
     assert max(spans) / min(spans) <= 1.15, spans
     assert "sharing: corun (at most one busy client)" in scheduler.log()
+
+
+def test_waiting_for_the_lock_is_not_reported_as_busy(hook_lib, scheduler_factory, tmp_path,  # noqa: F811
+                                                      procs):  # noqa: F811
+    """In plain turns a light client waits for a compute-bound one most of the time. Its DEMAND
+    describes its own work (2 ms kernels every 20 ms: ~10 % busy), not the waits: counted as busy,
+    waiting made jobs in turns look compute-bound and keep turns that leave the GPU idle."""
+    scheduler = scheduler_factory(scheduling_mode="concurrent")
+    trace = tmp_path / "trace"
+    heavy, light = (Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2))
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:20000:100:0"], heavy.env))
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "sleep:100", "burst:2000:60:18"], light.env))
+    for proc in procs:
+        finish(proc, timeout=90)
+    rows = read_trace(trace)
+    light_starts = kernel_starts(rows, procs[1].pid)
+    heavy_starts = kernel_starts(rows, procs[0].pid)
+    assert light_starts[0] < heavy_starts[-1], "the light client never had to wait"
+    line = next((ln for ln in scheduler.log().splitlines()
+                 if f"pid {procs[1].pid}: co-runs (busy " in ln), None)
+    assert line is not None, scheduler.log()[-3000:]
+    busy = int(line.split("co-runs (busy ")[1].split("%")[0])
+    assert busy <= 40, line
