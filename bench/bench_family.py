@@ -6,15 +6,15 @@ every SM busy) calibrated to GPU_MS alone, a cuCtxSynchronize, then a host pause
   pair-bB-gG-fixed|prop   two equal bursty jobs: busy B % of the time alone, G ms of GPU work per step;
                           the pause is fixed (G (100-B)/B ms) or proportional to each step's measured
                           wall time (the same ratio, so a slowed step also pauses longer)
-                          (18; busy 10 and 30 % in part 1, 60 % in part 2)
+                          (18; part 1: busy 10 and 30 %, and 60 % with 50 ms; part 2: the rest)
   bursty3/4-b30-g20-fixed three and four such jobs on one GPU                                 (part 2)
   compute2/3-g20          two and three compute-bound jobs (20 ms steps, no pause)          (part 2)
   interactive-1/2batch    a ~1 ms burst every 100 ms (an srun user at a prompt) beside one and two
                           compute-bound jobs                                                (part 2)
-Arms, one member after the other and every arm of a member back to back: alone (each kind of job
-alone: the reference), colocate (no hook), mps (a private MPS control daemon), nvshare (libnvshare.so
-and a real nvshare-scheduler, every setting default) and, on a few members, nvshare-corun
-(`auto_share: corun`). Serial = N x one job's training phase alone.
+Arms, one member after the other and every arm of a member back to back: serial (the jobs one after
+the other, no hook: the reference; interactive: one batch job, then the probe, each alone), colocate
+(no hook), mps (a private MPS control daemon), nvshare (libnvshare.so and a real nvshare-scheduler,
+every setting default) and, on a few members, nvshare-corun (`auto_share: corun`).
 
 Reported per member, as ratios against arms of the same run: the training phase (first step to last
 step) over serial; nvshare against 1.05 x the best of colocate and MPS; compute-bound nvshare against
@@ -61,7 +61,7 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 BEGIN, END = "<!-- bench_family:begin -->", "<!-- bench_family:end -->"
 SMOKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-ARMS = ["alone", "colocate", "mps", "nvshare", "nvshare-corun"]
+ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun"]
 PROBE_EVERY_MS = 100.0
 PROBE_GPU_MS = 1.0
 MIN_STEPS = 10
@@ -111,9 +111,10 @@ def members() -> dict[str, Member]:
     for busy in (10, 30, 60):
         for gpu in (5, 20, 50):
             for host in ("fixed", "prop"):
-                # busy 60 % goes to part 2: the two parts then take about the same device time
-                out.append(Member(f"pair-b{busy}-g{gpu}-{host}", "pair", 2, busy / 100, gpu, host,
-                                  2 if busy == 60 else 1, corun=(str(busy), str(gpu), host) in corun_pairs))
+                # busy 60 % with 5 and 20 ms steps go to part 2: the parts then take about the same time
+                part = 2 if busy == 60 and gpu < 50 else 1
+                out.append(Member(f"pair-b{busy}-g{gpu}-{host}", "pair", 2, busy / 100, gpu, host, part,
+                                  corun=(str(busy), str(gpu), host) in corun_pairs))
     out += [Member("bursty3-b30-g20-fixed", "multi", 3, 0.3, 20, "fixed", 2),
             Member("bursty4-b30-g20-fixed", "multi", 4, 0.3, 20, "fixed", 2),
             Member("compute2-g20", "compute", 2, 1.0, 20, "fixed", 2, corun=True),
@@ -155,6 +156,7 @@ class Family:
         self.smoke = args.smoke_cpu
         self.t_start = time.time()
         self.gpus_yaml = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
+        self.estimated = self.took = 0.0    # over the units run so far: scales later estimates
 
     def left(self) -> float:
         if not self.args.time_budget:
@@ -207,8 +209,8 @@ class Family:
         s = self.args.seconds
         one = m.steps(s) * m.gpu_ms / m.busy / 1000    # one job alone, seconds of steps
         start = self.results["calibration"]["startup_s"] + 0.3
-        if arm == "alone":
-            return (start + one) * (2 if m.kind == "interactive" else 1)
+        if arm == "serial":
+            return (start + one) * (2 if m.kind == "interactive" else m.jobs)
         est = start + one * max(1.0, m.jobs * m.busy) * 1.2
         return est + {"mps": 3.0, "nvshare": 1.5, "nvshare-corun": 1.5}.get(arm, 0.0)
 
@@ -218,19 +220,23 @@ class Family:
             return
         name = f"{m.name}/{arm}"
         est = self.estimate(m, arm)
-        if est + 5 > self.left():
+        slower = self.took / self.estimated if self.estimated else 1.0
+        if est * max(1.0, slower) + 5 > self.left():
             log(f"{name}: about {est:.0f} s, {self.left():.0f} s of the time budget left: pending")
             if name not in self.results["pending"]:
                 self.results["pending"].append(name)
             self.save()
             return
         log(f"{name}: running (about {est:.1f} s)")
+        t0 = time.time()
         try:
             done[arm] = self.run_arm(m, arm, est)
         except Exception as exc:  # noqa: BLE001 - a failed unit is a result, not the end of the run
             if isinstance(exc, subprocess.CalledProcessError):
                 exc = RuntimeError(f"{exc}: {exc.stderr or exc.stdout}")
             done[arm] = {"status": "failed", "error": str(exc)[-1500:]}
+        self.estimated += est
+        self.took += time.time() - t0
         if name in self.results["pending"]:
             self.results["pending"].remove(name)
         self.save()
@@ -244,8 +250,8 @@ class Family:
         timeout = 3 * est + 30
         tag = m.name + "-" + arm
         delay, probe_s = self.probe_window(m)
-        if arm == "alone":
-            cmds = [self.job_cmd(m, s)]
+        if arm == "serial":
+            cmds = [self.job_cmd(m, s)] * (1 if m.kind == "interactive" else m.jobs)
             if m.kind == "interactive":
                 cmds.append(self.probe_cmd(probe_s, delay))
             jobs = [Job(f"{tag}-{i}", c, base, self.logs) for i, c in enumerate(cmds)]
@@ -307,21 +313,21 @@ class Family:
             return res
         probe = jobs[-1] if m.kind == "interactive" else None
         batch = jobs[:-1] if probe is not None else jobs
-        if arm == "alone":
-            res["train_phase"] = batch[0]["times"][-1] - batch[0]["step_starts"][0]
-            res["gpu_ms_alone"] = statistics.median(batch[0]["latencies_ms"])
-            steps = zip(batch[0]["step_starts"], batch[0]["times"])
-            res["busy_alone"] = sum(b - a for a, b in steps) / res["train_phase"]
+        trains = [j["times"][-1] - j["step_starts"][0] for j in batch]
+        res["max_min"] = max(trains) / min(trains)   # serial: how far equal jobs differ anyway
+        if arm == "serial":  # the training phases added: the second job's start-up is not counted
+            res["train_phase"] = sum(trains)
+            res["gpu_ms_alone"] = statistics.median(x for j in batch for x in j["latencies_ms"])
+            res["busy_alone"] = statistics.fmean(
+                sum(b - a for a, b in zip(j["step_starts"], j["times"])) / t for j, t in zip(batch, trains))
         else:
             res["train_phase"] = max(j["times"][-1] for j in batch) - min(j["step_starts"][0] for j in batch)
-            trains = [j["times"][-1] - j["step_starts"][0] for j in batch]
-            res["max_min"] = max(trains) / min(trains)
         if probe is not None:
             lat = probe["latencies_ms"]
             res["probe"] = {"p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90), "max_ms": max(lat),
                             "commands": len(lat)}
             w0, w1 = probe["step_starts"][0], probe["times"][-1]
-            if arm == "alone":  # the batch job ran alone, before the probe: its own rate
+            if arm == "serial":  # the batch job ran alone, before the probe: its own rate
                 res["batch_steps_per_s"] = step_rate(batch[0]["times"])
             else:  # the batch jobs' steps while the probe ran, added up: the GPU's batch throughput
                 rates = [step_rate(j["times"], w0, w1) for j in batch]
@@ -352,20 +358,21 @@ def sharing_changes(text: str, t0: float) -> list[list]:
 # --- ratios and targets ------------------------------------------------------------------------
 
 def derive(results: dict) -> None:
-    """Ratios of every member's arms to its alone arm, and the issue's targets; run after any change."""
+    """Ratios of every member's arms to its serial arm, and the issue's targets; run after any change."""
     done = {f"{m}/{a}" for m, arms in results["members"].items() for a in arms}
     results["pending"] = [u for u in results.get("pending", []) if u not in done]
     for name, arms in results["members"].items():
         m = MEMBERS.get(name)
-        alone = arms.get("alone", {})
-        if not m or alone.get("status") != "ok":
+        ref = arms.get("serial", {})
+        if not m or ref.get("status") != "ok":
             continue
-        serial = m.jobs * alone["train_phase"]
+        # Interactive: one batch job ran in the serial arm; N of them back to back take N times it.
+        serial = ref["train_phase"] * (m.jobs if m.kind == "interactive" else 1)
         for arm, r in arms.items():
-            if arm != "alone" and r.get("status") == "ok":
+            if arm != "serial" and r.get("status") == "ok":
                 r["x_serial"] = r["train_phase"] / serial
-                if m.kind == "interactive" and alone.get("batch_steps_per_s"):
-                    r["batch_vs_alone"] = r["batch_steps_per_s"] / alone["batch_steps_per_s"]
+                if m.kind == "interactive" and ref.get("batch_steps_per_s") and r.get("batch_steps_per_s"):
+                    r["batch_vs_alone"] = r["batch_steps_per_s"] / ref["batch_steps_per_s"]
         targets = {}
         nv = arms.get("nvshare", {})
         if m.kind == "interactive":
@@ -410,21 +417,24 @@ def table(results: dict) -> list[str]:
     ordered = [n for n in MEMBERS if n in mem]
     bursty = [n for n in ordered if MEMBERS[n].kind in ("pair", "multi", "compute")]
     if bursty:
-        lines += ["| member | jobs | GPU ms alone | busy alone | colocate | MPS | nvshare | corun | "
-                  "nvshare / best | max/min nvshare | nvshare chose | targets |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| member | jobs | GPU ms alone | busy alone | max/min serial | colocate | MPS | nvshare | "
+                  "corun | nvshare / best | max/min nvshare | nvshare chose | targets |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for n in bursty:
             arms, m = mem[n], MEMBERS[n]
-            alone = arms.get("alone", {})
+            ref = arms.get("serial", {})
             nv = arms.get("nvshare", {})
             lines.append("| " + " | ".join([
-                n, str(m.jobs), fmt(alone.get("gpu_ms_alone"), ".1f"), fmt(alone.get("busy_alone"), ".2f"),
+                n, str(m.jobs), fmt(ref.get("gpu_ms_alone"), ".1f"), fmt(ref.get("busy_alone"), ".2f"),
+                fmt(ref.get("max_min"), ".3f") if ref.get("status") == "ok" else ref.get("status", "–"),
                 *[cell(arms.get(a)) for a in ("colocate", "mps", "nvshare", "nvshare-corun")],
                 fmt(nv.get("vs_best"), ".3f"), fmt(nv.get("max_min"), ".3f"), chose(nv),
                 verdict(results.get("targets", {}).get(n, {}))]) + " |")
-        lines += ["", "Columns colocate … corun: the training phase (first step to last) over serial "
-                  "(N × one job alone); below 1 is faster than one job after the other. "
-                  "nvshare / best: nvshare over the better of colocate and MPS (target ≤ 1.05).", ""]
+        lines += ["", "Columns colocate … corun: the training phase (first step to last) over serial's "
+                  "(the jobs' training phases one after the other, start-ups not counted); below 1 is "
+                  "faster than one job after the other. nvshare / best: nvshare over the better of "
+                  "colocate and MPS (target ≤ 1.05). max/min serial: the same jobs alone, how far equal "
+                  "jobs differ without sharing.", ""]
     inter = [n for n in ordered if MEMBERS[n].kind == "interactive"]
     if inter:
         lines += ["| member | arm | probe p50 ms | p90 ms | max ms | commands | batch steps/s vs alone | "
@@ -437,9 +447,9 @@ def table(results: dict) -> list[str]:
                 p = r.get("probe", {})
                 status = "" if r.get("status") == "ok" else f" ({r.get('status')})"
                 lines.append("| " + " | ".join([
-                    n if arm == "alone" else "", arm + status, fmt(p.get("p50_ms"), ".2f"),
+                    n if arm == "serial" else "", arm + status, fmt(p.get("p50_ms"), ".2f"),
                     fmt(p.get("p90_ms"), ".2f"), fmt(p.get("max_ms"), ".2f"), str(p.get("commands", "–")),
-                    "1 (reference)" if arm == "alone" else fmt(r.get("batch_vs_alone"), ".3f"),
+                    "1 (reference)" if arm == "serial" else fmt(r.get("batch_vs_alone"), ".3f"),
                     chose(r) if arm.startswith("nvshare") else "",
                     verdict(results.get("targets", {}).get(n, {})) if arm == "nvshare" else ""]) + " |")
         lines.append("")
@@ -486,7 +496,7 @@ def timeline(results: dict, name: str) -> dict | None:
     rows = []
     for arm in ARMS:
         r = arms.get(arm)
-        if r and r.get("jobs") and arm != "alone":
+        if r and r.get("jobs") and arm != "serial":
             rows.append({"arm": arm, "status": r.get("status"),
                          "jobs": [{"spans": j.get("spans", []), "proc": j["proc"], "status": j["status"]}
                                   for j in r["jobs"]],
@@ -558,7 +568,7 @@ def markdown(results: dict, figures: list[Path]) -> str:
              f"back. Jobs: tests/gpu/burst.c ({fmt(cal.get('ipm'), '.0f')} FMA iterations/ms per thread, "
              f"grid {cal.get('grid')} × {cal.get('block')}, 1 ms kernels, CUDA start-up "
              f"{fmt(cal.get('startup_s'), '.2f')} s), {results['settings']['seconds']:g} s of steps per job "
-             f"alone (at least {MIN_STEPS} steps). Serial = N × one job's training phase alone. "
+             f"alone (at least {MIN_STEPS} steps). "
              "Interactive: a 1 ms burst every 100 ms, latency from its first launch to its synchronise "
              "returning; batch steps/s counted while the probe runs, against one batch job alone.", "",
              *table(results), *summary(results), ""]
@@ -632,7 +642,8 @@ def main() -> int:
     ap.add_argument("--part", default="all")
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds")
+    ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
+                    "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)
     ap.add_argument("--resume", metavar="RESULTS_JSON")
     ap.add_argument("--launch-result", metavar="FILE", help="bench/bench_launch.sh output to include")

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Issue 12's benchmark family on the GPU machine, in two commands of at most 9 minutes each:
 #
-#   bash bench/run_family.sh OUTDIR part1     # pairs busy 10 and 30 %            (~5 min)
-#   bash bench/run_family.sh OUTDIR part2     # pairs busy 60 %, 3-4 bursty jobs, compute-bound
-#                                             # pair and triple, interactive, launch overhead (~6 min)
+#   bash bench/run_family.sh OUTDIR part1     # 14 pairs: busy 10 and 30 %, 60 % with 50 ms steps
+#   bash bench/run_family.sh OUTDIR part2     # 4 pairs busy 60 %, 3-4 bursty jobs, compute-bound
+#                                             # pair and triple, interactive, launch overhead
+# Each takes at most about 8 minutes: 7 of measuring (FAMILY_BUDGET, estimated ~6.5), plus set-up.
 #   bash bench/run_family.sh OUTDIR smoke     # the same harness on the CPU (fake driver), ~1 min
 #
 # Each part sets up the machine (scripts/gpu-setup.sh), runs bench/bench_family.py under a time
@@ -11,14 +12,15 @@
 # in OUTDIR/PART/ four files, as the device tool brings back at most 8: results.json, family.md
 # (the table), console.log and logs.tar.gz (every job's output and scheduler log, the timelines).
 # Afterwards, on any machine: python3 bench/bench_family.py --report DIR1 DIR2 writes docs/.
-# FAMILY_SECONDS (default 3) sets each job's steps alone; FAMILY_BUDGET (default 450) the seconds of
-# measuring per part.
+# FAMILY_SECONDS (default 3) sets each job's steps alone; FAMILY_BUDGET (default 420) the seconds of
+# measuring per part (units that would end past it are left pending; at 40 s past it the run is
+# stopped and keeps what it measured).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: run_family.sh OUTDIR part1|part2|smoke}
 PART=${2:?usage: run_family.sh OUTDIR part1|part2|smoke}
 SECONDS_PER_JOB=${FAMILY_SECONDS:-3}
-BUDGET=${FAMILY_BUDGET:-450}
+BUDGET=${FAMILY_BUDGET:-420}
 DEST="$OUT/$PART"
 WORK=/tmp/nvshare-family-$PART
 rm -rf "$WORK" && mkdir -p "$DEST" "$WORK"
@@ -51,7 +53,7 @@ if [[ $PART == part2 ]]; then
     ARGS+=(--launch-result "$WORK/launch.txt")
 fi
 
-timeout --kill-after=10 $((BUDGET + 60)) "$PY" bench/bench_family.py --out "$WORK" "${ARGS[@]}" \
+timeout --kill-after=10 $((BUDGET + 40)) "$PY" bench/bench_family.py --out "$WORK" "${ARGS[@]}" \
     --seconds "$SECONDS_PER_JOB" --time-budget "$BUDGET"
 RC=$?
 cp "$WORK/results.json" "$DEST/" 2>/dev/null

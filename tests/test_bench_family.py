@@ -38,27 +38,29 @@ def family(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path):
     first = family("--out", str(tmp_path / "a"), "--smoke-cpu", "--seconds", "0.3",
-                   "--members", "pair-b30-g5-fixed", "--arms", "alone,colocate,mps,nvshare")
+                   "--members", "pair-b30-g5-fixed", "--arms", "serial,colocate,mps,nvshare")
     assert first.returncode == 0, first.stdout + first.stderr
     res = json.loads((tmp_path / "a" / "results.json").read_text())
     arms = res["members"]["pair-b30-g5-fixed"]
     assert arms["mps"]["status"] == "skipped"            # no MPS without a GPU, and it says so
-    for arm in ("alone", "colocate", "nvshare"):
+    for arm in ("serial", "colocate", "nvshare"):
         assert arms[arm]["status"] == "ok", arms[arm]
     assert len(arms["nvshare"]["jobs"]) == 2
     assert all(j["steps"] == bench_family.MEMBERS["pair-b30-g5-fixed"].steps(0.3) for j in arms["nvshare"]["jobs"])
-    # The ratios come from this run's own alone arm: serial = 2 x one job's steps.
-    assert arms["colocate"]["x_serial"] == pytest.approx(
-        arms["colocate"]["train_phase"] / (2 * arms["alone"]["train_phase"]))
+    # The ratios come from this run's own serial arm: both jobs' steps, one job after the other.
+    serial = arms["serial"]
+    assert [j["proc"][0] >= i["proc"][1] for i, j in zip(serial["jobs"], serial["jobs"][1:])] == [True]
+    assert serial["train_phase"] == pytest.approx(sum(j["train_s"] for j in serial["jobs"]))
+    assert arms["colocate"]["x_serial"] == pytest.approx(arms["colocate"]["train_phase"] / serial["train_phase"])
     assert arms["nvshare"]["lock_intervals"], "the scheduler's log gave who held the GPU when"
     assert "| pair-b30-g5-fixed | 2 |" in first.stdout
     assert (tmp_path / "a" / "timeline_family_pair.svg").read_text().startswith("<svg")
 
     second = family("--out", str(tmp_path / "b"), "--smoke-cpu", "--seconds", "0.3", "--resume",
                     str(tmp_path / "a" / "results.json"), "--members", "pair-b30-g5-fixed,compute2-g20",
-                    "--arms", "alone,colocate")
+                    "--arms", "serial,colocate")
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "pair-b30-g5-fixed/alone: running" not in second.stdout    # measured before: kept
+    assert "pair-b30-g5-fixed/serial: running" not in second.stdout    # measured before: kept
     res2 = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res2["members"]["pair-b30-g5-fixed"]["nvshare"]["t0"] == arms["nvshare"]["t0"]
     assert res2["members"]["compute2-g20"]["colocate"]["status"] == "ok"
@@ -66,17 +68,17 @@ def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path
 
 def test_units_past_the_time_budget_are_left_pending(built, tmp_path):
     run = family("--out", str(tmp_path), "--smoke-cpu", "--seconds", "0.3", "--time-budget", "1",
-                 "--members", "pair-b10-g5-fixed", "--arms", "alone,colocate")
+                 "--members", "pair-b10-g5-fixed", "--arms", "serial,colocate")
     assert run.returncode == 0, run.stdout + run.stderr
     res = json.loads((tmp_path / "results.json").read_text())
-    assert res["pending"] == ["pair-b10-g5-fixed/alone", "pair-b10-g5-fixed/colocate"]
-    assert "Not measured (time budget): pair-b10-g5-fixed/alone" in run.stdout
+    assert res["pending"] == ["pair-b10-g5-fixed/serial", "pair-b10-g5-fixed/colocate"]
+    assert "Not measured (time budget): pair-b10-g5-fixed/serial" in run.stdout
 
 
 def test_bad_selections_are_clear_errors(tmp_path):
     run = family("--out", str(tmp_path), "--members", "pair-b99-g5-fixed")
     assert run.returncode == 2 and "unknown member(s): pair-b99-g5-fixed" in run.stderr
-    run = family("--out", str(tmp_path), "--arms", "alone,turns")
+    run = family("--out", str(tmp_path), "--arms", "serial,turns")
     assert run.returncode == 2 and "unknown arm(s): turns" in run.stderr
 
 
@@ -89,14 +91,14 @@ def test_burst_rejects_what_it_cannot_run(built):
 
 
 def fake_results(nvshare_times: list[float], colocate: float, mps: float) -> dict:
-    """A pair member whose jobs alone take 10 s each: the arms' training phases in seconds."""
+    """A pair member whose jobs take 10 s each alone (20 s serial): the arms' training phases."""
     def arm(phase, times=None):
         r = {"status": "ok", "train_phase": phase, "jobs": []}
         if times:
             r["max_min"] = max(times) / min(times)
         return r
     return {"members": {"pair-b30-g20-fixed": {
-        "alone": arm(10.0), "colocate": arm(colocate), "mps": arm(mps),
+        "serial": arm(20.0, [10.0, 10.0]), "colocate": arm(colocate), "mps": arm(mps),
         "nvshare": arm(max(nvshare_times), nvshare_times)}}, "pending": []}
 
 
