@@ -570,7 +570,10 @@ def markdown(results: dict, figures: list[Path]) -> str:
              f"{fmt(cal.get('startup_s'), '.2f')} s), {results['settings']['seconds']:g} s of steps per job "
              f"alone (at least {MIN_STEPS} steps). "
              "Interactive: a 1 ms burst every 100 ms, latency from its first launch to its synchronise "
-             "returning; batch steps/s counted while the probe runs, against one batch job alone.", "",
+             "returning; batch steps/s counted while the probe runs, against one batch job alone."
+             + "".join(f" Another call calibrated {fmt(c.get('ipm'), '.0f')} iterations/ms (its members "
+                       "are compared within that call)." for c in results.get("calibrations", []) if c),
+             "",
              *table(results), *summary(results), ""]
     for f in figures:
         lines += [f"![{f.stem}](bench-results/{f.name})", ""]
