@@ -244,7 +244,9 @@ def run_daemon_with_us_timestamps() -> int:
 class Scheduler:
     """A real nvshare-scheduler with its own socket, state and debug log."""
 
-    def __init__(self, mode: str, workdir: Path, log_path: Path, gpus_yaml: list | None):
+    def __init__(self, mode: str, workdir: Path, log_path: Path, gpus_yaml: list | None,
+                 extra: dict | None = None):
+        """extra: more settings for nvshare.yaml (bench_family.py's corun arm sets auto_share)."""
         import yaml
         workdir.mkdir(parents=True, exist_ok=True)
         self.socket = str(workdir / "s.sock")
@@ -253,6 +255,7 @@ class Scheduler:
                          "scheduling_mode": mode, "log_level": "debug"}
         if gpus_yaml:
             self.settings["gpus"] = gpus_yaml
+        self.settings.update(extra or {})
         (workdir / "nvshare.yaml").write_text(yaml.safe_dump(self.settings))
         env = clean_env()
         env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")

@@ -1,0 +1,278 @@
+/* burst.c: a bursty GPU job that starts in a fraction of a second (bench/bench_family.py, issue 12).
+ *
+ * Every step is a burst of real GPU work, then a host pause: the burst is GPU_MS of FMA-bound
+ * kernels (each about KERNEL_MS, filling every SM) and a cuCtxSynchronize, as a training step ends
+ * in a .item(); the pause is a host sleep, either fixed (HOST_MS) or proportional to the step just
+ * measured (HOST_RATIO x its wall time, so a job slowed by sharing also thinks longer, as host work
+ * that follows the GPU's output does). Python and PyTorch cost seconds to start; this costs the CUDA
+ * context, so a benchmark member can run for a few seconds of steady state.
+ *
+ * It speaks only the driver API, through dlopen/dlsym as the CUDA runtime does, so the same binary
+ * runs on a GPU and on the fake driver of tests/c. Its kernel is named "sleep" and its first
+ * parameter is a count: on a GPU, FMA iterations per thread; the fake driver reads it as
+ * microseconds. --calibrate times that count on this GPU and prints iterations per millisecond.
+ *
+ *   burst --calibrate [--kernel-ms 1]
+ *   burst --ipm N --gpu-ms G [--kernel-ms 1] (--host-ms H | --host-ratio R) (--steps S | --seconds T)
+ *         [--start-delay SECONDS]
+ *
+ * Prints one JSON line: each step's start and end (epoch seconds, as time.time()), its burst's
+ * latency in ms (issue to synchronise, what an interactive user waits), and the start-up time.
+ * Build: cc -O2 -std=gnu11 -I csrc -o burst tests/gpu/burst.c -ldl
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_subset.h"
+
+/* FMA-bound: four independent chains per thread, so the SMs' FMA pipes, not latency, set the pace. */
+static const char PTX[] =
+    ".version 7.0\n.target sm_70\n.address_size 64\n"
+    ".visible .entry sleep(.param .u64 iters, .param .u64 out)\n{\n"
+    "  .reg .pred p;\n  .reg .f32 a<4>, b, c;\n  .reg .u64 i, n, addr, off;\n"
+    "  .reg .u32 tid, ntid, ctaid, gid;\n"
+    "  ld.param.u64 n, [iters];\n  ld.param.u64 addr, [out];\n  cvta.to.global.u64 addr, addr;\n"
+    "  mov.u32 tid, %tid.x;\n  mov.u32 ntid, %ntid.x;\n  mov.u32 ctaid, %ctaid.x;\n"
+    "  mad.lo.u32 gid, ctaid, ntid, tid;\n"
+    "  cvt.rn.f32.u32 a0, gid;\n  add.f32 a1, a0, 0f3F800000;\n  add.f32 a2, a0, 0f40000000;\n"
+    "  add.f32 a3, a0, 0f40400000;\n  mov.f32 b, 0f3F7FFFFE;\n  mov.f32 c, 0f3A83126F;\n"
+    "  mov.u64 i, 0;\n"
+    "LOOP:\n  setp.ge.u64 p, i, n;\n  @p bra DONE;\n"
+    "  fma.rn.f32 a0, a0, b, c;\n  fma.rn.f32 a1, a1, b, c;\n  fma.rn.f32 a2, a2, b, c;\n"
+    "  fma.rn.f32 a3, a3, b, c;\n  add.u64 i, i, 1;\n  bra LOOP;\n"
+    "DONE:\n  add.f32 a0, a0, a1;\n  add.f32 a2, a2, a3;\n  add.f32 a0, a0, a2;\n"
+    "  mul.wide.u32 off, gid, 4;\n  add.u64 addr, addr, off;\n  st.global.f32 [addr], a0;\n  ret;\n}\n";
+
+#define BLOCK 256
+#define BLOCKS_PER_SM 4
+#define ATTR_SM_COUNT 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+
+static struct {
+    CUresult (*init)(unsigned);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*attribute)(int *, int, CUdevice);
+    CUresult (*retain)(CUcontext *, CUdevice);
+    CUresult (*set_current)(CUcontext);
+    CUresult (*load)(CUmodule *, const void *);
+    CUresult (*function)(CUfunction *, CUmodule, const char *);
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **);
+    CUresult (*sync)(void);
+} cu;
+static CUfunction kernel;
+static CUdeviceptr out;
+static unsigned grid;
+
+static void die(const char *what, CUresult rc)
+{
+    fprintf(stderr, "burst: %s failed (CUDA error %d)\n", what, rc);
+    exit(1);
+}
+#define CHECK(call, what) do { CUresult rc_ = (call); if (rc_ != CUDA_SUCCESS) die(what, rc_); } while (0)
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double now_epoch(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void *sym(void *h, const char *name)
+{
+    void *fn = dlsym(h, name);
+    if (!fn) {
+        fprintf(stderr, "burst: libcuda.so.1 has no %s\n", name);
+        exit(1);
+    }
+    return fn;
+}
+
+static void setup(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        fprintf(stderr, "burst: %s\n", dlerror());
+        exit(1);
+    }
+    cu.init = sym(h, "cuInit");
+    cu.device_get = sym(h, "cuDeviceGet");
+    cu.attribute = sym(h, "cuDeviceGetAttribute");
+    cu.retain = sym(h, "cuDevicePrimaryCtxRetain");
+    cu.set_current = sym(h, "cuCtxSetCurrent");
+    cu.load = sym(h, "cuModuleLoadData");
+    cu.function = sym(h, "cuModuleGetFunction");
+    cu.alloc = sym(h, "cuMemAlloc_v2");
+    cu.launch = sym(h, "cuLaunchKernel");
+    cu.sync = sym(h, "cuCtxSynchronize");
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    int sms = 0;
+    CHECK(cu.init(0), "cuInit");
+    CHECK(cu.device_get(&dev, 0), "cuDeviceGet");
+    CHECK(cu.retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    CHECK(cu.set_current(ctx), "cuCtxSetCurrent");
+    if (cu.attribute(&sms, ATTR_SM_COUNT, dev) != CUDA_SUCCESS || sms <= 0)
+        sms = 1;
+    grid = (unsigned)sms * BLOCKS_PER_SM;
+    CHECK(cu.load(&mod, PTX), "cuModuleLoadData");
+    CHECK(cu.function(&kernel, mod, "sleep"), "cuModuleGetFunction");
+    CHECK(cu.alloc(&out, (size_t)grid * BLOCK * sizeof(float)), "cuMemAlloc");
+}
+
+static void launch(unsigned long long iters)
+{
+    void *params[] = {&iters, &out};
+    CHECK(cu.launch(kernel, grid, 1, 1, BLOCK, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel");
+}
+
+/* Iterations per millisecond: the median of a few timed kernels, after growing one to ~kernel_ms. */
+static double calibrate(double kernel_ms)
+{
+    unsigned long long iters = 1000;
+    double ms = 0;
+    for (int tries = 0; tries < 30; tries++) {
+        double t0 = now_mono();
+        launch(iters);
+        CHECK(cu.sync(), "cuCtxSynchronize");
+        ms = (now_mono() - t0) * 1000;
+        if (ms >= kernel_ms * 0.8)
+            break;
+        iters = (unsigned long long)(iters * (ms > 0.05 ? fmin(8.0, kernel_ms / ms) : 8.0)) + 1;
+    }
+    for (int k = 0; k < 100; k++)  /* ~0.1 s of work first: the clocks settle before the timing */
+        launch(iters);
+    CHECK(cu.sync(), "cuCtxSynchronize");
+    double best[5];
+    for (int r = 0; r < 5; r++) {  /* 10 kernels back to back: launch gaps stay out of the rate */
+        double t0 = now_mono();
+        for (int k = 0; k < 10; k++)
+            launch(iters);
+        CHECK(cu.sync(), "cuCtxSynchronize");
+        best[r] = iters * 10 / ((now_mono() - t0) * 1000);
+    }
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (best[j] < best[i]) { double t = best[i]; best[i] = best[j]; best[j] = t; }
+    return best[2];
+}
+
+static double arg_num(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "burst: %s needs a value\n", argv[*i]);
+        exit(2);
+    }
+    char *end;
+    double v = strtod(argv[++*i], &end);
+    if (*end || v < 0 || v != v) {
+        fprintf(stderr, "burst: %s: not a non-negative number: %s\n", argv[*i - 1], argv[*i]);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
+    long steps = 0;
+    int do_calibrate = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--calibrate")) do_calibrate = 1;
+        else if (!strcmp(argv[i], "--ipm")) ipm = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--gpu-ms")) gpu_ms = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--kernel-ms")) kernel_ms = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--host-ms")) host_ms = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--host-ratio")) host_ratio = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--steps")) steps = (long)arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--seconds")) seconds = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--start-delay")) delay = arg_num(argc, argv, &i);
+        else {
+            fprintf(stderr, "burst: unknown argument %s (see the comment at the top of burst.c)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (kernel_ms <= 0) {
+        fprintf(stderr, "burst: --kernel-ms must be above 0\n");
+        return 2;
+    }
+    if (!do_calibrate && (ipm <= 0 || gpu_ms <= 0 || (host_ms < 0) == (host_ratio < 0)
+                          || (steps <= 0) == (seconds <= 0))) {
+        fprintf(stderr, "burst: needs --ipm, --gpu-ms, one of --host-ms/--host-ratio and one of "
+                        "--steps/--seconds (or --calibrate)\n");
+        return 2;
+    }
+    double t_start = now_epoch();
+    setup();
+    if (do_calibrate) {
+        double setup_s = now_epoch() - t_start;   /* context, module, buffer: what every job pays */
+        double rate = calibrate(kernel_ms);
+        printf("{\"ipm\": %.3f, \"grid\": %u, \"block\": %d, \"startup_s\": %.4f}\n", rate, grid, BLOCK,
+               setup_s);
+        return 0;
+    }
+    /* A burst is k kernels of about gpu_ms / k each, k = gpu_ms / kernel_ms rounded (at least 1). */
+    long k = lround(gpu_ms / kernel_ms);
+    if (k < 1)
+        k = 1;
+    unsigned long long iters = (unsigned long long)llround(ipm * gpu_ms / k);
+    if (iters < 1)
+        iters = 1;
+    launch(iters);  /* warm-up: the module's first launch, outside the measured steps */
+    CHECK(cu.sync(), "cuCtxSynchronize");
+    double startup = now_epoch() - t_start;
+    sleep_s(delay);
+    long cap = steps > 0 ? steps : 10000000;
+    double *starts = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
+    double *ends = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
+    if (!starts || !ends)
+        return 1;
+    double t_end = now_mono() + seconds;
+    long n = 0;
+    while (n < cap && n < 1000000 && (steps > 0 || now_mono() < t_end)) {
+        double m0 = now_mono();
+        starts[n] = now_epoch();
+        for (long j = 0; j < k; j++)
+            launch(iters);
+        CHECK(cu.sync(), "cuCtxSynchronize");
+        double wall = now_mono() - m0;
+        ends[n] = starts[n] + wall;
+        n++;
+        sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
+    }
+    printf("{\"startup_s\": %.4f, \"kernels_per_step\": %ld, \"iters\": %llu, \"step_starts\": [", startup,
+           k, iters);
+    for (long i = 0; i < n; i++)
+        printf("%s%.6f", i ? ", " : "", starts[i]);
+    printf("], \"times\": [");
+    for (long i = 0; i < n; i++)
+        printf("%s%.6f", i ? ", " : "", ends[i]);
+    printf("], \"latencies_ms\": [");
+    for (long i = 0; i < n; i++)
+        printf("%s%.3f", i ? ", " : "", (ends[i] - starts[i]) * 1000);
+    printf("]}\n");
+    return 0;
+}

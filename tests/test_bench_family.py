@@ -1,0 +1,145 @@
+"""bench/bench_family.py (issue 12's benchmark family) on the fake driver, with the real hook and
+daemon: the harness the lead runs on the GPU must measure every unit, keep what it measured across
+calls, and keep misses in its table. The numbers of a fake-driver run mean nothing; these tests
+check what a user of the benchmark would notice."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+BENCH = REPO / "bench"
+sys.path.insert(0, str(BENCH))
+import bench_family  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.skip("make and a C compiler are needed (the hook, the fake driver, tests/gpu/burst.c)")
+    import nvshare_slurm
+    if not nvshare_slurm.libnvshare_path().exists():
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=REPO, check=True,
+                       capture_output=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "c")], check=True, capture_output=True)
+    bench_family.build_burst()
+
+
+def family(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / "bench_family.py"), *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path):
+    first = family("--out", str(tmp_path / "a"), "--smoke-cpu", "--seconds", "0.3",
+                   "--members", "pair-b30-g5-fixed", "--arms", "serial,colocate,mps,nvshare")
+    assert first.returncode == 0, first.stdout + first.stderr
+    res = json.loads((tmp_path / "a" / "results.json").read_text())
+    arms = res["members"]["pair-b30-g5-fixed"]
+    assert arms["mps"]["status"] == "skipped"            # no MPS without a GPU, and it says so
+    for arm in ("serial", "colocate", "nvshare"):
+        assert arms[arm]["status"] == "ok", arms[arm]
+    assert len(arms["nvshare"]["jobs"]) == 2
+    assert all(j["steps"] == bench_family.MEMBERS["pair-b30-g5-fixed"].steps(0.3) for j in arms["nvshare"]["jobs"])
+    # The ratios come from this run's own serial arm: both jobs' steps, one job after the other.
+    serial = arms["serial"]
+    assert [j["proc"][0] >= i["proc"][1] for i, j in zip(serial["jobs"], serial["jobs"][1:])] == [True]
+    assert serial["train_phase"] == pytest.approx(sum(j["train_s"] for j in serial["jobs"]))
+    assert arms["colocate"]["x_serial"] == pytest.approx(arms["colocate"]["train_phase"] / serial["train_phase"])
+    assert arms["nvshare"]["lock_intervals"], "the scheduler's log gave who held the GPU when"
+    assert "| pair-b30-g5-fixed | 2 |" in first.stdout
+    assert (tmp_path / "a" / "timeline_family_pair.svg").read_text().startswith("<svg")
+
+    second = family("--out", str(tmp_path / "b"), "--smoke-cpu", "--seconds", "0.3", "--resume",
+                    str(tmp_path / "a" / "results.json"), "--members", "pair-b30-g5-fixed,compute2-g20",
+                    "--arms", "serial,colocate")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "pair-b30-g5-fixed/serial: running" not in second.stdout    # measured before: kept
+    res2 = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert res2["members"]["pair-b30-g5-fixed"]["nvshare"]["t0"] == arms["nvshare"]["t0"]
+    assert res2["members"]["compute2-g20"]["colocate"]["status"] == "ok"
+
+
+def test_units_past_the_time_budget_are_left_pending(built, tmp_path):
+    run = family("--out", str(tmp_path), "--smoke-cpu", "--seconds", "0.3", "--time-budget", "1",
+                 "--members", "pair-b10-g5-fixed", "--arms", "serial,colocate")
+    assert run.returncode == 0, run.stdout + run.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["pending"] == ["pair-b10-g5-fixed/serial", "pair-b10-g5-fixed/colocate"]
+    assert "Not measured (time budget): pair-b10-g5-fixed/serial" in run.stdout
+
+
+def test_bad_selections_are_clear_errors(tmp_path):
+    run = family("--out", str(tmp_path), "--members", "pair-b99-g5-fixed")
+    assert run.returncode == 2 and "unknown member(s): pair-b99-g5-fixed" in run.stderr
+    run = family("--out", str(tmp_path), "--arms", "serial,turns")
+    assert run.returncode == 2 and "unknown arm(s): turns" in run.stderr
+
+
+def test_burst_rejects_what_it_cannot_run(built):
+    bad = subprocess.run([str(bench_family.BURST), "--ipm", "100", "--gpu-ms", "5", "--steps", "3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "one of --host-ms/--host-ratio" in bad.stderr
+    bad = subprocess.run([str(bench_family.BURST), "--gpu-ms", "-5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a non-negative number: -5" in bad.stderr
+
+
+def fake_results(nvshare_times: list[float], colocate: float, mps: float) -> dict:
+    """A pair member whose jobs take 10 s each alone (20 s serial): the arms' training phases."""
+    def arm(phase, times=None):
+        r = {"status": "ok", "train_phase": phase, "jobs": []}
+        if times:
+            r["max_min"] = max(times) / min(times)
+        return r
+    return {"members": {"pair-b30-g20-fixed": {
+        "serial": arm(20.0, [10.0, 10.0]), "colocate": arm(colocate), "mps": arm(mps),
+        "nvshare": arm(max(nvshare_times), nvshare_times)}}, "pending": []}
+
+
+def test_a_missed_target_stays_in_the_table():
+    res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)   # nvshare 0.63 x serial, best 0.55
+    bench_family.derive(res)
+    nv = res["members"]["pair-b30-g20-fixed"]["nvshare"]
+    assert nv["x_serial"] == pytest.approx(0.63)
+    assert nv["vs_best"] == pytest.approx(0.63 / 0.55)
+    row = next(line for line in bench_family.table(res) if line.startswith("| pair-b30-g20-fixed"))
+    assert "**missed** <=1.05x best" in row and "0.630" in row
+    assert "max/min" not in row.split("missed")[1]                 # 1.05 apart: fair enough
+
+    unfair = fake_results([8.0, 10.4], colocate=11.0, mps=11.5)    # fast, but one job 30 % behind
+    bench_family.derive(unfair)
+    row = next(line for line in bench_family.table(unfair) if line.startswith("| pair-b30-g20-fixed"))
+    assert "**missed** max/min<=1.15" in row and "<=1.05x best" not in row
+
+
+def test_batch_rate_counts_whole_steps_between_ends():
+    ends = [0.05 + 0.02 * i for i in range(200)]                  # 50 steps/s, from 0.05 s on
+    assert bench_family.step_rate(ends, 1.0, 3.0) == pytest.approx(50.0)
+    assert bench_family.step_rate(ends, 1.0, 1.03) is None         # too few to say
+
+
+def test_report_puts_the_family_into_the_adaptive_section(tmp_path, monkeypatch):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n## Adaptive sharing (issue 12) (H100)\nearlier runs\n\n"
+                    "## Priority classes (issue 14)\nprio\n")
+    monkeypatch.setattr(bench_family, "DOCS", docs)
+    monkeypatch.setattr(bench_family, "FIGURES", tmp_path / "fig")
+    res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
+    res.update(gpu={"name": "H100", "driver": "580"}, date="2026-11-23", command="bench_family.py --part 1",
+               settings={"seconds": 3}, calibration={"ipm": 50000, "grid": 528, "block": 256, "startup_s": 0.3})
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(res))
+    merged = bench_family.merge([d / "results.json"])
+    bench_family.write_docs(merged, [d])
+    bench_family.write_docs(merged, [d])                          # a second report replaces, not adds
+    text = docs.read_text()
+    assert text.count(bench_family.BEGIN) == 1
+    assert text.index("earlier runs") < text.index(bench_family.BEGIN) < text.index("## Priority classes")
+    assert "| pair-b30-g20-fixed | 2 |" in text
