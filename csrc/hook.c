@@ -109,6 +109,8 @@ static void load_driver_once(void)
     RESOLVE(cuDeviceGetGraphMemAttribute);
     RESOLVE(cuCtxFromGreenCtx);
     RESOLVE(cuDevicePrimaryCtxGetState);
+    RESOLVE(cuMemExportToShareableHandle);
+    RESOLVE(cuMemImportFromShareableHandle);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -136,6 +138,7 @@ static void after_fork_child(void)
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
     nvshare_swap_after_fork();
+    nvshare_ipc_after_fork();
     nvshare_demand_after_fork();
 }
 

@@ -169,6 +169,9 @@
     OWN(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr ptr))                        \
     OWN(cuPointerGetAttributes, (unsigned int n, int *attrs, void **data, CUdeviceptr ptr))    \
     OWN(cuIpcGetMemHandle, (CUipcMemHandle *handle, CUdeviceptr ptr))                          \
+    OWN(cuIpcOpenMemHandle, (CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags))    \
+    OWN(cuIpcOpenMemHandle_v2, (CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)) \
+    OWN(cuIpcCloseMemHandle, (CUdeviceptr dptr))                                               \
     OWN(cuMemGetInfo, (unsigned int *free_bytes, unsigned int *total_bytes))                   \
     OWN(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes))                           \
     /* kernels and graphs */                                                                   \

@@ -14,6 +14,8 @@
  * NCCL-like collective: the k-th barrier launch of each rank runs until every rank of the group has
  * launched its k-th one, then for the microseconds. The group is the POSIX shared memory segment
  * named by FAKE_CUDA_BARRIER, so ranks may live in different processes.
+ * Virtual memory made with the POSIX fd handle type exports as a real fd and imports in another
+ * process (the memfd is shared). FAKE_CUDA_UNMAP_FAIL=N makes the next N cuMemUnmap calls fail.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -60,7 +62,8 @@ struct fdev {
 struct fmod { int unused; };
 struct ffunc { int kind; };  /* 1 sleep, 2 empty */
 struct falloc { uint64_t ptr, size; int dev; struct falloc *next; };
-struct fhandle { int fd; uint64_t size; int dev; };
+/* imported: made from another process's export; that process's memory, not counted here again. */
+struct fhandle { int fd; uint64_t size; int dev; int exportable; int imported; };
 
 static struct fdev devs[MAX_DEV];
 static int n_devs;
@@ -267,6 +270,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev)
     const char *no_vmm = getenv("FAKE_CUDA_NO_VMM");
     *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9
        : attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ? !(no_vmm && *no_vmm == '1')
+       : attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ? !(no_vmm && *no_vmm == '1')
        : 0;
     return CUDA_SUCCESS;
 }
@@ -859,6 +863,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     h->fd = memfd_create("fake-cuda", MFD_CLOEXEC);
     h->size = size;
     h->dev = dev;
+    h->exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    h->imported = 0;
     if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
         give_device_memory(dev, size);
         free(h);
@@ -873,7 +879,8 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     NEED_INIT();
     struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
     if (!h) return CUDA_ERROR_INVALID_VALUE;
-    give_device_memory(h->dev, h->size);
+    if (!h->imported)
+        give_device_memory(h->dev, h->size);
     close(h->fd);
     free(h);
     return CUDA_SUCCESS;
@@ -902,9 +909,27 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* FAKE_CUDA_UNMAP_FAIL=N: the next N unmaps fail (per process), as a driver in trouble would. */
+static int unmap_should_fail(void)
+{
+    static int left = -1;
+    pthread_mutex_lock(&mu);
+    if (left < 0) {
+        const char *n = getenv("FAKE_CUDA_UNMAP_FAIL");
+        left = n ? atoi(n) : 0;
+    }
+    int fail = left > 0;
+    if (fail)
+        left--;
+    pthread_mutex_unlock(&mu);
+    return fail;
+}
+
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
+    if (unmap_should_fail())
+        return CUDA_ERROR_INVALID_VALUE;
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1401,6 +1426,48 @@ EXPORT CUresult cuArrayDestroy(CUarray array)
     return CUDA_SUCCESS;
 }
 
+/* ---- sharing physical memory between processes --------------------------------------------- */
+/* As the real driver: only memory made with the POSIX fd handle type exports, as a new fd. */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
+                                             unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
+    if (!h || !shareable || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !h->exportable)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(h->fd, F_DUPFD, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type)
+{
+    NEED_INIT();
+    int fd = (int)(intptr_t)os_handle;
+    struct stat st;
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) != 0 || st.st_size <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fhandle *h = malloc(sizeof *h);
+    h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    h->size = (uint64_t)st.st_size;
+    h->dev = 0;
+    h->exportable = 1;
+    h->imported = 1;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+/* Legacy IPC: this driver has none (the real one refuses virtual-memory allocations, and knows no
+ * handle that it did not make): every call is refused as the real driver refuses those. */
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
+{ NEED_INIT(); (void)handle; (void)ptr; return CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)
+{ NEED_INIT(); (void)dptr; (void)handle; (void)flags; return CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{ NEED_INIT(); (void)dptr; return CUDA_ERROR_INVALID_VALUE; }
+
 #define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
     F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
     F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
@@ -1409,7 +1476,8 @@ EXPORT CUresult cuArrayDestroy(CUarray array)
     F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \
     F(cuMemPoolGetAttribute) F(cuMemAllocFromPoolAsync) F(cuMemAllocFromPoolAsync_ptsz)                        \
     F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
-    F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2)
+    F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
+    F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)

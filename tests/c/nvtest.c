@@ -22,6 +22,14 @@
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
  *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
+ * CUDA IPC between two processes (direct calls):
+ *   ipcput:BYTES:PATH  (cuMemAlloc, fill with 0xa1, cuIpcGetMemHandle of a pointer in its middle, the
+ *                       64 bytes to PATH)
+ *   ipcwait:HEX:MS     (until the second half of that allocation holds byte HEX, or MS pass)
+ *   ipcget:PATH:BYTES  (wait for PATH, cuIpcOpenMemHandle, check the first half is 0xa1, fill the
+ *                       second half with 0xb2)   ipcclose (cuIpcCloseMemHandle)
+ *   ipcraw:PATH:HEX    (cuIpcOpenMemHandle of PATH's 64 bytes with byte 8 onward overwritten by HEX,
+ *                       or PATH as is when HEX is empty: forged and stale handles)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -337,8 +345,118 @@ static CUmemoryPool current_pool(void)
 }
 
 /* 1 when the action was one of these. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+static CUdeviceptr ipc_local, ipc_remote;
+static size_t ipc_bytes;
+
+/* 1 when every byte of [p, p + n) on the device is `want`. */
+static int device_bytes_are(CUdeviceptr p, size_t n, unsigned char want, unsigned char *seen)
+{
+    unsigned char *buf = malloc(n);
+    int same = buf && api.cuMemcpyDtoH_v2(buf, p, n) == CUDA_SUCCESS;
+    for (size_t i = 0; same && i < n; i++)
+        same = buf[i] == want;
+    if (seen && buf)
+        *seen = buf[n - 1];
+    free(buf);
+    return same;
+}
+
+static int read_handle(const char *path, CUipcMemHandle *h, int wait_ms)
+{
+    for (int waited = 0;; waited += 10) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t n = fread(h, 1, sizeof *h, f);
+            fclose(f);
+            if (n == sizeof *h)
+                return 0;
+        }
+        if (waited >= wait_ms)
+            return -1;
+        usleep(10000);
+    }
+}
+
+static int run_ipc(const char *action, char *arg)
+{
+    if (strcmp(action, "ipcput") == 0) {
+        char *path = strchr(arg, ':');
+        ipc_bytes = strtoull(arg, NULL, 10);
+        CUresult rc = api.cuMemAlloc_v2(&ipc_local, ipc_bytes);
+        if (rc == CUDA_SUCCESS)
+            rc = cuMemsetD8_v2(ipc_local, 0xa1, ipc_bytes);
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        if (rc == CUDA_SUCCESS)
+            rc = cuIpcGetMemHandle(&h, ipc_local + ipc_bytes / 2);
+        if (rc == CUDA_SUCCESS && path) {
+            char tmp[4200];
+            snprintf(tmp, sizeof tmp, "%s.tmp", path + 1);
+            FILE *f = fopen(tmp, "wb");
+            fwrite(&h, 1, sizeof h, f);
+            fclose(f);
+            rename(tmp, path + 1);
+        }
+        printf("ipcput rc=%d\n", rc);
+    } else if (strcmp(action, "ipcwait") == 0) {
+        char *ms = strchr(arg, ':');
+        unsigned char want = (unsigned char)strtoul(arg, NULL, 16), seen = 0;
+        int limit = ms ? atoi(ms + 1) : 10000, ok = 0;
+        for (int waited = 0; !ok && waited <= limit; waited += 20) {
+            ok = device_bytes_are(ipc_local + ipc_bytes / 2, ipc_bytes - ipc_bytes / 2, want, &seen);
+            if (!ok)
+                usleep(20000);
+        }
+        int first_half = device_bytes_are(ipc_local, ipc_bytes / 2, 0xa1, NULL);
+        printf("ipcwait %s first_half=%s\n", ok ? "ok" : "timeout", first_half ? "intact" : "changed");
+        if (!ok)
+            printf("ipcwait saw 0x%x\n", seen);
+    } else if (strcmp(action, "ipcget") == 0) {
+        char *bytes = strchr(arg, ':');
+        if (bytes)
+            *bytes++ = '\0';
+        ipc_bytes = bytes ? strtoull(bytes, NULL, 10) : 0;
+        CUipcMemHandle h;
+        if (read_handle(arg, &h, 20000) != 0) {
+            printf("ipcget no handle\n");
+            return 1;
+        }
+        CUresult rc = cuIpcOpenMemHandle_v2(&ipc_remote, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        printf("ipcget rc=%d\n", rc);
+        if (rc != CUDA_SUCCESS)
+            return 1;
+        printf("ipcget read %s\n", device_bytes_are(ipc_remote, ipc_bytes / 2, 0xa1, NULL) ? "ok" : "wrong");
+        check("cuMemsetD8", cuMemsetD8_v2(ipc_remote + ipc_bytes / 2, 0xb2, ipc_bytes - ipc_bytes / 2));
+        check("cuCtxSynchronize", api.cuCtxSynchronize());
+    } else if (strcmp(action, "ipcclose") == 0) {
+        printf("ipcclose rc=%d\n", cuIpcCloseMemHandle(ipc_remote));
+    } else if (strcmp(action, "ipcraw") == 0) {
+        char *hex = strchr(arg, ':');
+        if (hex)
+            *hex++ = '\0';
+        CUipcMemHandle h;
+        if (read_handle(arg, &h, 0) != 0) {
+            printf("ipcraw no handle\n");
+            return 1;
+        }
+        if (hex && *hex)
+            memset(h.reserved + 8, (int)strtoul(hex, NULL, 16), sizeof h.reserved - 8);
+        CUdeviceptr p = 0;
+        printf("ipcraw rc=%d\n", cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static int run_more(const char *action, char *arg)
 {
+    if (strncmp(action, "ipc", 3) == 0)
+        return run_ipc(action, arg);
     if (strcmp(action, "capture") == 0) {
         char *n = strchr(arg, ':');
         char *hold = n ? strchr(n + 1, ':') : NULL;
