@@ -204,6 +204,7 @@ extern atomic_int nvshare_n_gpus;
 
 struct nvshare_gpu *nvshare_gpu_for_current(void);
 struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev);
+struct nvshare_gpu *nvshare_gpu_for_ctx(CUcontext ctx);
 struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
 void nvshare_gpu_init_sync(struct nvshare_gpu *g);
 void nvshare_ctx_forget(CUcontext ctx);

@@ -1468,6 +1468,41 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, 
 EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 { NEED_INIT(); (void)dptr; return CUDA_ERROR_INVALID_VALUE; }
 
+/* ---- peer copies --------------------------------------------------------------------------- */
+/* A copy between two GPUs waits for both contexts' work, takes FAKE_PEER_COPY_US (default 20 ms),
+ * and is traced on both GPUs like a kernel: a test sees when it touched each one. */
+static void wait_for(struct fctx *c)
+{
+    barrier_settle_ctx(c);
+    pthread_mutex_lock(&mu);
+    uint64_t t = ctx_busy_until(c);
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+}
+
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n)
+{
+    NEED_INIT();
+    struct fctx *d = (struct fctx *)dst_ctx, *s = (struct fctx *)src_ctx;
+    if (!d || !s || d->magic != CTX_MAGIC || s->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    wait_for(s);
+    wait_for(d);
+    const char *us_text = getenv("FAKE_PEER_COPY_US");
+    uint64_t us = us_text ? strtoull(us_text, NULL, 10) : 20000;
+    uint64_t start = now_ns();
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    sleep_until(start + us * 1000);
+    uint64_t end = now_ns();
+    bar_trace(s->dev, start, end);
+    if (d->dev != s->dev)
+        bar_trace(d->dev, start, end);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                                  size_t n, CUstream st)
+{ (void)st; return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n); }
+
 #define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
     F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
     F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
@@ -1477,7 +1512,8 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     F(cuMemPoolGetAttribute) F(cuMemAllocFromPoolAsync) F(cuMemAllocFromPoolAsync_ptsz)                        \
     F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
     F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
-    F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)
+    F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
+    F(cuMemcpyPeer) F(cuMemcpyPeerAsync)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)

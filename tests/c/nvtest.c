@@ -22,6 +22,8 @@
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
  *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
+ *   peercopy:D:BYTES:N  (N copies of BYTES from memory on the current device to memory on device D
+ *                        with cuMemcpyPeer, every one checked)
  * CUDA IPC between two processes (direct calls):
  *   ipcput:BYTES:PATH  (cuMemAlloc, fill with 0xa1, cuIpcGetMemHandle of a pointer in its middle, the
  *                       64 bytes to PATH)
@@ -453,8 +455,47 @@ static int run_ipc(const char *action, char *arg)
     return 1;
 }
 
+CUresult cuMemcpyPeer(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+CUresult cuCtxGetCurrent(CUcontext *);
+
+static void peer_copies(char *arg)
+{
+    char *bytes = strchr(arg, ':');
+    char *count = bytes ? strchr(bytes + 1, ':') : NULL;
+    size_t n = bytes ? strtoull(bytes + 1, NULL, 10) : 4096;
+    int rounds = count ? atoi(count + 1) : 1;
+    CUcontext here, there;
+    CUdevice peer;
+    CUdeviceptr src, dst;
+    check("cuCtxGetCurrent", cuCtxGetCurrent(&here));
+    check("cuDeviceGet", api.cuDeviceGet(&peer, atoi(arg)));
+    check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&there, peer));
+    check("cuMemAlloc", api.cuMemAlloc_v2(&src, n));
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(there));
+    check("cuMemAlloc", api.cuMemAlloc_v2(&dst, n));
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
+    unsigned char *want = malloc(n), *got = malloc(n);
+    int ok = 1;
+    for (int r = 0; r < rounds && ok; r++) {
+        memset(want, 0x30 + r, n);
+        check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(src, want, n));
+        CUresult rc = cuMemcpyPeer(dst, there, src, here, n);
+        check("cuCtxSetCurrent", api.cuCtxSetCurrent(there));
+        check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(got, dst, n));
+        check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
+        ok = rc == CUDA_SUCCESS && memcmp(got, want, n) == 0;
+    }
+    printf("peercopy %s rounds=%d\n", ok ? "ok" : "wrong", rounds);
+    free(want);
+    free(got);
+}
+
 static int run_more(const char *action, char *arg)
 {
+    if (strcmp(action, "peercopy") == 0) {
+        peer_copies(arg);
+        return 1;
+    }
     if (strncmp(action, "ipc", 3) == 0)
         return run_ipc(action, arg);
     if (strcmp(action, "capture") == 0) {
