@@ -286,8 +286,42 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
     /* cuMemFree waits for the work that may still use the memory; unmapping does not. That work is
      * on g, whichever GPU the freeing thread has current. */
     nvshare_gpus_sync_contexts(g);
-    uint64_t resident = 0, swapped = 0, size = 0;
+    /* Unmap first: a chunk the driver will not unmap stays mapped and tracked, and so does the
+     * whole allocation, so cuMemFree reports the error and a retry can finish the job. */
+    uint64_t size = 0, was_swapped = 0, unmapped_swappable = 0, unmapped_all = 0;
     CUresult unmapped = CUDA_SUCCESS;
+    for (size_t i = 0; i < g->swap_count; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->base != va)
+            continue;
+        size += e->size;
+        if (!e->resident) {
+            was_swapped += e->size;
+            continue;
+        }
+        CUresult rc_chunk = unmap_chunk(g, e);
+        if (rc_chunk != CUDA_SUCCESS) {
+            if (unmapped == CUDA_SUCCESS)
+                unmapped = rc_chunk;
+            continue;
+        }
+        unmapped_all += e->size;
+        if (!e->fixed)
+            unmapped_swappable += e->size;
+        e->fixed = 0;     /* off the GPU: what comes back is new memory */
+        e->has_data = 0;  /* the application was freeing it */
+    }
+    if (unmapped != CUDA_SUCCESS) {
+        /* Still an allocation; the chunks that did go count as swapped, as every chunk off the GPU. */
+        counted(g, -(int64_t)unmapped_swappable, (int64_t)unmapped_all);
+        nvshare_in_hook--;
+        pthread_mutex_unlock(&g->swap_mu);
+        nvshare_log("gpu %s: cuMemFree of %llu bytes at 0x%llx failed: the driver would not unmap them "
+                    "(CUDA error %d); they stay allocated", g->uuid, (unsigned long long)size,
+                    (unsigned long long)va, unmapped);
+        *rc = unmapped;
+        return 1;
+    }
     size_t kept = 0;
     for (size_t i = 0; i < g->swap_count; i++) {
         struct nvshare_swap_entry *e = &g->swap_entries[i];
@@ -295,23 +329,13 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
             g->swap_entries[kept++] = *e;
             continue;
         }
-        size += e->size;
-        if (e->resident) {
-            CUresult rc_chunk = unmap_chunk(g, e);
-            if (rc_chunk != CUDA_SUCCESS && unmapped == CUDA_SUCCESS)
-                unmapped = rc_chunk;
-            if (!e->fixed)
-                resident += e->size;
-        } else {
-            swapped += e->size;
-        }
         if (e->host)
             r->cuMemFreeHost(e->host);
     }
     g->swap_count = kept;
-    *rc = unmapped != CUDA_SUCCESS ? unmapped : r->cuMemAddressFree(va, size);
+    *rc = r->cuMemAddressFree(va, size);
     nvshare_in_hook--;
-    counted(g, -(int64_t)resident, -(int64_t)swapped);
+    counted(g, -(int64_t)unmapped_swappable, -(int64_t)was_swapped);
     pthread_mutex_unlock(&g->swap_mu);
     return 1;
 }

@@ -4,6 +4,7 @@
  * itself first), then runs the actions given on the command line, one output line each.
  *
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
+ *   free:I (the I-th live allocation; kept when the free fails)
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
  *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
  *                             byte, write a new pattern; the data must survive swaps at its address)
@@ -693,6 +694,16 @@ static void run(char *action)
         if (rc == CUDA_SUCCESS && n_allocs < MAX_ALLOCS)
             allocs[n_allocs++] = p;
         printf("allocpitch rc=%d pitch=%zu\n", rc, pitch);
+    } else if (strcmp(action, "free") == 0) {
+        /* free:I: the I-th allocation, kept in the list when the free fails (it can be retried) */
+        int i = atoi(arg);
+        CUresult rc = i < n_allocs ? api.cuMemFree_v2(allocs[i]) : CUDA_ERROR_INVALID_VALUE;
+        if (rc == CUDA_SUCCESS) {
+            for (int k = i + 1; k < n_allocs; k++)
+                allocs[k - 1] = allocs[k];
+            n_allocs--;
+        }
+        printf("free rc=%d\n", rc);
     } else if (strcmp(action, "freeall") == 0) {
         for (int i = 0; i < n_allocs; i++)
             check("cuMemFree", api.cuMemFree_v2(allocs[i]));
