@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,16 +62,19 @@ def test_torch_multiprocessing_and_raw_ipc_share_memory_with_swap_on(scheduler_f
     (ja, ua), (jb, ub) = jobs.register(), jobs.register()
     folder = tmp_path / "handshake"
     folder.mkdir()
-    pair = jobs.popen([sys.executable, str(HERE / "ipc_share.py"), "--dir", str(folder), "--big-mib", "4096"],
-                      ja, ua)
+    # Debug lines: the parent's swap-outs and exports are judged from them.
+    pair = subprocess.Popen([sys.executable, str(HERE / "ipc_share.py"), "--dir", str(folder), "--big-mib", "4096"],
+                            env={**jobs.env(ja, ua), "NVSHARE_LOG_LEVEL": "debug"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    other = None
+    out = err = other_out = other_err = ""
+    swapped = fixed = 0
     try:
         _wait(folder / "opened", pair, 240)
         # Another job that does not fit beside the pair: the parent's 4 GiB must go to host memory.
         other = jobs.popen([sys.executable, "-c", CONTENDER, "4096", "20"], jb, ub)
         assert other.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 60
-        swapped = 0
-        fixed = 0
         while time.monotonic() < deadline and not swapped:
             gpu = sched.client().status()["gpus"][0]
             swapped, fixed = gpu["memory_swapped"], max(fixed, gpu["memory_fixed"])
@@ -78,8 +83,8 @@ def test_torch_multiprocessing_and_raw_ipc_share_memory_with_swap_on(scheduler_f
         out, err = pair.communicate(timeout=300)
         other_out, other_err = other.communicate(timeout=120)
     finally:
-        for p in (pair,):
-            if p.poll() is None:
+        for p in (pair, other):
+            if p is not None and p.poll() is None:
                 p.kill()
     result = json.loads(out.strip().splitlines()[-1]) if pair.returncode == 0 else {}
     folder_out = os.environ.get("NVSHARE_GPU_OUT")
@@ -88,8 +93,12 @@ def test_torch_multiprocessing_and_raw_ipc_share_memory_with_swap_on(scheduler_f
             {"result": result, "swapped_seen": swapped, "fixed_seen": fixed, "stderr": err[-4000:],
              "contender": other_out + other_err[-2000:]}, indent=1))
     assert pair.returncode == 0, err[-4000:]
-    assert swapped > 0, "the other job never made the pair swap: the test proved nothing"
-    assert fixed >= 2 * 64 * MiB, "the shared buffers were not reported fixed"
+    moved = [float(m) for m in re.findall(r"swapped out ([\d.]+) MiB", err)]
+    assert swapped > 0 and moved and max(moved) > 0, \
+        "the other job never made the pair swap: the test proved nothing"
+    exports = 2 if "raw_get_rc" in result.get("parent", {}) else 1  # torch's tensor, the raw buffer
+    assert len(re.findall(r"CUDA IPC: \d+ bytes at 0x[0-9a-f]+ exported", err)) == exports, err[-4000:]
+    assert fixed >= exports * 64 * MiB, "the shared buffers were not reported fixed"
     assert result["parent"]["child_writes_seen"] and result["parent"]["own_half_intact"], result
     assert result["parent"]["big_intact"], result
     assert result["child"]["opened_value_ok"] and result["child"]["parent_writes_seen"], result
