@@ -439,3 +439,27 @@ def test_a_process_that_never_uses_cuda_never_connects(hook_lib, scheduler, tmp_
     while "client registered" not in scheduler.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "client registered" in scheduler.log()
+
+
+def test_many_threads_making_their_first_cuda_call_at_once(hook_lib, scheduler, tmp_path):
+    """The driver is loaded and the daemon reached once, however many threads start at once; every
+    thread's calls work (the real-function table is never read half filled)."""
+    job = Job(scheduler, 191, tmp_path / "trace", gpu_index=[0], NVSHARE_LOG_LEVEL="debug")
+    for _ in range(5):
+        out = run_nvtest(hook_lib, ["initrace:32"], env=job.env, via="link")
+        assert "initrace threads=32 failed=0" in out.stdout, out.stdout + out.stderr
+        assert out.stderr.count("connected to nvshare-scheduler") == 1, out.stderr
+
+
+def test_fork_while_the_allocation_table_grows(hook_lib, scheduler, tmp_path):
+    """Children forked while another thread's allocations grow the hook's table exit cleanly (no
+    double free of a table half moved), and the parent's books stay right: after its 6000 small
+    allocations are freed, an allocation of its whole NVSHARE_MEM_LIMIT still fits."""
+    job = Job(scheduler, 192, tmp_path / "trace", gpu_index=[0], NVSHARE_MEM_LIMIT="16M")
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "forkgrow:6000:400", f"alloc:{16 << 20}", "freeall"],
+                     env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.search(r"forkgrow allocs=6000 forks=(\d+) children_failed=0 alloc_failed=0 free_failed=0",
+                      out.stdout)
+    assert found and int(found.group(1)) > 1, out.stdout + out.stderr
+    assert f"alloc {16 << 20} rc=0" in out.stdout, out.stdout + out.stderr

@@ -23,6 +23,10 @@
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
  *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
+ *   initrace:N  (N threads make their first CUDA calls at once, released together: init, context,
+ *                allocate, free; the line counts the threads whose calls failed)
+ *   forkgrow:N:FORKS  (a thread makes N small allocations, so the hook's table grows several times,
+ *                while this thread forks FORKS children that exit at once; then all are freed)
  *   peercopy:D:BYTES:N  (N copies of BYTES from memory on the current device to memory on device D
  *                        with cuMemcpyPeer, every one checked)
  * CUDA IPC between two processes (direct calls):
@@ -37,6 +41,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -491,8 +497,83 @@ static void peer_copies(char *arg)
     free(got);
 }
 
+static pthread_barrier_t race_start;
+
+static void *race_main(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&race_start);
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p;
+    int failed = api.cuInit(0) != CUDA_SUCCESS || api.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+                 api.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || api.cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+                 api.cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS || api.cuMemFree_v2(p) != CUDA_SUCCESS;
+    return (void *)(intptr_t)failed;
+}
+
+struct grow_job { int n; CUdeviceptr *ptrs; int failed; atomic_int done; CUcontext ctx; };
+
+static void *grow_main(void *arg)
+{
+    struct grow_job *j = arg;
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(j->ctx));
+    for (int i = 0; i < j->n; i++)
+        j->failed += api.cuMemAlloc_v2(&j->ptrs[i], 1024) != CUDA_SUCCESS;
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+static void fork_while_growing(char *arg)
+{
+    char *forks_text = strchr(arg, ':');
+    struct grow_job job = {atoi(arg), NULL, 0, 0, NULL};
+    check("cuCtxGetCurrent", cuCtxGetCurrent(&job.ctx));
+    int forks = forks_text ? atoi(forks_text + 1) : 20, children_failed = 0, forked = 0;
+    job.ptrs = calloc((size_t)job.n, sizeof *job.ptrs);
+    pthread_t grower;
+    pthread_create(&grower, NULL, grow_main, &job);
+    while (forked < forks) {
+        pid_t child = fork();
+        if (child == 0)
+            _exit(0);  /* the hook's fork handlers ran in it: a double free would have aborted it */
+        int status = 0;
+        waitpid(child, &status, 0);
+        children_failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        forked++;
+        if (atomic_load(&job.done))
+            break;
+    }
+    pthread_join(grower, NULL);
+    int free_failed = 0;
+    for (int i = 0; i < job.n; i++)
+        free_failed += job.ptrs[i] && api.cuMemFree_v2(job.ptrs[i]) != CUDA_SUCCESS;
+    free(job.ptrs);
+    printf("forkgrow allocs=%d forks=%d children_failed=%d alloc_failed=%d free_failed=%d\n", job.n, forked,
+           children_failed, job.failed, free_failed);
+}
+
 static int run_more(const char *action, char *arg)
 {
+    if (strcmp(action, "initrace") == 0) {
+        int n = atoi(arg), failed = 0;
+        pthread_t tids[64];
+        n = n > 64 ? 64 : n;
+        pthread_barrier_init(&race_start, NULL, (unsigned)n);
+        for (int i = 0; i < n; i++)
+            pthread_create(&tids[i], NULL, race_main, NULL);
+        for (int i = 0; i < n; i++) {
+            void *r;
+            pthread_join(tids[i], &r);
+            failed += (int)(intptr_t)r;
+        }
+        printf("initrace threads=%d failed=%d\n", n, failed);
+        return 1;
+    }
+    if (strcmp(action, "forkgrow") == 0) {
+        fork_while_growing(arg);
+        return 1;
+    }
     if (strcmp(action, "peercopy") == 0) {
         peer_copies(arg);
         return 1;
