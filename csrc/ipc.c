@@ -136,7 +136,7 @@ static int send_with_fds(int sock, const void *data, size_t len, const int *fds,
 
 static void serve_one(int conn)
 {
-    struct ucred peer;
+    struct ucred peer = {0};
     socklen_t len = sizeof peer;
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
         nvshare_log("CUDA IPC: refused a request from pid %d uid %d: only this job's user may map its memory",
