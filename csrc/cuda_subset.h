@@ -44,6 +44,24 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
+/* Read by the hook: a 3D peer copy names both contexts. */
+typedef struct CUDA_MEMCPY3D_PEER_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;  /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    CUcontext srcContext;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    CUcontext dstContext;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_PEER;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
@@ -72,7 +90,6 @@ typedef struct CUuuid_st {
 /* Passed through only. */
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
-typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
 typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
 typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;

@@ -172,6 +172,8 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
 static void enter_pair(struct nvshare_gpu *a, struct nvshare_gpu *b, struct nvshare_gpu **first,
                        struct nvshare_gpu **second)
 {
+    if (!a && !b)  /* host or array on both sides: the current context's GPU, as other copies */
+        a = nvshare_gpu_for_current();
     if (a == b || !b)
         b = NULL;
     if (!a) {
@@ -204,6 +206,26 @@ PEER_COPY_WRAPPER(cuMemcpyPeer, NVP_PEER, NVA_5)
 PEER_COPY_WRAPPER(cuMemcpyPeer_ptds, NVP_PEER, NVA_5)
 PEER_COPY_WRAPPER(cuMemcpyPeerAsync, NVP_PEER_A, NVA_6)
 PEER_COPY_WRAPPER(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)
+
+/* The 3D form names its contexts in the descriptor (ignored for a host or array side). */
+#define PEER_3D_WRAPPER(name, params, args)                                                      \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *first, *second;                                                      \
+        enter_pair(a ? nvshare_gpu_for_ctx(a->dstContext) : NULL,                                \
+                   a ? nvshare_gpu_for_ctx(a->srcContext) : NULL, &first, &second);              \
+        nvshare_in_hook++;                                                                       \
+        CUresult rc = nvshare_real.name args;                                                    \
+        nvshare_in_hook--;                                                                       \
+        nvshare_gate_leave(second);                                                              \
+        nvshare_gate_leave(first);                                                               \
+        return rc;                                                                               \
+    }
+PEER_3D_WRAPPER(cuMemcpy3DPeer, NVP_3DP, NVA_1)
+PEER_3D_WRAPPER(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)
+PEER_3D_WRAPPER(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)
+PEER_3D_WRAPPER(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A, NVA_2)
 
 /* ---- initialisation and contexts ------------------------------------------------------------ */
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)

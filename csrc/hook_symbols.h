@@ -219,8 +219,8 @@
     GATE(cuMemcpy2DUnaligned_v2_ptds, NVP_2D, NVA_1)                                           \
     GATE(cuMemcpy3D_v2, NVP_3D, NVA_1)                                                         \
     GATE(cuMemcpy3D_v2_ptds, NVP_3D, NVA_1)                                                    \
-    GATE(cuMemcpy3DPeer, NVP_3DP, NVA_1)                                                       \
-    GATE(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)                                                  \
+    OWN(cuMemcpy3DPeer, NVP_3DP)                                                               \
+    OWN(cuMemcpy3DPeer_ptds, NVP_3DP)                                                          \
     /* asynchronous copies */                                                                  \
     GATE(cuMemcpyAsync, NVP_DTOD_A, NVA_4)                                                     \
     GATE(cuMemcpyAsync_ptsz, NVP_DTOD_A, NVA_4)                                                \
@@ -240,8 +240,8 @@
     GATE(cuMemcpy2DAsync_v2_ptsz, NVP_2D_A, NVA_2)                                             \
     GATE(cuMemcpy3DAsync_v2, NVP_3D_A, NVA_2)                                                  \
     GATE(cuMemcpy3DAsync_v2_ptsz, NVP_3D_A, NVA_2)                                             \
-    GATE(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)                                                \
-    GATE(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A, NVA_2)                                           \
+    OWN(cuMemcpy3DPeerAsync, NVP_3DP_A)                                                        \
+    OWN(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A)                                                   \
     GATE(cuMemcpyBatchAsync, NVP_BATCH_A, NVA_9)                                               \
     GATE(cuMemcpyBatchAsync_ptsz, NVP_BATCH_A, NVA_9)                                          \
     GATE(cuMemcpy3DBatchAsync, NVP_BATCH3D_A, NVA_5)                                           \

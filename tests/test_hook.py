@@ -358,19 +358,21 @@ def test_one_process_on_two_gpus_waits_for_the_holder_of_one(hook_lib, concurren
 
 
 
-def test_a_peer_copy_waits_for_both_gpus(hook_lib, concurrent, tmp_path, procs):
-    """cuMemcpyPeer reads one GPU and writes another: it runs only while the process holds both,
-    never beside another job's kernel on the peer GPU (where its memory may be swapped out)."""
+@pytest.mark.parametrize("copy", ["peercopy", "peercopy3d"])
+def test_a_peer_copy_waits_for_both_gpus(hook_lib, concurrent, tmp_path, procs, copy):
+    """cuMemcpyPeer and cuMemcpy3DPeer read one GPU and write another: they run only while the
+    process holds both, never beside another job's kernel on the peer GPU (where its memory may be
+    swapped out)."""
     trace = tmp_path / "trace"
     other = Job(concurrent, 161, trace, gpu_index=[1])
     both = Job(concurrent, 162, trace, gpu_index=[0, 1])
     procs.append(start_nvtest(hook_lib, ["init", "ctx:1", "launch:300000", "sync", "launch:300000", "sync"],
                               other.env))
     time.sleep(0.2)
-    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", "peercopy:1:65536:3"],
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", f"{copy}:1:65536:3"],
                               both.env))
     outs = [finish(p) for p in procs]
-    assert "peercopy ok rounds=3" in outs[1], outs[1]
+    assert f"{copy} ok rounds=3" in outs[1], outs[1]
     rows = read_trace(trace)
     copies_on1 = [r for r in rows if r[0] == procs[1].pid and r[1] == GPU1]
     assert len(copies_on1) == 3

@@ -1503,6 +1503,18 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
                                   size_t n, CUstream st)
 { (void)st; return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n); }
 
+/* The 3D form, for the one-row copies the tests make: WidthInBytes x Height x Depth bytes in a row. */
+EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *p)
+{
+    NEED_INIT();
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemcpyPeer(p->dstDevice + p->dstXInBytes, p->dstContext, p->srcDevice + p->srcXInBytes, p->srcContext,
+                        p->WidthInBytes * (p->Height ? p->Height : 1) * (p->Depth ? p->Depth : 1));
+}
+EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
+{ (void)st; return cuMemcpy3DPeer(p); }
+
 #define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
     F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
     F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
@@ -1513,7 +1525,7 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
     F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
     F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
     F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
-    F(cuMemcpyPeer) F(cuMemcpyPeerAsync)
+    F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)

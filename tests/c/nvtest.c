@@ -28,7 +28,7 @@
  *   forkgrow:N:FORKS  (a thread makes N small allocations, so the hook's table grows several times,
  *                while this thread forks FORKS children that exit at once; then all are freed)
  *   peercopy:D:BYTES:N  (N copies of BYTES from memory on the current device to memory on device D
- *                        with cuMemcpyPeer, every one checked)
+ *                        with cuMemcpyPeer, every one checked)   peercopy3d:D:BYTES:N (cuMemcpy3DPeer)
  * CUDA IPC between two processes (direct calls):
  *   ipcput:BYTES:PATH  (cuMemAlloc, fill with 0xa1, cuIpcGetMemHandle of a pointer in its middle, the
  *                       64 bytes to PATH)
@@ -463,9 +463,10 @@ static int run_ipc(const char *action, char *arg)
 }
 
 CUresult cuMemcpyPeer(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *);
 CUresult cuCtxGetCurrent(CUcontext *);
 
-static void peer_copies(char *arg)
+static void peer_copies(char *arg, int three_d)
 {
     char *bytes = strchr(arg, ':');
     char *count = bytes ? strchr(bytes + 1, ':') : NULL;
@@ -486,13 +487,22 @@ static void peer_copies(char *arg)
     for (int r = 0; r < rounds && ok; r++) {
         memset(want, 0x30 + r, n);
         check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(src, want, n));
-        CUresult rc = cuMemcpyPeer(dst, there, src, here, n);
+        CUDA_MEMCPY3D_PEER p;
+        memset(&p, 0, sizeof p);
+        p.srcMemoryType = p.dstMemoryType = 2;  /* CU_MEMORYTYPE_DEVICE */
+        p.srcDevice = src;
+        p.srcContext = here;
+        p.dstDevice = dst;
+        p.dstContext = there;
+        p.WidthInBytes = n;
+        p.Height = p.Depth = 1;
+        CUresult rc = three_d ? cuMemcpy3DPeer(&p) : cuMemcpyPeer(dst, there, src, here, n);
         check("cuCtxSetCurrent", api.cuCtxSetCurrent(there));
         check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(got, dst, n));
         check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
         ok = rc == CUDA_SUCCESS && memcmp(got, want, n) == 0;
     }
-    printf("peercopy %s rounds=%d\n", ok ? "ok" : "wrong", rounds);
+    printf("peercopy%s %s rounds=%d\n", three_d ? "3d" : "", ok ? "ok" : "wrong", rounds);
     free(want);
     free(got);
 }
@@ -574,8 +584,8 @@ static int run_more(const char *action, char *arg)
         fork_while_growing(arg);
         return 1;
     }
-    if (strcmp(action, "peercopy") == 0) {
-        peer_copies(arg);
+    if (strcmp(action, "peercopy") == 0 || strcmp(action, "peercopy3d") == 0) {
+        peer_copies(arg, action[8] == '3');
         return 1;
     }
     if (strncmp(action, "ipc", 3) == 0)
