@@ -22,6 +22,7 @@ typedef int CUresult;
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_OPERATING_SYSTEM 304
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
@@ -43,6 +44,24 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
+/* Read by the hook: a 3D peer copy names both contexts. */
+typedef struct CUDA_MEMCPY3D_PEER_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;  /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    CUcontext srcContext;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    CUcontext dstContext;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_PEER;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
@@ -71,7 +90,6 @@ typedef struct CUuuid_st {
 /* Passed through only. */
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
-typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
 typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
 typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
@@ -174,6 +192,9 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 
 /* CUpointer_attribute */
 #define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11

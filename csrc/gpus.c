@@ -258,6 +258,28 @@ struct nvshare_gpu *nvshare_gpu_for_current(void)
     return g;
 }
 
+/* The GPU of a context that need not be current (a peer copy names two). */
+struct nvshare_gpu *nvshare_gpu_for_ctx(CUcontext ctx)
+{
+    if (!nvshare_cfg.active || nvshare_in_hook || !ctx)
+        return NULL;
+    struct nvshare_gpu *g = ctx_lookup(ctx);
+    if (g)
+        return g;
+    CUdevice dev;
+    nvshare_in_hook++;
+    CUresult rc = nvshare_real.cuCtxPushCurrent_v2(ctx);
+    if (rc == CUDA_SUCCESS) {
+        rc = nvshare_real.cuCtxGetDevice(&dev);
+        CUcontext popped;
+        nvshare_real.cuCtxPopCurrent_v2(&popped);
+    }
+    nvshare_in_hook--;
+    if (rc != CUDA_SUCCESS || !(g = nvshare_gpu_for_device(dev)))
+        return NULL;  /* not a context the driver knows: it refuses the copy itself */
+    return ctx_insert(ctx, g);
+}
+
 /* Synchronises g's contexts one at a time. ctx_mu is not held across a synchronise, so another GPU's
  * drain, a lookup or a new context never waits for this one; a context being synchronised is marked,
  * and cuCtxDestroy waits for that mark to go. CUDA_SUCCESS only when every one finished cleanly. */

@@ -109,6 +109,8 @@ static void load_driver_once(void)
     RESOLVE(cuDeviceGetGraphMemAttribute);
     RESOLVE(cuCtxFromGreenCtx);
     RESOLVE(cuDevicePrimaryCtxGetState);
+    RESOLVE(cuMemExportToShareableHandle);
+    RESOLVE(cuMemImportFromShareableHandle);
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
@@ -136,6 +138,7 @@ static void after_fork_child(void)
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
     nvshare_swap_after_fork();
+    nvshare_ipc_after_fork();
     nvshare_demand_after_fork();
 }
 
@@ -160,6 +163,69 @@ __attribute__((constructor)) static void nvshare_init(void)
     }
 #define NVSHARE_NO_WRAPPER(name, params)
 NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
+
+/* ---- peer copies ------------------------------------------------------------------------------ */
+/* A peer copy reads one GPU's memory and writes another's, whichever context is current: it runs
+ * inside both GPUs' gates, so neither side's memory is swapped out or in another job's turn. The
+ * gates are entered in slot order, so two threads copying in opposite directions never each hold
+ * one while waiting for the other; entering holds no mutex, only the gate's `inside` count. */
+static void enter_pair(struct nvshare_gpu *a, struct nvshare_gpu *b, struct nvshare_gpu **first,
+                       struct nvshare_gpu **second)
+{
+    if (!a && !b)  /* host or array on both sides: the current context's GPU, as other copies */
+        a = nvshare_gpu_for_current();
+    if (a == b || !b)
+        b = NULL;
+    if (!a) {
+        a = b;
+        b = NULL;
+    }
+    if (a && b && b < a) {
+        struct nvshare_gpu *t = a;
+        a = b;
+        b = t;
+    }
+    *first = nvshare_gate_enter(a);
+    *second = nvshare_gate_enter(b);
+}
+
+#define PEER_COPY_WRAPPER(name, params, args)                                                    \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *first, *second;                                                      \
+        enter_pair(nvshare_gpu_for_ctx(b), nvshare_gpu_for_ctx(d), &first, &second);             \
+        nvshare_in_hook++;                                                                       \
+        CUresult rc = nvshare_real.name args;                                                    \
+        nvshare_in_hook--;                                                                       \
+        nvshare_gate_leave(second);                                                              \
+        nvshare_gate_leave(first);                                                               \
+        return rc;                                                                               \
+    }
+PEER_COPY_WRAPPER(cuMemcpyPeer, NVP_PEER, NVA_5)
+PEER_COPY_WRAPPER(cuMemcpyPeer_ptds, NVP_PEER, NVA_5)
+PEER_COPY_WRAPPER(cuMemcpyPeerAsync, NVP_PEER_A, NVA_6)
+PEER_COPY_WRAPPER(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)
+
+/* The 3D form names its contexts in the descriptor (ignored for a host or array side). */
+#define PEER_3D_WRAPPER(name, params, args)                                                      \
+    NVSHARE_EXPORT CUresult name params                                                          \
+    {                                                                                            \
+        REAL_OR_FAIL(name);                                                                      \
+        struct nvshare_gpu *first, *second;                                                      \
+        enter_pair(a ? nvshare_gpu_for_ctx(a->dstContext) : NULL,                                \
+                   a ? nvshare_gpu_for_ctx(a->srcContext) : NULL, &first, &second);              \
+        nvshare_in_hook++;                                                                       \
+        CUresult rc = nvshare_real.name args;                                                    \
+        nvshare_in_hook--;                                                                       \
+        nvshare_gate_leave(second);                                                              \
+        nvshare_gate_leave(first);                                                               \
+        return rc;                                                                               \
+    }
+PEER_3D_WRAPPER(cuMemcpy3DPeer, NVP_3DP, NVA_1)
+PEER_3D_WRAPPER(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)
+PEER_3D_WRAPPER(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)
+PEER_3D_WRAPPER(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A, NVA_2)
 
 /* ---- initialisation and contexts ------------------------------------------------------------ */
 NVSHARE_EXPORT CUresult cuInit(unsigned int flags)

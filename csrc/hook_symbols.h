@@ -3,7 +3,8 @@
  * NVSHARE_SYMBOLS(GATE, OWN) expands every entry once:
  *   GATE(name, (params), (args))  work that reaches the GPU: the wrapper is generated (hook.c) and runs
  *                                 the real function inside the gate of the calling context's GPU.
- *   OWN(name, (params))           a hand-written wrapper (accounting, context bookkeeping, lookup).
+ *   OWN(name, (params))           a hand-written wrapper (accounting, context bookkeeping, lookup,
+ *                                 peer copies that enter two GPUs' gates).
  * From this list come the real-function pointers, the exported wrappers, the name table that dlsym and
  * cuGetProcAddress consult, and (in tests/c) the list a test compares with `nm -D` of the library.
  * Every exported versioned name is listed separately: _v2/_v3 are distinct ABIs, and _ptds/_ptsz are
@@ -169,6 +170,9 @@
     OWN(cuPointerGetAttribute, (void *data, int attr, CUdeviceptr ptr))                        \
     OWN(cuPointerGetAttributes, (unsigned int n, int *attrs, void **data, CUdeviceptr ptr))    \
     OWN(cuIpcGetMemHandle, (CUipcMemHandle *handle, CUdeviceptr ptr))                          \
+    OWN(cuIpcOpenMemHandle, (CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags))    \
+    OWN(cuIpcOpenMemHandle_v2, (CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)) \
+    OWN(cuIpcCloseMemHandle, (CUdeviceptr dptr))                                               \
     OWN(cuMemGetInfo, (unsigned int *free_bytes, unsigned int *total_bytes))                   \
     OWN(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes))                           \
     /* kernels and graphs */                                                                   \
@@ -188,8 +192,8 @@
     /* synchronous copies */                                                                   \
     GATE(cuMemcpy, NVP_DTOD, NVA_3)                                                            \
     GATE(cuMemcpy_ptds, NVP_DTOD, NVA_3)                                                       \
-    GATE(cuMemcpyPeer, NVP_PEER, NVA_5)                                                        \
-    GATE(cuMemcpyPeer_ptds, NVP_PEER, NVA_5)                                                   \
+    OWN(cuMemcpyPeer, NVP_PEER)                                                                \
+    OWN(cuMemcpyPeer_ptds, NVP_PEER)                                                           \
     GATE(cuMemcpyHtoD, NVP_V1_HTOD, NVA_3)                                                     \
     GATE(cuMemcpyHtoD_v2, NVP_HTOD, NVA_3)                                                     \
     GATE(cuMemcpyHtoD_v2_ptds, NVP_HTOD, NVA_3)                                                \
@@ -215,13 +219,13 @@
     GATE(cuMemcpy2DUnaligned_v2_ptds, NVP_2D, NVA_1)                                           \
     GATE(cuMemcpy3D_v2, NVP_3D, NVA_1)                                                         \
     GATE(cuMemcpy3D_v2_ptds, NVP_3D, NVA_1)                                                    \
-    GATE(cuMemcpy3DPeer, NVP_3DP, NVA_1)                                                       \
-    GATE(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)                                                  \
+    OWN(cuMemcpy3DPeer, NVP_3DP)                                                               \
+    OWN(cuMemcpy3DPeer_ptds, NVP_3DP)                                                          \
     /* asynchronous copies */                                                                  \
     GATE(cuMemcpyAsync, NVP_DTOD_A, NVA_4)                                                     \
     GATE(cuMemcpyAsync_ptsz, NVP_DTOD_A, NVA_4)                                                \
-    GATE(cuMemcpyPeerAsync, NVP_PEER_A, NVA_6)                                                 \
-    GATE(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)                                            \
+    OWN(cuMemcpyPeerAsync, NVP_PEER_A)                                                         \
+    OWN(cuMemcpyPeerAsync_ptsz, NVP_PEER_A)                                                    \
     GATE(cuMemcpyHtoDAsync_v2, NVP_HTOD_A, NVA_4)                                              \
     GATE(cuMemcpyHtoDAsync_v2_ptsz, NVP_HTOD_A, NVA_4)                                         \
     GATE(cuMemcpyDtoHAsync_v2, NVP_DTOH_A, NVA_4)                                              \
@@ -236,8 +240,8 @@
     GATE(cuMemcpy2DAsync_v2_ptsz, NVP_2D_A, NVA_2)                                             \
     GATE(cuMemcpy3DAsync_v2, NVP_3D_A, NVA_2)                                                  \
     GATE(cuMemcpy3DAsync_v2_ptsz, NVP_3D_A, NVA_2)                                             \
-    GATE(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)                                                \
-    GATE(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A, NVA_2)                                           \
+    OWN(cuMemcpy3DPeerAsync, NVP_3DP_A)                                                        \
+    OWN(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A)                                                   \
     GATE(cuMemcpyBatchAsync, NVP_BATCH_A, NVA_9)                                               \
     GATE(cuMemcpyBatchAsync_ptsz, NVP_BATCH_A, NVA_9)                                          \
     GATE(cuMemcpy3DBatchAsync, NVP_BATCH3D_A, NVA_5)                                           \

@@ -351,8 +351,10 @@ static int free_swappable(CUdeviceptr dptr, CUresult *rc)
     pthread_mutex_unlock(&mem_mu);
     if (!g || !nvshare_swap_free(g, dptr, rc))
         return 0;
-    if (*rc == CUDA_SUCCESS)
+    if (*rc == CUDA_SUCCESS) {
         unrecord((uint64_t)dptr, KIND_PTR);
+        nvshare_ipc_forget(dptr);
+    }
     return 1;
 }
 
@@ -758,20 +760,63 @@ NVSHARE_EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void 
     return rc;
 }
 
-/* Legacy IPC needs memory from cuMemAlloc; swappable memory is not (issue 10 item 7 is open): say
- * what to do instead of leaving the job with the driver's bare error. */
+/* ---- CUDA IPC ------------------------------------------------------------------------------ */
+/* The driver refuses legacy IPC on virtual-memory allocations, which swappable memory is: ipc.c
+ * exports it itself (fixed on the GPU from then on) and opens such handles in the importer. */
+static int driver_loaded(void)
+{
+    return atomic_load_explicit(&nvshare_driver_ok, memory_order_acquire) || nvshare_load_driver() == 0;
+}
+
 NVSHARE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
 {
-    REAL_OR_FAIL(cuIpcGetMemHandle);
-    CUresult rc = nvshare_real.cuIpcGetMemHandle(handle, ptr);
-    CUdeviceptr base;
-    size_t size;
-    static atomic_int told;
-    if (rc != CUDA_SUCCESS && nvshare_cfg.active && !nvshare_in_hook && nvshare_swap_range(ptr, &base, &size) &&
-        !atomic_exchange(&told, 1))
-        nvshare_log("cudaIpcGetMemHandle on swappable memory failed (CUDA error %d): CUDA IPC needs "
-                    "NVSHARE_SWAP=off for this job", rc);
-    return rc;
+    if (!driver_loaded())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct nvshare_gpu *g = nvshare_cfg.active && !nvshare_in_hook && handle ? nvshare_swap_owner(ptr) : NULL;
+    if (g) {
+        /* Inside the gate the allocation is resident; fixed, it stays so after the gate closes. */
+        nvshare_gate_enter(g);
+        uint64_t newly_fixed = 0;
+        CUresult rc = nvshare_ipc_export(g, ptr, handle, &newly_fixed);
+        nvshare_gate_leave(g);
+        if (newly_fixed)
+            nvshare_memory_report(g);
+        if (rc != CUDA_ERROR_NOT_SUPPORTED)
+            return rc;
+        static atomic_int told;
+        if (!atomic_exchange(&told, 1))
+            nvshare_log("gpu %s: the driver cannot export swappable memory for CUDA IPC on this GPU; CUDA "
+                        "IPC needs NVSHARE_SWAP=off for this job", g->uuid);
+    }
+    if (!nvshare_real.cuIpcGetMemHandle)
+        return CUDA_ERROR_NOT_FOUND;
+    return nvshare_real.cuIpcGetMemHandle(handle, ptr);
+}
+
+#define IPC_OPEN_WRAPPER(name)                                                                   \
+    NVSHARE_EXPORT CUresult name(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)   \
+    {                                                                                            \
+        if (!driver_loaded())                                                                    \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+        if (nvshare_ipc_is_ours(&handle))                                                        \
+            return nvshare_ipc_open(dptr, &handle, flags);                                       \
+        if (!nvshare_real.name)                                                                  \
+            return CUDA_ERROR_NOT_FOUND;                                                         \
+        return nvshare_real.name(dptr, handle, flags);                                           \
+    }
+IPC_OPEN_WRAPPER(cuIpcOpenMemHandle)
+IPC_OPEN_WRAPPER(cuIpcOpenMemHandle_v2)
+
+NVSHARE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    if (!driver_loaded())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc;
+    if (nvshare_ipc_close(dptr, &rc))
+        return rc;
+    if (!nvshare_real.cuIpcCloseMemHandle)
+        return CUDA_ERROR_NOT_FOUND;
+    return nvshare_real.cuIpcCloseMemHandle(dptr);
 }
 
 /* ---- CUDA arrays: sized from their descriptor ----------------------------------------------- */

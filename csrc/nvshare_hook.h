@@ -47,6 +47,10 @@ typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
 typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice dev, int attr, void *value);
 typedef CUresult (*cuCtxFromGreenCtx_fn)(CUcontext *ctx, CUgreenCtx green);
 typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *flags, int *active);
+typedef CUresult (*cuMemExportToShareableHandle_fn)(void *shareable, CUmemGenericAllocationHandle handle,
+                                                    int type, unsigned long long flags);
+typedef CUresult (*cuMemImportFromShareableHandle_fn)(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                                      int type);
 
 struct nvshare_real {
 #define NVSHARE_REAL_MEMBER(name, ...) name##_fn name;
@@ -76,6 +80,9 @@ struct nvshare_real {
     cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute;
     cuCtxFromGreenCtx_fn cuCtxFromGreenCtx;  /* green contexts' work is drained with their context */
     cuDevicePrimaryCtxGetState_fn cuDevicePrimaryCtxGetState;  /* a release that leaves it alive */
+    /* CUDA IPC of swappable memory (ipc.c): optional; without them it needs NVSHARE_SWAP=off */
+    cuMemExportToShareableHandle_fn cuMemExportToShareableHandle;
+    cuMemImportFromShareableHandle_fn cuMemImportFromShareableHandle;
 };
 extern struct nvshare_real nvshare_real;
 
@@ -185,6 +192,7 @@ struct nvshare_gpu {
     int swap_busy;                /* the keeper moves memory now (under mu): a grant must wait for it */
     atomic_int swap_abort;        /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
     size_t granularity;
+    int fd_export;                /* chunks are made exportable as file descriptors (CUDA IPC) */
     int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */
     int n_access;
     CUmemAccessDesc access[NVSHARE_MAX_GPUS];
@@ -196,6 +204,7 @@ extern atomic_int nvshare_n_gpus;
 
 struct nvshare_gpu *nvshare_gpu_for_current(void);
 struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev);
+struct nvshare_gpu *nvshare_gpu_for_ctx(CUcontext ctx);
 struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
 void nvshare_gpu_init_sync(struct nvshare_gpu *g);
 void nvshare_ctx_forget(CUcontext ctx);
@@ -323,6 +332,31 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
 /* Under nvshare_swap_lock, gate shut: brings all of g's swapped memory back; 0 when all is resident. */
 int nvshare_swap_in(struct nvshare_gpu *g);
 void nvshare_swap_after_fork(void);
+/* CUDA IPC (ipc.c) of swappable memory: the GPU whose swappable allocation holds ptr, or NULL. */
+struct nvshare_gpu *nvshare_swap_owner(CUdeviceptr ptr);
+struct nvshare_swap_export {
+    CUdeviceptr base;      /* the whole allocation, as cuIpcGetMemHandle on real cuMemAlloc memory */
+    size_t size;
+    size_t chunk_bytes;    /* every chunk this size, the last one the rest */
+    size_t n;
+    int *fds;              /* one exported handle per chunk (malloc'd; the caller owns them) */
+    uint64_t newly_fixed;  /* bytes that were swappable until now */
+};
+/* With the caller inside g's gate (so it is resident): fixes the allocation that ptr lies in for good
+ * and exports its chunks. NOT_SUPPORTED where the GPU cannot export them as file descriptors. */
+CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvshare_swap_export *out);
+
+/* ---- CUDA IPC of swappable memory (ipc.c) ------------------------------------------------------ */
+/* Exports the swappable allocation that ptr lies in (the caller inside g's gate): an nvshare handle. */
+CUresult nvshare_ipc_export(struct nvshare_gpu *g, CUdeviceptr ptr, CUipcMemHandle *handle,
+                            uint64_t *newly_fixed);
+/* The allocation at base was freed: its handles no longer open. */
+void nvshare_ipc_forget(CUdeviceptr base);
+int nvshare_ipc_is_ours(const CUipcMemHandle *handle);
+CUresult nvshare_ipc_open(CUdeviceptr *dptr, const CUipcMemHandle *handle, unsigned int flags);
+/* 1 when dptr was opened by nvshare_ipc_open (its result in *rc); 0: the driver's. */
+int nvshare_ipc_close(CUdeviceptr dptr, CUresult *rc);
+void nvshare_ipc_after_fork(void);
 
 /* strncpy without its truncation warnings: always NUL-terminated. */
 static inline void nvshare_copy_str(char *dst, size_t size, const char *src)

@@ -17,7 +17,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "nvshare_hook.h"
 
@@ -36,6 +38,7 @@ struct nvshare_swap_entry {
     void *host;                           /* pinned copy, kept between swaps */
     int resident;
     int has_data;                         /* host holds the contents; else born swapped */
+    int fixed;                            /* exported for CUDA IPC: another process maps it, so it stays */
 };
 
 /* The counters memory.c reports: swap.c alone moves bytes between them. */
@@ -56,6 +59,9 @@ static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = g->device;
     prop.allocFlags.gpuDirectRDMACapable = (unsigned char)g->rdma;
+    /* The driver exports a chunk (CUDA IPC, ipc.c) only when it was made exportable. */
+    if (g->fd_export)
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return prop;
 }
 
@@ -79,6 +85,11 @@ static int vmm_usable(struct nvshare_gpu *g)
     if (r->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, g->device) ==
         CUDA_SUCCESS)
         g->rdma = rdma != 0;
+    int fd_export = 0;
+    if (r->cuMemExportToShareableHandle &&
+        r->cuDeviceGetAttribute(&fd_export, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                g->device) == CUDA_SUCCESS)
+        g->fd_export = fd_export != 0;
     CUmemAllocationProp prop = device_prop(g);
     if (r->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                 g->device) == CUDA_SUCCESS && supported &&
@@ -206,7 +217,7 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
         size_t offset = i * CHUNK_BYTES;
         first[i] = (struct nvshare_swap_entry){base, base + offset,
                                                size - offset < CHUNK_BYTES ? size - offset : CHUNK_BYTES,
-                                               0, NULL, 0, 0};
+                                               0, NULL, 0, 0, 0};
     }
     /* Born swapped only while this process cannot be running on g: the decision and the counters
      * change under g->mu, where a grant looks at them before it opens the gate. */
@@ -275,8 +286,42 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
     /* cuMemFree waits for the work that may still use the memory; unmapping does not. That work is
      * on g, whichever GPU the freeing thread has current. */
     nvshare_gpus_sync_contexts(g);
-    uint64_t resident = 0, swapped = 0, size = 0;
+    /* Unmap first: a chunk the driver will not unmap stays mapped and tracked, and so does the
+     * whole allocation, so cuMemFree reports the error and a retry can finish the job. */
+    uint64_t size = 0, was_swapped = 0, unmapped_swappable = 0, unmapped_all = 0;
     CUresult unmapped = CUDA_SUCCESS;
+    for (size_t i = 0; i < g->swap_count; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->base != va)
+            continue;
+        size += e->size;
+        if (!e->resident) {
+            was_swapped += e->size;
+            continue;
+        }
+        CUresult rc_chunk = unmap_chunk(g, e);
+        if (rc_chunk != CUDA_SUCCESS) {
+            if (unmapped == CUDA_SUCCESS)
+                unmapped = rc_chunk;
+            continue;
+        }
+        unmapped_all += e->size;
+        if (!e->fixed)
+            unmapped_swappable += e->size;
+        e->fixed = 0;     /* off the GPU: what comes back is new memory */
+        e->has_data = 0;  /* the application was freeing it */
+    }
+    if (unmapped != CUDA_SUCCESS) {
+        /* Still an allocation; the chunks that did go count as swapped, as every chunk off the GPU. */
+        counted(g, -(int64_t)unmapped_swappable, (int64_t)unmapped_all);
+        nvshare_in_hook--;
+        pthread_mutex_unlock(&g->swap_mu);
+        nvshare_log("gpu %s: cuMemFree of %llu bytes at 0x%llx failed: the driver would not unmap them "
+                    "(CUDA error %d); they stay allocated", g->uuid, (unsigned long long)size,
+                    (unsigned long long)va, unmapped);
+        *rc = unmapped;
+        return 1;
+    }
     size_t kept = 0;
     for (size_t i = 0; i < g->swap_count; i++) {
         struct nvshare_swap_entry *e = &g->swap_entries[i];
@@ -284,24 +329,92 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
             g->swap_entries[kept++] = *e;
             continue;
         }
-        size += e->size;
-        if (e->resident) {
-            CUresult rc_chunk = unmap_chunk(g, e);
-            if (rc_chunk != CUDA_SUCCESS && unmapped == CUDA_SUCCESS)
-                unmapped = rc_chunk;
-            resident += e->size;
-        } else {
-            swapped += e->size;
-        }
         if (e->host)
             r->cuMemFreeHost(e->host);
     }
     g->swap_count = kept;
-    *rc = unmapped != CUDA_SUCCESS ? unmapped : r->cuMemAddressFree(va, size);
+    *rc = r->cuMemAddressFree(va, size);
     nvshare_in_hook--;
-    counted(g, -(int64_t)resident, -(int64_t)swapped);
+    counted(g, -(int64_t)unmapped_swappable, -(int64_t)was_swapped);
     pthread_mutex_unlock(&g->swap_mu);
     return 1;
+}
+
+/* ---- CUDA IPC: exporting an allocation's chunks (ipc.c sends them) ---------------------------- */
+struct nvshare_gpu *nvshare_swap_owner(CUdeviceptr ptr)
+{
+    int n = atomic_load(&nvshare_n_gpus);
+    for (int k = 0; k < n; k++) {
+        struct nvshare_gpu *g = &nvshare_gpus[k];
+        int found = 0;
+        pthread_mutex_lock(&g->swap_mu);
+        for (size_t i = 0; i < g->swap_count && !found; i++)
+            found = ptr >= g->swap_entries[i].va && ptr - g->swap_entries[i].va < g->swap_entries[i].size;
+        pthread_mutex_unlock(&g->swap_mu);
+        if (found)
+            return g;
+    }
+    return NULL;
+}
+
+CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvshare_swap_export *out)
+{
+    const struct nvshare_real *r = &nvshare_real;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&g->swap_mu);
+    CUdeviceptr base = 0;
+    for (size_t i = 0; i < g->swap_count && !base; i++)
+        if (ptr >= g->swap_entries[i].va && ptr - g->swap_entries[i].va < g->swap_entries[i].size)
+            base = g->swap_entries[i].base;
+    size_t n = 0, size = 0;
+    int resident = 1;
+    for (size_t i = 0; i < g->swap_count; i++)
+        if (base && g->swap_entries[i].base == base) {
+            n++;
+            size += g->swap_entries[i].size;
+            resident &= g->swap_entries[i].resident;
+        }
+    CUresult rc = !base ? CUDA_ERROR_INVALID_VALUE
+                : !g->fd_export ? CUDA_ERROR_NOT_SUPPORTED
+                : !resident ? CUDA_ERROR_OUT_OF_MEMORY  /* the caller is inside the gate: a swap-in failed */
+                : CUDA_SUCCESS;
+    int *fds = rc == CUDA_SUCCESS ? malloc(n * sizeof *fds) : NULL;
+    if (rc == CUDA_SUCCESS && !fds)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    size_t done = 0;
+    nvshare_in_hook++;
+    for (size_t i = 0; i < g->swap_count && rc == CUDA_SUCCESS; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->base != base)
+            continue;
+        int fd = -1;
+        rc = r->cuMemExportToShareableHandle(&fd, e->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (rc == CUDA_SUCCESS) {
+            fcntl(fd, F_SETFD, FD_CLOEXEC);  /* the job's child programs do not inherit GPU memory */
+            fds[done++] = fd;
+        }
+    }
+    nvshare_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        while (done)
+            close(fds[--done]);
+        free(fds);
+        pthread_mutex_unlock(&g->swap_mu);
+        return rc;
+    }
+    /* Another process maps these chunks from now on: they can never leave the GPU again. */
+    uint64_t newly_fixed = 0;
+    for (size_t i = 0; i < g->swap_count; i++) {
+        struct nvshare_swap_entry *e = &g->swap_entries[i];
+        if (e->base == base && !e->fixed) {
+            e->fixed = 1;
+            newly_fixed += e->size;
+        }
+    }
+    counted(g, -(int64_t)newly_fixed, 0);
+    pthread_mutex_unlock(&g->swap_mu);
+    *out = (struct nvshare_swap_export){base, size, CHUNK_BYTES, n, fds, newly_fixed};
+    return CUDA_SUCCESS;
 }
 
 /* ---- host memory the job may still take ------------------------------------------------------ */
@@ -441,7 +554,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
     uint64_t plan = 0, to_pin = 0;
     for (size_t i = g->swap_count; i-- > 0 && plan < bytes;) {
         struct nvshare_swap_entry *e = &g->swap_entries[i];
-        if (!e->resident)
+        if (!e->resident || e->fixed)
             continue;
         plan += e->size;
         if (!e->host)
@@ -469,7 +582,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
     uint64_t started = nvshare_now_ns(), moved = 0;
     for (size_t i = g->swap_count; i-- > 0 && moved < bytes;) {
         struct nvshare_swap_entry *e = &g->swap_entries[i];
-        if (!e->resident)
+        if (!e->resident || e->fixed)
             continue;
         if (atomic_load(&g->swap_abort)) {
             nvshare_debug("gpu %s: swap-out stopped: the GPU was granted meanwhile", g->uuid);

@@ -357,6 +357,27 @@ def test_one_process_on_two_gpus_waits_for_the_holder_of_one(hook_lib, concurren
     assert overlaps(rows, GPU1) == []
 
 
+
+@pytest.mark.parametrize("copy", ["peercopy", "peercopy3d"])
+def test_a_peer_copy_waits_for_both_gpus(hook_lib, concurrent, tmp_path, procs, copy):
+    """cuMemcpyPeer and cuMemcpy3DPeer read one GPU and write another: they run only while the
+    process holds both, never beside another job's kernel on the peer GPU (where its memory may be
+    swapped out)."""
+    trace = tmp_path / "trace"
+    other = Job(concurrent, 161, trace, gpu_index=[1])
+    both = Job(concurrent, 162, trace, gpu_index=[0, 1])
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:1", "launch:300000", "sync", "launch:300000", "sync"],
+                              other.env))
+    time.sleep(0.2)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", f"{copy}:1:65536:3"],
+                              both.env))
+    outs = [finish(p) for p in procs]
+    assert f"{copy} ok rounds=3" in outs[1], outs[1]
+    rows = read_trace(trace)
+    copies_on1 = [r for r in rows if r[0] == procs[1].pid and r[1] == GPU1]
+    assert len(copies_on1) == 3
+    assert overlaps(rows, GPU1) == []
+
 def test_the_program_survives_a_daemon_restart(hook_lib, concurrent, tmp_path, procs):
     trace = tmp_path / "trace"
     job = Job(concurrent, 161, trace, gpu_index=[0])
@@ -420,3 +441,27 @@ def test_a_process_that_never_uses_cuda_never_connects(hook_lib, scheduler, tmp_
     while "client registered" not in scheduler.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "client registered" in scheduler.log()
+
+
+def test_many_threads_making_their_first_cuda_call_at_once(hook_lib, scheduler, tmp_path):
+    """The driver is loaded and the daemon reached once, however many threads start at once; every
+    thread's calls work (the real-function table is never read half filled)."""
+    job = Job(scheduler, 191, tmp_path / "trace", gpu_index=[0], NVSHARE_LOG_LEVEL="debug")
+    for _ in range(5):
+        out = run_nvtest(hook_lib, ["initrace:32"], env=job.env, via="link")
+        assert "initrace threads=32 failed=0" in out.stdout, out.stdout + out.stderr
+        assert out.stderr.count("connected to nvshare-scheduler") == 1, out.stderr
+
+
+def test_fork_while_the_allocation_table_grows(hook_lib, scheduler, tmp_path):
+    """Children forked while another thread's allocations grow the hook's table exit cleanly (no
+    double free of a table half moved), and the parent's books stay right: after its 6000 small
+    allocations are freed, an allocation of its whole NVSHARE_MEM_LIMIT still fits."""
+    job = Job(scheduler, 192, tmp_path / "trace", gpu_index=[0], NVSHARE_MEM_LIMIT="16M")
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "forkgrow:6000:400", f"alloc:{16 << 20}", "freeall"],
+                     env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.search(r"forkgrow allocs=6000 forks=(\d+) children_failed=0 alloc_failed=0 free_failed=0",
+                      out.stdout)
+    assert found and int(found.group(1)) > 1, out.stdout + out.stderr
+    assert f"alloc {16 << 20} rc=0" in out.stdout, out.stdout + out.stderr

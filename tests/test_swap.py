@@ -64,7 +64,8 @@ class StatusSampler(threading.Thread):
     def run(self):
         while not self.done.is_set():
             try:
-                self.samples.append(gpu_status(self.sched))
+                t = time.monotonic_ns()  # CLOCK_MONOTONIC, as nvtest's stamp
+                self.samples.append({**gpu_status(self.sched), "t": t})
             except Exception:
                 pass
             time.sleep(0.02)
@@ -216,3 +217,49 @@ def test_a_job_whose_memory_limit_cannot_hold_its_swap_keeps_running(hook_lib, s
             cgroup.rmdir()
         except OSError:
             pass
+
+
+# ---- the driver refuses to unmap ------------------------------------------------------------------
+
+def test_a_free_the_driver_cannot_unmap_fails_and_stays_tracked(hook_lib, small_gpu, tmp_path, procs):
+    """cuMemFree of swappable memory unmaps its chunks: when the driver refuses, the free reports the
+    error, the memory stays counted (it is still on the GPU), and a retry frees it."""
+    sched = small_gpu()
+    job = Job(sched, 331, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_UNMAP_FAIL="1", **sched.fake_env)
+    sampler = StatusSampler(sched)
+    sampler.start()
+    stamped = []
+
+    def timed(proc):
+        out = finish(proc)
+        stamped.extend(int(line.split()[1]) for line in out.splitlines() if line.startswith("stamp "))
+        return out
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{64 * MiB}", "free:0", "stamp", "sleep:600",
+                                   "stamp", "free:0", "stamp", "sleep:600", "stamp"], job.env)
+    procs.append(proc)
+    out = timed(proc)
+    samples = sampler.stop()
+    assert out.count("free rc=") == 2 and "free rc=1\n" in out and "free rc=0\n" in out, out
+    assert "would not unmap them" in proc.stderr_text, proc.stderr_text
+    after_failure = [s for s in samples if stamped[0] <= s["t"] <= stamped[1]]
+    after_retry = [s for s in samples if stamped[2] <= s["t"] <= stamped[3]]
+    assert after_failure and all(s["memory_used"] == 64 * MiB for s in after_failure), after_failure
+    assert after_retry and all(s["memory_used"] == 0 for s in after_retry), after_retry
+
+
+def test_a_swap_out_the_driver_cannot_unmap_keeps_the_data(hook_lib, small_gpu, tmp_path, procs):
+    """The first unmap of a swap-out fails: that chunk stays on the GPU with its data, the job goes
+    on, and both jobs still finish with their data intact."""
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    a = Job(sched, 341, trace, gpu_index=[0], FAKE_CUDA_UNMAP_FAIL="1", **sched.fake_env)
+    b = Job(sched, 342, trace, gpu_index=[0], **sched.fake_env)
+    actions = ["init", "ctx:0", f"pattern:{JOB_BYTES}:3:50000"]
+    procs.append(start_nvtest(hook_lib, actions, a.env))
+    time.sleep(0.3)
+    procs.append(start_nvtest(hook_lib, actions, b.env))
+    outs = [finish(p, timeout=120) for p in procs]
+    for out, p in zip(outs, procs):
+        assert "pattern ok rounds=3" in out, out + p.stderr_text
+    assert "unmapping" in procs[0].stderr_text and "they stay on the GPU" in procs[0].stderr_text
+    assert overlaps(read_trace(trace), GPU0) == []

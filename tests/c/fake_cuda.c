@@ -14,6 +14,8 @@
  * NCCL-like collective: the k-th barrier launch of each rank runs until every rank of the group has
  * launched its k-th one, then for the microseconds. The group is the POSIX shared memory segment
  * named by FAKE_CUDA_BARRIER, so ranks may live in different processes.
+ * Virtual memory made with the POSIX fd handle type exports as a real fd and imports in another
+ * process (the memfd is shared). FAKE_CUDA_UNMAP_FAIL=N makes the next N cuMemUnmap calls fail.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -60,7 +62,8 @@ struct fdev {
 struct fmod { int unused; };
 struct ffunc { int kind; };  /* 1 sleep, 2 empty */
 struct falloc { uint64_t ptr, size; int dev; struct falloc *next; };
-struct fhandle { int fd; uint64_t size; int dev; };
+/* imported: made from another process's export; that process's memory, not counted here again. */
+struct fhandle { int fd; uint64_t size; int dev; int exportable; int imported; };
 
 static struct fdev devs[MAX_DEV];
 static int n_devs;
@@ -267,6 +270,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev)
     const char *no_vmm = getenv("FAKE_CUDA_NO_VMM");
     *v = attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? 9
        : attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ? !(no_vmm && *no_vmm == '1')
+       : attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ? !(no_vmm && *no_vmm == '1')
        : 0;
     return CUDA_SUCCESS;
 }
@@ -859,6 +863,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     h->fd = memfd_create("fake-cuda", MFD_CLOEXEC);
     h->size = size;
     h->dev = dev;
+    h->exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    h->imported = 0;
     if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
         give_device_memory(dev, size);
         free(h);
@@ -873,7 +879,8 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     NEED_INIT();
     struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
     if (!h) return CUDA_ERROR_INVALID_VALUE;
-    give_device_memory(h->dev, h->size);
+    if (!h->imported)
+        give_device_memory(h->dev, h->size);
     close(h->fd);
     free(h);
     return CUDA_SUCCESS;
@@ -902,9 +909,27 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* FAKE_CUDA_UNMAP_FAIL=N: the next N unmaps fail (per process), as a driver in trouble would. */
+static int unmap_should_fail(void)
+{
+    static int left = -1;
+    pthread_mutex_lock(&mu);
+    if (left < 0) {
+        const char *n = getenv("FAKE_CUDA_UNMAP_FAIL");
+        left = n ? atoi(n) : 0;
+    }
+    int fail = left > 0;
+    if (fail)
+        left--;
+    pthread_mutex_unlock(&mu);
+    return fail;
+}
+
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
+    if (unmap_should_fail())
+        return CUDA_ERROR_INVALID_VALUE;
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1401,6 +1426,95 @@ EXPORT CUresult cuArrayDestroy(CUarray array)
     return CUDA_SUCCESS;
 }
 
+/* ---- sharing physical memory between processes --------------------------------------------- */
+/* As the real driver: only memory made with the POSIX fd handle type exports, as a new fd. */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
+                                             unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    struct fhandle *h = (struct fhandle *)(uintptr_t)handle;
+    if (!h || !shareable || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !h->exportable)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(h->fd, F_DUPFD, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type)
+{
+    NEED_INIT();
+    int fd = (int)(intptr_t)os_handle;
+    struct stat st;
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) != 0 || st.st_size <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fhandle *h = malloc(sizeof *h);
+    h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    h->size = (uint64_t)st.st_size;
+    h->dev = 0;
+    h->exportable = 1;
+    h->imported = 1;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+/* Legacy IPC: this driver has none (the real one refuses virtual-memory allocations, and knows no
+ * handle that it did not make): every call is refused as the real driver refuses those. */
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
+{ NEED_INIT(); (void)handle; (void)ptr; return CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)
+{ NEED_INIT(); (void)dptr; (void)handle; (void)flags; return CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{ NEED_INIT(); (void)dptr; return CUDA_ERROR_INVALID_VALUE; }
+
+/* ---- peer copies --------------------------------------------------------------------------- */
+/* A copy between two GPUs waits for both contexts' work, takes FAKE_PEER_COPY_US (default 20 ms),
+ * and is traced on both GPUs like a kernel: a test sees when it touched each one. */
+static void wait_for(struct fctx *c)
+{
+    barrier_settle_ctx(c);
+    pthread_mutex_lock(&mu);
+    uint64_t t = ctx_busy_until(c);
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+}
+
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n)
+{
+    NEED_INIT();
+    struct fctx *d = (struct fctx *)dst_ctx, *s = (struct fctx *)src_ctx;
+    if (!d || !s || d->magic != CTX_MAGIC || s->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    wait_for(s);
+    wait_for(d);
+    const char *us_text = getenv("FAKE_PEER_COPY_US");
+    uint64_t us = us_text ? strtoull(us_text, NULL, 10) : 20000;
+    uint64_t start = now_ns();
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    sleep_until(start + us * 1000);
+    uint64_t end = now_ns();
+    bar_trace(s->dev, start, end);
+    if (d->dev != s->dev)
+        bar_trace(d->dev, start, end);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                                  size_t n, CUstream st)
+{ (void)st; return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n); }
+
+/* The 3D form, for the one-row copies the tests make: WidthInBytes x Height x Depth bytes in a row. */
+EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *p)
+{
+    NEED_INIT();
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemcpyPeer(p->dstDevice + p->dstXInBytes, p->dstContext, p->srcDevice + p->srcXInBytes, p->srcContext,
+                        p->WidthInBytes * (p->Height ? p->Height : 1) * (p->Depth ? p->Depth : 1));
+}
+EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
+{ (void)st; return cuMemcpy3DPeer(p); }
+
 #define FAKE_FUNCS_MORE(F) F(cuArrayCreate_v2) F(cuArray3DCreate_v2) F(cuArrayDestroy)                          \
     F(cuMemGetAddressRange_v2) F(cuPointerGetAttribute) F(cuGreenCtxCreate)                                    \
     F(cuCtxFromGreenCtx) F(cuGreenCtxDestroy) F(cuGreenCtxStreamCreate) F(cuStreamBeginCapture_v2) F(cuStreamBeginCapture_v2_ptsz) F(cuStreamIsCapturing)      \
@@ -1409,7 +1523,9 @@ EXPORT CUresult cuArrayDestroy(CUarray array)
     F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \
     F(cuMemPoolGetAttribute) F(cuMemAllocFromPoolAsync) F(cuMemAllocFromPoolAsync_ptsz)                        \
     F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
-    F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2)
+    F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
+    F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
+    F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)

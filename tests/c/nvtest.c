@@ -4,6 +4,7 @@
  * itself first), then runs the actions given on the command line, one output line each.
  *
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
+ *   free:I (the I-th live allocation; kept when the free fails)
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
  *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
  *                             byte, write a new pattern; the data must survive swaps at its address)
@@ -22,10 +23,26 @@
  *   range:BYTES:OFFSET (cuMemAlloc, then the range of the pointer OFFSET bytes in, two ways)
  *   greenlaunch:US (a kernel of US on a stream of a new green context of the current device)
  *   array:W:H (a W x H CUDA array of float4)  arrayfree (destroys them)
+ *   initrace:N  (N threads make their first CUDA calls at once, released together: init, context,
+ *                allocate, free; the line counts the threads whose calls failed)
+ *   forkgrow:N:FORKS  (a thread makes N small allocations, so the hook's table grows several times,
+ *                while this thread forks FORKS children that exit at once; then all are freed)
+ *   peercopy:D:BYTES:N  (N copies of BYTES from memory on the current device to memory on device D
+ *                        with cuMemcpyPeer, every one checked)   peercopy3d:D:BYTES:N (cuMemcpy3DPeer)
+ * CUDA IPC between two processes (direct calls):
+ *   ipcput:BYTES:PATH  (cuMemAlloc, fill with 0xa1, cuIpcGetMemHandle of a pointer in its middle, the
+ *                       64 bytes to PATH)
+ *   ipcwait:HEX:MS     (until the second half of that allocation holds byte HEX, or MS pass)
+ *   ipcget:PATH:BYTES  (wait for PATH, cuIpcOpenMemHandle, check the first half is 0xa1, fill the
+ *                       second half with 0xb2)   ipcclose (cuIpcCloseMemHandle)
+ *   ipcraw:PATH:HEX    (cuIpcOpenMemHandle of PATH's 64 bytes with byte 8 onward overwritten by HEX,
+ *                       or PATH as is when HEX is empty: forged and stale handles)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,8 +354,242 @@ static CUmemoryPool current_pool(void)
 }
 
 /* 1 when the action was one of these. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+static CUdeviceptr ipc_local, ipc_remote;
+static size_t ipc_bytes;
+
+/* 1 when every byte of [p, p + n) on the device is `want`. */
+static int device_bytes_are(CUdeviceptr p, size_t n, unsigned char want, unsigned char *seen)
+{
+    unsigned char *buf = malloc(n);
+    int same = buf && api.cuMemcpyDtoH_v2(buf, p, n) == CUDA_SUCCESS;
+    for (size_t i = 0; same && i < n; i++)
+        same = buf[i] == want;
+    if (seen && buf)
+        *seen = buf[n - 1];
+    free(buf);
+    return same;
+}
+
+static int read_handle(const char *path, CUipcMemHandle *h, int wait_ms)
+{
+    for (int waited = 0;; waited += 10) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t n = fread(h, 1, sizeof *h, f);
+            fclose(f);
+            if (n == sizeof *h)
+                return 0;
+        }
+        if (waited >= wait_ms)
+            return -1;
+        usleep(10000);
+    }
+}
+
+static int run_ipc(const char *action, char *arg)
+{
+    if (strcmp(action, "ipcput") == 0) {
+        char *path = strchr(arg, ':');
+        ipc_bytes = strtoull(arg, NULL, 10);
+        CUresult rc = api.cuMemAlloc_v2(&ipc_local, ipc_bytes);
+        if (rc == CUDA_SUCCESS)
+            rc = cuMemsetD8_v2(ipc_local, 0xa1, ipc_bytes);
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        if (rc == CUDA_SUCCESS)
+            rc = cuIpcGetMemHandle(&h, ipc_local + ipc_bytes / 2);
+        if (rc == CUDA_SUCCESS && path) {
+            char tmp[4200];
+            snprintf(tmp, sizeof tmp, "%s.tmp", path + 1);
+            FILE *f = fopen(tmp, "wb");
+            fwrite(&h, 1, sizeof h, f);
+            fclose(f);
+            rename(tmp, path + 1);
+        }
+        printf("ipcput rc=%d\n", rc);
+    } else if (strcmp(action, "ipcwait") == 0) {
+        char *ms = strchr(arg, ':');
+        unsigned char want = (unsigned char)strtoul(arg, NULL, 16), seen = 0;
+        int limit = ms ? atoi(ms + 1) : 10000, ok = 0;
+        for (int waited = 0; !ok && waited <= limit; waited += 20) {
+            ok = device_bytes_are(ipc_local + ipc_bytes / 2, ipc_bytes - ipc_bytes / 2, want, &seen);
+            if (!ok)
+                usleep(20000);
+        }
+        int first_half = device_bytes_are(ipc_local, ipc_bytes / 2, 0xa1, NULL);
+        printf("ipcwait %s first_half=%s\n", ok ? "ok" : "timeout", first_half ? "intact" : "changed");
+        if (!ok)
+            printf("ipcwait saw 0x%x\n", seen);
+    } else if (strcmp(action, "ipcget") == 0) {
+        char *bytes = strchr(arg, ':');
+        if (bytes)
+            *bytes++ = '\0';
+        ipc_bytes = bytes ? strtoull(bytes, NULL, 10) : 0;
+        CUipcMemHandle h;
+        if (read_handle(arg, &h, 20000) != 0) {
+            printf("ipcget no handle\n");
+            return 1;
+        }
+        CUresult rc = cuIpcOpenMemHandle_v2(&ipc_remote, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        printf("ipcget rc=%d\n", rc);
+        if (rc != CUDA_SUCCESS)
+            return 1;
+        printf("ipcget read %s\n", device_bytes_are(ipc_remote, ipc_bytes / 2, 0xa1, NULL) ? "ok" : "wrong");
+        check("cuMemsetD8", cuMemsetD8_v2(ipc_remote + ipc_bytes / 2, 0xb2, ipc_bytes - ipc_bytes / 2));
+        check("cuCtxSynchronize", api.cuCtxSynchronize());
+    } else if (strcmp(action, "ipcclose") == 0) {
+        printf("ipcclose rc=%d\n", cuIpcCloseMemHandle(ipc_remote));
+    } else if (strcmp(action, "ipcraw") == 0) {
+        char *hex = strchr(arg, ':');
+        if (hex)
+            *hex++ = '\0';
+        CUipcMemHandle h;
+        if (read_handle(arg, &h, 0) != 0) {
+            printf("ipcraw no handle\n");
+            return 1;
+        }
+        if (hex && *hex)
+            memset(h.reserved + 8, (int)strtoul(hex, NULL, 16), sizeof h.reserved - 8);
+        CUdeviceptr p = 0;
+        printf("ipcraw rc=%d\n", cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+CUresult cuMemcpyPeer(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *);
+CUresult cuCtxGetCurrent(CUcontext *);
+
+static void peer_copies(char *arg, int three_d)
+{
+    char *bytes = strchr(arg, ':');
+    char *count = bytes ? strchr(bytes + 1, ':') : NULL;
+    size_t n = bytes ? strtoull(bytes + 1, NULL, 10) : 4096;
+    int rounds = count ? atoi(count + 1) : 1;
+    CUcontext here, there;
+    CUdevice peer;
+    CUdeviceptr src, dst;
+    check("cuCtxGetCurrent", cuCtxGetCurrent(&here));
+    check("cuDeviceGet", api.cuDeviceGet(&peer, atoi(arg)));
+    check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&there, peer));
+    check("cuMemAlloc", api.cuMemAlloc_v2(&src, n));
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(there));
+    check("cuMemAlloc", api.cuMemAlloc_v2(&dst, n));
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
+    unsigned char *want = malloc(n), *got = malloc(n);
+    int ok = 1;
+    for (int r = 0; r < rounds && ok; r++) {
+        memset(want, 0x30 + r, n);
+        check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(src, want, n));
+        CUDA_MEMCPY3D_PEER p;
+        memset(&p, 0, sizeof p);
+        p.srcMemoryType = p.dstMemoryType = 2;  /* CU_MEMORYTYPE_DEVICE */
+        p.srcDevice = src;
+        p.srcContext = here;
+        p.dstDevice = dst;
+        p.dstContext = there;
+        p.WidthInBytes = n;
+        p.Height = p.Depth = 1;
+        CUresult rc = three_d ? cuMemcpy3DPeer(&p) : cuMemcpyPeer(dst, there, src, here, n);
+        check("cuCtxSetCurrent", api.cuCtxSetCurrent(there));
+        check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(got, dst, n));
+        check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
+        ok = rc == CUDA_SUCCESS && memcmp(got, want, n) == 0;
+    }
+    printf("peercopy%s %s rounds=%d\n", three_d ? "3d" : "", ok ? "ok" : "wrong", rounds);
+    free(want);
+    free(got);
+}
+
+static pthread_barrier_t race_start;
+
+static void *race_main(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&race_start);
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p;
+    int failed = api.cuInit(0) != CUDA_SUCCESS || api.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+                 api.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || api.cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+                 api.cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS || api.cuMemFree_v2(p) != CUDA_SUCCESS;
+    return (void *)(intptr_t)failed;
+}
+
+struct grow_job { int n; CUdeviceptr *ptrs; int failed; atomic_int done; CUcontext ctx; };
+
+static void *grow_main(void *arg)
+{
+    struct grow_job *j = arg;
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(j->ctx));
+    for (int i = 0; i < j->n; i++)
+        j->failed += api.cuMemAlloc_v2(&j->ptrs[i], 1024) != CUDA_SUCCESS;
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+static void fork_while_growing(char *arg)
+{
+    char *forks_text = strchr(arg, ':');
+    struct grow_job job = {atoi(arg), NULL, 0, 0, NULL};
+    check("cuCtxGetCurrent", cuCtxGetCurrent(&job.ctx));
+    int forks = forks_text ? atoi(forks_text + 1) : 20, children_failed = 0, forked = 0;
+    job.ptrs = calloc((size_t)job.n, sizeof *job.ptrs);
+    pthread_t grower;
+    pthread_create(&grower, NULL, grow_main, &job);
+    while (forked < forks) {
+        pid_t child = fork();
+        if (child == 0)
+            _exit(0);  /* the hook's fork handlers ran in it: a double free would have aborted it */
+        int status = 0;
+        waitpid(child, &status, 0);
+        children_failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        forked++;
+        if (atomic_load(&job.done))
+            break;
+    }
+    pthread_join(grower, NULL);
+    int free_failed = 0;
+    for (int i = 0; i < job.n; i++)
+        free_failed += job.ptrs[i] && api.cuMemFree_v2(job.ptrs[i]) != CUDA_SUCCESS;
+    free(job.ptrs);
+    printf("forkgrow allocs=%d forks=%d children_failed=%d alloc_failed=%d free_failed=%d\n", job.n, forked,
+           children_failed, job.failed, free_failed);
+}
+
 static int run_more(const char *action, char *arg)
 {
+    if (strcmp(action, "initrace") == 0) {
+        int n = atoi(arg), failed = 0;
+        pthread_t tids[64];
+        n = n > 64 ? 64 : n;
+        pthread_barrier_init(&race_start, NULL, (unsigned)n);
+        for (int i = 0; i < n; i++)
+            pthread_create(&tids[i], NULL, race_main, NULL);
+        for (int i = 0; i < n; i++) {
+            void *r;
+            pthread_join(tids[i], &r);
+            failed += (int)(intptr_t)r;
+        }
+        printf("initrace threads=%d failed=%d\n", n, failed);
+        return 1;
+    }
+    if (strcmp(action, "forkgrow") == 0) {
+        fork_while_growing(arg);
+        return 1;
+    }
+    if (strcmp(action, "peercopy") == 0 || strcmp(action, "peercopy3d") == 0) {
+        peer_copies(arg, action[8] == '3');
+        return 1;
+    }
+    if (strncmp(action, "ipc", 3) == 0)
+        return run_ipc(action, arg);
     if (strcmp(action, "capture") == 0) {
         char *n = strchr(arg, ':');
         char *hold = n ? strchr(n + 1, ':') : NULL;
@@ -534,6 +785,16 @@ static void run(char *action)
         if (rc == CUDA_SUCCESS && n_allocs < MAX_ALLOCS)
             allocs[n_allocs++] = p;
         printf("allocpitch rc=%d pitch=%zu\n", rc, pitch);
+    } else if (strcmp(action, "free") == 0) {
+        /* free:I: the I-th allocation, kept in the list when the free fails (it can be retried) */
+        int i = atoi(arg);
+        CUresult rc = i < n_allocs ? api.cuMemFree_v2(allocs[i]) : CUDA_ERROR_INVALID_VALUE;
+        if (rc == CUDA_SUCCESS) {
+            for (int k = i + 1; k < n_allocs; k++)
+                allocs[k - 1] = allocs[k];
+            n_allocs--;
+        }
+        printf("free rc=%d\n", rc);
     } else if (strcmp(action, "freeall") == 0) {
         for (int i = 0; i < n_allocs; i++)
             check("cuMemFree", api.cuMemFree_v2(allocs[i]));

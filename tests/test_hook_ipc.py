@@ -1,0 +1,146 @@
+"""CUDA IPC of swappable memory: cudaIpcGetMemHandle/cudaIpcOpenMemHandle between two processes of a
+job, with swap on, as PyTorch's CUDA tensor sharing and vLLM's custom all-reduce use them.
+
+The real driver refuses legacy IPC on virtual-memory allocations (seen on the H100), so the hook
+exports the allocation's chunks as file descriptors and serves them to the importer over a unix
+socket. The fake driver backs chunks with memfd, so an importer that maps the fds really shares the
+exporter's bytes, and a chunk that swapped out and back would no longer be the one the importer maps.
+"""
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from test_daemon_security import OTHER, as_uid
+from test_hook import GPU0, Job, finish, hook_lib, procs, run_nvtest, start_nvtest  # noqa: F401
+from test_swap import gpu_status, small_gpu  # noqa: F401
+
+MiB = 1 << 20
+SHARED = 64 * MiB        # the exported allocation: fixed on the GPU once exported
+OTHER_BYTES = 400 * MiB  # the exporter's swappable rest: 464 MiB + the third job's 600 > 972 usable
+RECORD = struct.Struct("<QIIQQQIIQQ")  # csrc/ipc.c's struct ipc_record
+REQUEST = struct.Struct("<QQII")
+REPLY = struct.Struct("<QiI")
+INVALID_VALUE, INVALID_HANDLE = 1, 400
+
+
+def wait_for_file(path: Path, proc, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"exporter ended early:\n{proc.communicate()}"
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+
+
+def ask_exporter(handle: bytes, token_xor: int = 0) -> tuple[bytes, int]:
+    """The importer's request, made by hand: (the reply, how many fds came with it)."""
+    magic, pid, export_id, token, *_ = RECORD.unpack(handle)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(5)
+        sock.connect(f"\0nvshare-ipc-{pid}-{token:016x}")
+        sock.send(REQUEST.pack(magic, token ^ token_xor, export_id, 0))
+        data, fds, _, _ = socket.recv_fds(sock, 64, 16)
+        if data:
+            _, fds, _, _ = socket.recv_fds(sock, 64, 16)
+        for fd in fds:
+            os.close(fd)
+        return data, len(fds)
+
+
+def test_two_processes_share_swappable_memory_while_a_third_job_forces_swaps(hook_lib, small_gpu,
+                                                                             tmp_path, procs):
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    handle = tmp_path / "handle"
+    job = Job(sched, 401, trace, gpu_index=[0], **sched.fake_env)
+    other = Job(sched, 402, trace, gpu_index=[0], **sched.fake_env)
+    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{OTHER_BYTES}", f"ipcput:{SHARED}:{handle}",
+                                       "ipcwait:b2:60000", "freeall"], job.env)
+    procs.append(exporter)
+    wait_for_file(handle, exporter)
+    # The exported 64 MiB now count as fixed: they can no longer leave the GPU.
+    deadline = time.monotonic() + 10
+    while gpu_status(sched)["memory_fixed"] < SHARED:
+        assert time.monotonic() < deadline, gpu_status(sched)
+        time.sleep(0.05)
+    third = start_nvtest(hook_lib, ["init", "ctx:0", "pattern:629145600:3:50000"], other.env)
+    procs.append(third)
+    # The third job makes the exporter give memory up: only its other allocation can go.
+    deadline = time.monotonic() + 30
+    while gpu_status(sched)["memory_swapped"] == 0:
+        assert time.monotonic() < deadline, "the exporter never swapped"
+        time.sleep(0.02)
+    importer = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcget:{handle}:{SHARED}", "ipcclose"], job.env)
+    procs.append(importer)
+    out_imp = finish(importer, timeout=120)
+    out_third = finish(third, timeout=120)
+    out_exp = finish(exporter, timeout=120)
+    # The importer read the exporter's bytes and its writes reached the exporter, through swaps.
+    assert "ipcget rc=0" in out_imp and "ipcget read ok" in out_imp, out_imp + importer.stderr_text
+    assert "ipcclose rc=0" in out_imp, out_imp
+    assert "ipcput rc=0" in out_exp and "ipcwait ok first_half=intact" in out_exp, out_exp + exporter.stderr_text
+    assert "pattern ok rounds=3" in out_third, out_third + third.stderr_text
+    assert "swapped out" in exporter.stderr_text
+    assert "exported" in exporter.stderr_text and "fixed on the GPU" in exporter.stderr_text
+
+
+def test_another_uid_cannot_fetch_the_memory(hook_lib, small_gpu, tmp_path, procs):
+    if os.getuid() != 0:
+        pytest.skip("acts as another uid: needs root")
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 411, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcput:{4 * MiB}:{handle}", "sleep:3000", "freeall"],
+                            job.env)
+    procs.append(exporter)
+    wait_for_file(handle, exporter)
+    record = handle.read_bytes()
+    # The job's own user gets the chunk (the request is right) ...
+    data, n_fds = ask_exporter(record)
+    assert REPLY.unpack(data)[1] == 0 and n_fds == 1
+    # A request without the token (someone who guessed the socket's name) is refused.
+    data, n_fds = ask_exporter(record, token_xor=1)
+    assert REPLY.unpack(data)[1] == INVALID_HANDLE and n_fds == 0
+    # ... another uid with the very same handle gets nothing, not even a reply.
+
+    def attack() -> int:
+        try:
+            data, n_fds = ask_exporter(record)
+        except OSError:
+            return 0
+        return 0 if not data and n_fds == 0 else 1
+    assert as_uid(OTHER, attack) == 0
+    out = finish(exporter)
+    assert "ipcput rc=0" in out
+    assert "refused a request from pid" in exporter.stderr_text and f"uid {OTHER}" in exporter.stderr_text
+
+
+def test_forged_garbage_and_stale_handles_give_cuda_errors(hook_lib, small_gpu, tmp_path, procs):
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 421, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcput:{4 * MiB}:{handle}", "sleep:2000", "freeall"],
+                            job.env)
+    procs.append(exporter)
+    wait_for_file(handle, exporter)
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(os.urandom(64))
+    wrong_token = tmp_path / "wrong-token"
+    fields = list(RECORD.unpack(handle.read_bytes()))
+    fields[3] ^= 1  # the token: the check no longer matches either
+    wrong_token.write_bytes(RECORD.pack(*fields))
+    live = run_nvtest(hook_lib, ["init", "ctx:0", f"ipcraw:{handle}:5a", f"ipcraw:{garbage}:",
+                                 f"ipcraw:{wrong_token}:"], job.env)
+    assert live.returncode == 0 and live.stdout.rstrip().endswith("done"), live.stdout + live.stderr
+    assert live.stdout.count(f"ipcraw rc={INVALID_VALUE}") == 3, live.stdout  # torn, driver's, forged
+    finish(exporter)
+    # The exporter is gone: its handle no longer opens, and nothing crashes.
+    stale = run_nvtest(hook_lib, ["init", "ctx:0", f"ipcraw:{handle}:"], job.env)
+    assert f"ipcraw rc={INVALID_HANDLE}" in stale.stdout and stale.stdout.rstrip().endswith("done"), \
+        stale.stdout + stale.stderr
