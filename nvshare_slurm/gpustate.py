@@ -24,7 +24,8 @@ Modes (docs/protocol.md "Scheduling modes"):
 Share classes (priority.py; docs/design-scheduler.md "Priority classes"): the FIFO is ordered by
 class, FIFO within one. A better class at the head takes the GPU from a worse exclusive holder at
 once; in adaptive only the best class among the turn-takers that want the GPU takes turns, worse
-ones wait and a holder among them is dropped at once. A holder with only worse waiters is never
+ones (light ones too, unless busy below CLASS_CORUN_BUSY) wait and a holder among them is dropped
+at once. A holder with only worse waiters is never
 time-sliced; it is told LOCK_CONTENDED only when its demand shows long pauses. Swap candidates are
 taken lowest class first.
 
@@ -68,6 +69,12 @@ SMALL_REQUEST = 2 << 20
 TURN_BUSY = 0.8
 TURN_BURST_SEC = 0.025
 TURN_GAP_SEC = 0.025
+# Classes: a light client of a worse class co-runs beside a busy better one only below this busy
+# share. Co-running kernels share the GPU's time, so such a client costs the better job at most
+# about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
+# few hundred ms) stays far below it. A "light" client above it (short bursts, short gaps, busy
+# up to 80 %) would take a third or more of a high job's time: it waits with the other worse ones.
+CLASS_CORUN_BUSY = 0.05
 
 
 @dataclass(frozen=True)
@@ -630,8 +637,8 @@ class GpuState:
         """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run.
 
         Classes: only the best class among the turn-takers that want the GPU takes turns; worse
-        turn-takers wait (a holder among them is dropped at once) until no better one wants it.
-        Light clients co-run whatever their class."""
+        clients wait (a holder among them is dropped at once) until no better one wants it, except
+        light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
         wanting = set(self.queue) | set(self.holders)
         # A busy client between two turns is still busy; one that has not reported yet counts as
         # busy once it has asked for the lock.
@@ -639,8 +646,9 @@ class GpuState:
         takers |= {cid for cid in self.asked if cid not in self.demand}
         best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
                    default=None)
-        outranked = {cid for cid in takers & wanting
-                     if cid in self.clients and self.clients[cid].rank > best}  # type: ignore[operator]
+        outranked = {cid for cid in wanting
+                     if best is not None and cid in self.clients and self.clients[cid].rank > best
+                     and (cid in takers or not self._light_beside_better(cid))}
         for cid in outranked:
             holder = self.holders.get(cid)
             if holder is not None and holder.drop_at is None:
@@ -687,6 +695,11 @@ class GpuState:
             self.contention_since = now
         if now >= self.contention_since + self.switch_interval():
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+
+    def _light_beside_better(self, client_id: int) -> bool:
+        """May this light client of a worse class co-run beside a busy better one?"""
+        demand = self.demand.get(client_id)
+        return demand is not None and demand.busy < CLASS_CORUN_BUSY
 
     def _leaves_idle_time(self, holder: _Holder) -> bool:
         """May a worse class have this holder's idle time? Only the long idle stretches of a

@@ -133,6 +133,38 @@ def test_light_low_clients_still_co_run_beside_a_high_holder():
     assert grants(actions) == [(2, SHARED)] and drops(actions) == []
 
 
+SHORT_BURSTS = Demand(0.6, 0.010, 0.007)   # light by the adaptive rules, yet busy 60 % of the time
+
+
+def test_a_low_client_with_short_bursts_waits_beside_a_busy_high_one_and_runs_in_its_idle_time():
+    g, high, low = high_and_low(low_demand=SHORT_BURSTS)
+    g.request(high, 0.0)
+    # Co-running it would time-slice the high job's kernels with its own 60 % of the time.
+    assert grants(g.request(low, 0.1)) == []
+    assert drops(g.tick(100.0)) == [] and 2 in g.queue
+    assert g.status(100.0, [], [])["sharing_reason"] == "at most one busy client, 1 of a lower class wait"
+    assert grants(g.release(1, 100.5)) == [(2, SHARED)]       # the high job idle: it runs
+    # The high job wants the GPU back: the low holder is dropped at once, the high one granted.
+    actions = g.request(high, 100.6)
+    assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)] and grants(actions) == [(1, SHARED)]
+
+
+def test_a_low_holder_with_short_bursts_is_dropped_when_a_high_one_turns_busy():
+    g, high, low = high_and_low(high_demand=LIGHT, low_demand=SHORT_BURSTS)
+    assert grants(g.request(low, 0.0)) == [(2, SHARED)]
+    assert grants(g.request(high, 0.1)) == [(1, SHARED)]       # both light: they co-run
+    assert drops(g.report_demand(high, BUSY, 0.5)) == [(2, C.NVSHARE_DROP_TIMESLICE)]
+
+
+def test_short_bursts_of_equal_classes_still_co_run_beside_a_busy_holder():
+    g = gpu()
+    busy, short = client(1, "normal"), client(2, "normal")
+    g.report_demand(busy, BUSY, 0.0)
+    g.report_demand(short, SHORT_BURSTS, 0.0)
+    g.request(busy, 0.0)
+    assert grants(g.request(short, 0.1)) == [(2, SHARED)]
+
+
 def test_a_bursty_low_job_beside_a_busy_high_one_runs_only_in_its_idle_time():
     g, high, low = high_and_low(low_demand=BURSTY)
     g.request(high, 0.0)
