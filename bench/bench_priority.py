@@ -44,10 +44,12 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -149,7 +151,9 @@ class ClassScheduler:
         scontrol.write_text('#!/bin/sh\nd=$(dirname "$0")\nif [ -n "$4" ]; then cat "$d/job-$4.txt"; '
                             'else cat "$d"/job-*.txt 2>/dev/null; fi\nexit 0\n')
         scontrol.chmod(0o755)
-        self.socket = str(workdir / "s.sock")
+        # The socket in a short folder of its own: AF_UNIX paths end at 107 bytes, and DIR may be deep.
+        self.sockdir = tempfile.mkdtemp(prefix="nvprio-")
+        self.socket = os.path.join(self.sockdir, "s.sock")
         settings = {"socket": self.socket, "state_dir": str(workdir / "state"), "log_level": "debug",
                     "slurm_bin_dir": str(self.bindir), "node_name": NODE,
                     "priority_classes": CLASS_MAP}
@@ -225,6 +229,7 @@ class ClassScheduler:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.sockdir, ignore_errors=True)
 
 
 class ClassWatch(threading.Thread):

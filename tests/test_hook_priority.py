@@ -49,3 +49,33 @@ def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp
     second_wait_ms = (high_runs[40][0] - pause_from) / 1e6 - 300
     assert second_wait_ms <= KERNEL_MS + SHORT_TURN_MS, second_wait_ms
     assert "of a lower class wait" in scheduler.log(), scheduler.log()[-3000:]
+
+
+def test_the_priority_benchmark_classes_its_jobs_as_slurm_does(hook_lib, tmp_path):  # noqa: F811
+    """bench/bench_priority.py --smoke-cpu: nvshare-prolog registers the jobs from their records
+    (QOS prod -> high, partition scavenge -> low), nvshare-status shows each class while they run,
+    and the low job only trains once the high one is done."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    out = tmp_path / "prio"
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_priority.py"), "--smoke-cpu",
+                           "--out", str(out), "--lows", "1", "--low-kinds", "compute",
+                           "--train-seconds", "0.6"], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "priority.json").read_text())
+    nvshare = results["scenarios"]["high+1low-compute"]["arms"]["nvshare"]
+    assert nvshare["classes"] == "ok"
+    assert sorted(nvshare["classes_seen"].values()) == ["high(qos prod)", "low(partition scavenge)"]
+    assert any("Class=high(qos prod)" in line for line in nvshare["status_sample"])
+    # Strict priority: the low job's first step waits for the high job's whole training.
+    high, low = nvshare["high"], nvshare["lows"][0]
+    assert low["end"] > high["end"]
+    assert low["train_s"] >= 1.5 * results["alone"]["compute"]["train_s"], (low, results["alone"])
+    assert "| high+1low-compute | nvshare |" in done.stdout
