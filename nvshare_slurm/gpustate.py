@@ -779,14 +779,18 @@ class GpuState:
             for client, _ in [entry for entry in self.queue.values() if entry[0].job_id == job]:
                 if not self._try_grant(client, now, True, out):
                     break
-        others_wait = any(entry[0].job_id != job for entry in self.queue.values()) \
-            if self.queue else False
-        if not others_wait:
+        # Classes, as in the other modes: only worse jobs waiting never end the job's turn; a
+        # better one ends it at once (the queue is ordered by class, so it is the next job).
+        rank = self._job_rank(job)
+        waiting = [entry[0].rank for entry in self.queue.values() if entry[0].job_id != job]
+        if not any(r <= rank for r in waiting):
             self.contention_since = None
             return
         if self.contention_since is None:
             self.contention_since = now
-        if not self.serial_expired and now >= self.contention_since + self.settings.max_runtime_sec:
+        better_waits = any(r < rank for r in waiting)
+        if not self.serial_expired and (better_waits or now >= self.contention_since
+                                        + self.settings.max_runtime_sec):
             self.serial_expired = True
             holders = [h for h in self.holders.values() if h.drop_at is None]
             moves = {c.client_id: move for c, move in _shares(
@@ -795,6 +799,11 @@ class GpuState:
             for holder in holders:
                 self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
                            moves.get(holder.client.client_id, 0))
+
+    def _job_rank(self, job: int) -> int:
+        """The class rank of a job's clients here (one class per job); normal when none is known."""
+        clients = [h.client for h in self.holders.values()] + [c for c, _ in self.queue.values()]
+        return next((c.rank for c in clients if c.job_id == job), RANK["normal"])
 
     def _next_job_needs(self, job: int) -> int:
         """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""

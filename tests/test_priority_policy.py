@@ -276,3 +276,32 @@ def test_a_high_single_gpu_job_goes_before_a_low_gang_that_waited_longer(single_
     # gang's class that came later waits for the gang's turn.
     assert (50 in gpus[0].holders) == first
     assert gpus[0].turn.job_id == 1 and gpus[0].turn.started != first
+
+
+def test_serial_a_high_job_is_not_cut_short_for_low_jobs_however_long_it_runs():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    high, low = client(1, "high"), client(2, "low")
+    assert grants(g.request(high, 0.0)) == [(1, SHARED)]
+    g.request(low, 1.0)
+    assert g.next_deadline() is None
+    assert drops(g.tick(10_000.0)) == [] and 1 in g.holders and 2 in g.queue
+    # Its job is done with the GPU: the low job gets it.
+    assert grants(g.remove_client(1, 10_001.0)) == [(2, SHARED)]
+
+
+def test_serial_a_high_waiter_ends_a_low_jobs_turn_at_once():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    high, low = client(1, "high"), client(2, "low")
+    assert grants(g.request(low, 0.0)) == [(2, SHARED)]
+    assert drops(g.request(high, 5.0)) == [(2, C.NVSHARE_DROP_MAX_RUNTIME)]
+    assert grants(g.release(2, 5.1)) == [(1, SHARED)]
+
+
+def test_serial_equal_classes_still_hand_on_after_max_runtime():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    a, b = client(1, "low"), client(2, "low")
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    assert g.next_deadline() == 301.0
+    assert drops(g.tick(200.0)) == []
+    assert drops(g.tick(301.0)) == [(1, C.NVSHARE_DROP_MAX_RUNTIME)]
