@@ -5,7 +5,8 @@ Scenarios: one compute-bound `high` training (W1 of bench/gpu_bench.py) beside o
 `low` trainings, the low ones compute-bound (W1) or bursty (W1's model, a host pause after every
 step so that the GPU is busy --busy-fraction of the time). W1 is calibrated once (25 steps alone):
 every training then runs for about --train-seconds alone. The references (each kind of job alone)
-run once; then per scenario these arms, the same jobs started together:
+run once; then per scenario these arms, the same jobs, the high one started --high-delay after the
+low ones (it arrives on a GPU they already use, as a production job on a node they soak up):
   colocate   no hook (not by default: it does not fit one 8-minute run)
   mps        under NVIDIA MPS (a private control daemon)
   mps-pct    MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=--low-pct on the low jobs only
@@ -27,7 +28,7 @@ Reported per scenario and arm:
 
   python3 bench/bench_priority.py --out DIR [--lows 1,2] [--low-kinds compute,bursty]
                                   [--arms nvshare,lows-only,mps-pct,mps[,colocate]]
-                                  [--train-seconds 5] [--time-budget 400]
+                                  [--train-seconds 4] [--time-budget 420] [--high-delay 2]
   python3 bench/bench_priority.py --report DIR    (the docs/benchmarks.md section from DIR)
   python3 bench/bench_priority.py --smoke-cpu --out DIR
 
@@ -44,6 +45,7 @@ import grp
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import statistics
@@ -221,6 +223,8 @@ class ClassScheduler:
         return done.stdout if done.returncode == 0 else f"rc {done.returncode}: {done.stderr}"
 
     def stop(self) -> None:
+        if self.log.closed:
+            return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -230,6 +234,39 @@ class ClassScheduler:
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.sockdir, ignore_errors=True)
+
+
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-scheduler: (?:gpu \S+: )?"
+                      r"job (\d+) step \d+ pid (\d+): (.*)$")
+
+
+def handovers(log_text: str, high_job: int | None) -> dict:
+    """From the scheduler's debug log: how often the high job was granted the GPU (1 = it took it
+    once and kept it), how often it was asked to give it back when idle, and how long each low
+    holder dropped while the high job was there took from its DROP_LOCK to its release: the
+    drain the high job runs beside (the low jobs' turns among themselves afterwards not counted)."""
+    events = []
+    for line in log_text.splitlines():
+        m = LOG_LINE.match(line)
+        if m:
+            when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() \
+                + float("0." + m.group(2))
+            events.append((when, int(m.group(3)), m.group(4), m.group(5)))
+    high = [when for when, job, _, _ in events if job == high_job]
+    first, last = (min(high), max(high)) if high else (0.0, 0.0)
+    drops: dict[str, float] = {}
+    drains: list[float] = []
+    grants = contended = 0
+    for when, job, pid, what in events:
+        if job == high_job:
+            grants += what.startswith("lock granted")
+            contended += what.startswith("others wait, asked to release")
+        elif what.startswith("lock dropped") and first <= when <= last:
+            drops[pid] = when
+        elif what.startswith("lock released") and pid in drops:
+            drains.append((when - drops.pop(pid)) * 1000)
+    return {"high_grants": grants, "high_asked_when_idle": contended,
+            "low_drain_ms": [round(d, 1) for d in drains]}
 
 
 class ClassWatch(threading.Thread):
@@ -289,12 +326,15 @@ class Bench:
             self.out, self.logs, base = prepare(args.out)
             self.base = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "FAKE_CUDA_"))}
         self.jobs = Jobs(self.smoke, args.smoke_kernel_ms)
+        # The high job starts this much after the low ones (their start-up is shorter in smoke).
+        self.high_delay = args.high_delay if args.high_delay is not None else (0.3 if self.smoke else 2.0)
         self.t0 = time.time()
         self.results: dict = {
             "date": datetime.date.today().isoformat(), "smoke": self.smoke,
             "command": "python3 bench/bench_priority.py " + " ".join(sys.argv[1:]),
             "settings": {k: v for k, v in vars(args).items() if k not in ("out", "report")},
             "class_map": CLASS_MAP, "calibration": {}, "alone": {}, "scenarios": {}, "skipped": []}
+        self.results["high_delay"] = self.high_delay
         if not self.smoke:
             self.results["gpu"] = gpu_name()
 
@@ -364,7 +404,8 @@ class Bench:
         busy = self.args.busy_fraction if kind == "bursty" else 1.0
         gpu_work = (0 if arm == "lows-only" else t) + n * t * busy
         span = max(t, gpu_work * 1.1)
-        return cal["startup_s"] + span + (3 if arm.startswith("mps") else 1)
+        delay = 0.0 if arm == "lows-only" else self.high_delay
+        return cal["startup_s"] + delay + span + (3 if arm.startswith("mps") else 1)
 
     def arm(self, name: str, kind: str, n: int, arm: str) -> dict | None:
         unit = f"{name}/{arm}"
@@ -375,6 +416,7 @@ class Bench:
         high_cmd, low_cmds = self.cmds(kind, n)
         key = f"{name}-{arm}"
         sched = mps = watch = None
+        high_id = None
         extra: dict = {}
         try:
             if arm in ("nvshare", "lows-only"):
@@ -383,8 +425,8 @@ class Bench:
                 want: dict[int, str] = {}
                 high_env = self.base
                 if arm == "nvshare":
-                    job_id, high_env = sched.slurm_job(self.base, HIGH_JOB, f"{key}-high")
-                    want[job_id] = HIGH_JOB["want"]
+                    high_id, high_env = sched.slurm_job(self.base, HIGH_JOB, f"{key}-high")
+                    want[high_id] = HIGH_JOB["want"]
                 low_envs = []
                 for i in range(n):
                     job_id, env = sched.slurm_job(self.base, LOW_JOB, f"{key}-low{i}")
@@ -405,12 +447,17 @@ class Bench:
                 jobs.insert(0, Job(f"{key}-high", high_cmd, high_env, self.logs))
             if watch is not None:
                 watch.start()
-            res = run_jobs(jobs, True, min(2 * estimate + 60, max(estimate, self.left()) + 30))
+            res = run_late_first(jobs, self.high_delay if arm != "lows-only" else 0.0,
+                                 min(2 * estimate + 60, max(estimate, self.left()) + 30))
             if watch is not None:
                 watch.stop_flag.set()
                 watch.join(30)
                 extra = {"classes": watch.verdict(), "classes_seen": watch.seen,
                          "status_sample": watch.sample.splitlines()}
+            if sched is not None:
+                sched.stop()   # its log complete
+                extra["handovers"] = handovers(sched.log_path.read_text(errors="replace"),
+                                               high_id if arm == "nvshare" else None)
         except Exception as exc:  # noqa: BLE001 - a failed arm is a result, not the end of the run
             log(f"{unit} failed: {str(exc)[-600:]}")
             return {"status": ["failed"], "error": str(exc)[-2000:]}
@@ -446,6 +493,27 @@ class Bench:
                         self.save()
                         log(f"{name}/{arm}: {json.dumps(scenario.get('summary', {}).get(arm))}"
                             + (f" classes {entry.get('classes')}" if "classes" in entry else ""))
+
+
+def run_late_first(jobs: list[Job], delay: float, timeout: float) -> list[dict]:
+    """The low jobs (jobs[1:]) at once, the high job (jobs[0]) `delay` seconds later: it arrives
+    on a GPU the low jobs already use, as a production job does on a node they soak up. With no
+    delay, all at once (jobs[0] first, as run_jobs does)."""
+    deadline = time.time() + timeout
+    order = jobs[1:] + jobs[:1] if delay else jobs
+    try:
+        for job in order:
+            if job is jobs[0] and delay:
+                time.sleep(delay)
+            job.launch()
+        for job in jobs:
+            job.wait(deadline)
+    finally:  # interrupted: leave no job running on the GPU
+        for job in jobs:
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+    return [job.result() for job in jobs]
 
 
 def gpu_name() -> str:
@@ -507,8 +575,8 @@ def fmt(x) -> str:
 
 
 def table(results: dict) -> list[str]:
-    lines = ["| scenario | arm | high vs alone | low vs alone | low vs leftover | classes seen |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| scenario | arm | high vs alone | low vs alone | low vs leftover | classes seen | "
+             "grants to high / low drain ms max |", "|---|---|---|---|---|---|---|"]
     for name, scenario in results["scenarios"].items():
         for arm, row in scenario.get("summary", {}).items():
             e = scenario["arms"][arm]
@@ -517,8 +585,11 @@ def table(results: dict) -> list[str]:
             seen = ", ".join(sorted(set(e.get("classes_seen", {}).values()))) or "–"
             if e.get("classes", "ok") != "ok":
                 seen = e["classes"]
+            hand = e.get("handovers", {})
+            drain = max(hand.get("low_drain_ms") or [0.0])
+            hand_text = f"{hand['high_grants']} / {drain:.0f}" if hand.get("high_grants") else "–"
             lines.append(f"| {name} | {arm}{status} | {fmt(row.get('high_vs_alone'))} | {lows} | "
-                         f"{fmt(row.get('low_vs_leftover'))} | {seen} |")
+                         f"{fmt(row.get('low_vs_leftover'))} | {seen} | {hand_text} |")
     return lines
 
 
@@ -546,6 +617,8 @@ def markdown(results: dict) -> str:
     job = ("nvtest on the fake driver, one kernel a step" if smoke
            else "W1, the compute-bound transformer training of bench/gpu_bench.py")
     text = (f"`{results.get('command')}`: one command, every arm side by side. The jobs: {job}, "
+            f"the high one started {results.get('high_delay', 0):g} s after the low ones (it arrives "
+            "on a GPU they already use); "
             f"calibrated once ({cal.get('step_ms', 0):.1f} ms a step, start-up "
             f"{cal.get('startup_s', 0):.1f} s); each training runs ~{settings.get('train_seconds')} s "
             f"alone. Bursty low jobs pause {cal.get('bursty_sleep_ms', 0):.0f} ms on the host after "
@@ -558,7 +631,10 @@ def markdown(results: dict) -> str:
             "alone. Low vs alone: each low job's whole training phase, its waits included, against "
             "alone. Low vs leftover: (the high job's training + the lows-only span) / the span to "
             "the last low job's end; 1.0 = the low jobs lost nothing but the time the high job "
-            "used. mps-pct: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
+            "used. Grants to high: how often the scheduler granted the high job the GPU (1: it "
+            "took it once and kept it); low drain: the longest time a low holder took from its "
+            "DROP_LOCK to its release, which the high job runs beside (scheduler log). "
+            "mps-pct: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
             f"{settings.get('low_pct')} on the low jobs only. Target (issue 14): high vs alone ≥ 0.95.")
     lines = [f"## {SECTION} ({where}, {results.get('date')})", *textwrap.wrap(text, 100), ""]
     lines += table(results)
@@ -582,12 +658,15 @@ def main() -> int:
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                     help=f"of {','.join(ARMS)} (colocate is left out by default: it does not fit the "
                          "8 minutes, and the issue compares MPS)")
-    ap.add_argument("--train-seconds", type=float, default=5.0, help="each training alone")
+    ap.add_argument("--train-seconds", type=float, default=4.0, help="each training alone")
     ap.add_argument("--busy-fraction", type=float, default=0.3, help="bursty low jobs' GPU share")
     ap.add_argument("--low-pct", type=int, default=20,
                     help="mps-pct: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each low job")
-    ap.add_argument("--time-budget", type=float, default=400.0,
+    ap.add_argument("--time-budget", type=float, default=420.0,
                     help="seconds; units that would not fit are skipped (0: no limit)")
+    ap.add_argument("--high-delay", type=float, default=None,
+                    help="seconds the high job starts after the low ones (default 2; smoke 0.3), "
+                         "so that it arrives on a GPU they already use")
     ap.add_argument("--smoke-cpu", action="store_true", help="check the harness without a GPU")
     ap.add_argument("--smoke-kernel-ms", type=float, default=10.0)
     args = ap.parse_args()
