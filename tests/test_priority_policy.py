@@ -192,11 +192,12 @@ def test_concurrent_a_high_waiter_drops_a_low_holder_at_once():
     actions = g.request(high, 0.5)
     assert (CONTENDED, 2) in kinds(actions)
     assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)]
-    assert grants(g.release(2, 0.51)) == [(1, EXCLUSIVE)]
+    assert grants(g.release(2, 0.505)) == [(1, EXCLUSIVE)]   # drained in 5 ms
     actions = g.request(low, 0.6)
     assert actions == [] and g.next_deadline() is None      # no demand known: it keeps the GPU
     assert drops(g.tick(100.0)) == []
-    assert kinds(g.report_demand(high, PAUSES, 100.0)) == [(CONTENDED, 1)]   # back once idle
+    # Back once idle: its 100 ms pauses are long against the low job's 5 ms drain.
+    assert kinds(g.report_demand(high, PAUSES, 100.0)) == [(CONTENDED, 1)]
     assert g.next_deadline() is None
 
 
@@ -305,3 +306,28 @@ def test_serial_equal_classes_still_hand_on_after_max_runtime():
     assert g.next_deadline() == 301.0
     assert drops(g.tick(200.0)) == []
     assert drops(g.tick(301.0)) == [(1, C.NVSHARE_DROP_MAX_RUNTIME)]
+
+
+def test_a_high_holder_keeps_its_short_pauses_when_a_low_job_drains_slowly():
+    """A low holder dropped for the high job took 120 ms to drain (a PyTorch step's queue on a
+    GPU): the high job's 100 ms pauses are too short to give away, since each return would run
+    beside such a drain. Pauses ten times the drain are given away."""
+    g, high, low = high_and_low(high_demand=BUSY)
+    assert grants(g.request(low, 0.0)) == [(2, EXCLUSIVE)]
+    actions = g.request(high, 1.0)
+    assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)]
+    g.release(2, 1.12)                                   # drained in 120 ms
+    g.request(low, 1.13)
+    assert kinds(g.report_demand(high, PAUSES, 2.0)) == []          # 100 ms pauses: kept
+    assert 1 in g.holders and 2 in g.queue
+    long_pauses = Demand(0.6, 0.5, 1.5)
+    assert kinds(g.report_demand(high, long_pauses, 3.0)) == [(CONTENDED, 1)]
+
+
+def test_a_quick_drain_lets_the_high_holder_give_its_pauses_away():
+    g, high, low = high_and_low(high_demand=BUSY)
+    g.request(low, 0.0)
+    g.request(high, 1.0)
+    g.release(2, 1.005)                                  # drained in 5 ms
+    g.request(low, 1.01)
+    assert kinds(g.report_demand(high, PAUSES, 2.0)) == [(CONTENDED, 1)]   # 100 ms >= 10 x 5 ms
