@@ -3,8 +3,13 @@ scheduler deciding; the fake driver's trace shows that a high job's kernels wait
 turn beside a compute-bound low job, and that the low job runs only while the high one is idle."""
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 
+from conftest import REPO
 from test_hook import (GPU0, Job, finish, hook_lib, procs,  # noqa: F401
                        read_trace, start_nvtest)
 
@@ -49,3 +54,35 @@ def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp
     second_wait_ms = (high_runs[40][0] - pause_from) / 1e6 - 300
     assert second_wait_ms <= KERNEL_MS + SHORT_TURN_MS, second_wait_ms
     assert "of a lower class wait" in scheduler.log(), scheduler.log()[-3000:]
+
+
+def test_the_priority_benchmark_classes_its_jobs_as_slurm_does(hook_lib, tmp_path):  # noqa: F811
+    """bench/bench_priority.py --smoke-cpu: nvshare-prolog registers the jobs from their records
+    (QOS prod -> high, partition scavenge -> low), nvshare-status shows each class while they run,
+    the high job arriving on the low job's GPU takes it and keeps it, and the low job trains on
+    only once the high one is done."""
+    out = tmp_path / "prio"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_priority.py"), "--smoke-cpu",
+                           "--out", str(out), "--lows", "1", "--low-kinds", "compute",
+                           # The high job arrives while the low one is mid-way through training.
+                           "--train-seconds", "1.5", "--high-delay", "0.8"], env=env,
+                          capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "priority.json").read_text())
+    nvshare = results["scenarios"]["high+1low-compute"]["arms"]["nvshare"]
+    assert nvshare["classes"] == "ok"
+    assert sorted(nvshare["classes_seen"].values()) == ["high(qos prod)", "low(partition scavenge)"]
+    assert any("Class=high(qos prod)" in line for line in nvshare["status_sample"])
+    # Strict priority: the low job's first step waits for the high job's whole training.
+    high, low = nvshare["high"], nvshare["lows"][0]
+    assert low["end"] > high["end"]
+    assert low["train_s"] >= 1.5 * results["alone"]["compute"]["train_s"], (low, results["alone"])
+    # It arrived on a GPU the low job was using: the low job was dropped for it, and it then kept
+    # the GPU (one grant) for its whole training.
+    assert nvshare["handovers"]["high_grants"] == 1, nvshare["handovers"]
+    assert len(nvshare["handovers"]["low_drain_ms"]) == 1, nvshare["handovers"]
+    assert "| high+1low-compute | nvshare |" in done.stdout

@@ -133,6 +133,38 @@ def test_light_low_clients_still_co_run_beside_a_high_holder():
     assert grants(actions) == [(2, SHARED)] and drops(actions) == []
 
 
+SHORT_BURSTS = Demand(0.6, 0.010, 0.007)   # light by the adaptive rules, yet busy 60 % of the time
+
+
+def test_a_low_client_with_short_bursts_waits_beside_a_busy_high_one_and_runs_in_its_idle_time():
+    g, high, low = high_and_low(low_demand=SHORT_BURSTS)
+    g.request(high, 0.0)
+    # Co-running it would time-slice the high job's kernels with its own 60 % of the time.
+    assert grants(g.request(low, 0.1)) == []
+    assert drops(g.tick(100.0)) == [] and 2 in g.queue
+    assert g.status(100.0, [], [])["sharing_reason"] == "at most one busy client, 1 of a lower class wait"
+    assert grants(g.release(1, 100.5)) == [(2, SHARED)]       # the high job idle: it runs
+    # The high job wants the GPU back: the low holder is dropped at once, the high one granted.
+    actions = g.request(high, 100.6)
+    assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)] and grants(actions) == [(1, SHARED)]
+
+
+def test_a_low_holder_with_short_bursts_is_dropped_when_a_high_one_turns_busy():
+    g, high, low = high_and_low(high_demand=LIGHT, low_demand=SHORT_BURSTS)
+    assert grants(g.request(low, 0.0)) == [(2, SHARED)]
+    assert grants(g.request(high, 0.1)) == [(1, SHARED)]       # both light: they co-run
+    assert drops(g.report_demand(high, BUSY, 0.5)) == [(2, C.NVSHARE_DROP_TIMESLICE)]
+
+
+def test_short_bursts_of_equal_classes_still_co_run_beside_a_busy_holder():
+    g = gpu()
+    busy, short = client(1, "normal"), client(2, "normal")
+    g.report_demand(busy, BUSY, 0.0)
+    g.report_demand(short, SHORT_BURSTS, 0.0)
+    g.request(busy, 0.0)
+    assert grants(g.request(short, 0.1)) == [(2, SHARED)]
+
+
 def test_a_bursty_low_job_beside_a_busy_high_one_runs_only_in_its_idle_time():
     g, high, low = high_and_low(low_demand=BURSTY)
     g.request(high, 0.0)
@@ -160,11 +192,12 @@ def test_concurrent_a_high_waiter_drops_a_low_holder_at_once():
     actions = g.request(high, 0.5)
     assert (CONTENDED, 2) in kinds(actions)
     assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)]
-    assert grants(g.release(2, 0.51)) == [(1, EXCLUSIVE)]
+    assert grants(g.release(2, 0.505)) == [(1, EXCLUSIVE)]   # drained in 5 ms
     actions = g.request(low, 0.6)
     assert actions == [] and g.next_deadline() is None      # no demand known: it keeps the GPU
     assert drops(g.tick(100.0)) == []
-    assert kinds(g.report_demand(high, PAUSES, 100.0)) == [(CONTENDED, 1)]   # back once idle
+    # Back once idle: its 100 ms pauses are long against the low job's 5 ms drain.
+    assert kinds(g.report_demand(high, PAUSES, 100.0)) == [(CONTENDED, 1)]
     assert g.next_deadline() is None
 
 
@@ -244,3 +277,57 @@ def test_a_high_single_gpu_job_goes_before_a_low_gang_that_waited_longer(single_
     # gang's class that came later waits for the gang's turn.
     assert (50 in gpus[0].holders) == first
     assert gpus[0].turn.job_id == 1 and gpus[0].turn.started != first
+
+
+def test_serial_a_high_job_is_not_cut_short_for_low_jobs_however_long_it_runs():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    high, low = client(1, "high"), client(2, "low")
+    assert grants(g.request(high, 0.0)) == [(1, SHARED)]
+    g.request(low, 1.0)
+    assert g.next_deadline() is None
+    assert drops(g.tick(10_000.0)) == [] and 1 in g.holders and 2 in g.queue
+    # Its job is done with the GPU: the low job gets it.
+    assert grants(g.remove_client(1, 10_001.0)) == [(2, SHARED)]
+
+
+def test_serial_a_high_waiter_ends_a_low_jobs_turn_at_once():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    high, low = client(1, "high"), client(2, "low")
+    assert grants(g.request(low, 0.0)) == [(2, SHARED)]
+    assert drops(g.request(high, 5.0)) == [(2, C.NVSHARE_DROP_MAX_RUNTIME)]
+    assert grants(g.release(2, 5.1)) == [(1, SHARED)]
+
+
+def test_serial_equal_classes_still_hand_on_after_max_runtime():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    a, b = client(1, "low"), client(2, "low")
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    assert g.next_deadline() == 301.0
+    assert drops(g.tick(200.0)) == []
+    assert drops(g.tick(301.0)) == [(1, C.NVSHARE_DROP_MAX_RUNTIME)]
+
+
+def test_a_high_holder_keeps_its_short_pauses_when_a_low_job_drains_slowly():
+    """A low holder dropped for the high job took 120 ms to drain (a PyTorch step's queue on a
+    GPU): the high job's 100 ms pauses are too short to give away, since each return would run
+    beside such a drain. Pauses ten times the drain are given away."""
+    g, high, low = high_and_low(high_demand=BUSY)
+    assert grants(g.request(low, 0.0)) == [(2, EXCLUSIVE)]
+    actions = g.request(high, 1.0)
+    assert drops(actions) == [(2, C.NVSHARE_DROP_TIMESLICE)]
+    g.release(2, 1.12)                                   # drained in 120 ms
+    g.request(low, 1.13)
+    assert kinds(g.report_demand(high, PAUSES, 2.0)) == []          # 100 ms pauses: kept
+    assert 1 in g.holders and 2 in g.queue
+    long_pauses = Demand(0.6, 0.5, 1.5)
+    assert kinds(g.report_demand(high, long_pauses, 3.0)) == [(CONTENDED, 1)]
+
+
+def test_a_quick_drain_lets_the_high_holder_give_its_pauses_away():
+    g, high, low = high_and_low(high_demand=BUSY)
+    g.request(low, 0.0)
+    g.request(high, 1.0)
+    g.release(2, 1.005)                                  # drained in 5 ms
+    g.request(low, 1.01)
+    assert kinds(g.report_demand(high, PAUSES, 2.0)) == [(CONTENDED, 1)]   # 100 ms >= 10 x 5 ms
