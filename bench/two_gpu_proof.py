@@ -29,15 +29,15 @@ import argparse
 import json
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lock_timeline import gang_together, overlaps, switches, timeline_text, turns_from_log  # noqa: E402
+from slurm_node import OneNodeSlurm, tail  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = Path("/tmp/nvshare-2gpu")    # short: munged's socket path must fit a sockaddr_un
@@ -76,175 +76,6 @@ def inventory(args) -> list[dict]:
 
 # ---- the cluster -------------------------------------------------------------------------------
 
-class Cluster:
-    """munged, nvshare-scheduler, slurmctld and slurmd of one node, all in BASE; stop() ends them."""
-
-    def __init__(self, args, gpus: list[dict]):
-        self.args, self.gpus = args, gpus
-        self.sbin = Path(args.slurm_root) / "usr" / "sbin"
-        self.bin_dir = Path(shutil.which("sbatch") or "/usr/bin/sbatch").parent
-        self.host = socket.gethostname().split(".")[0]
-        self.conf = BASE / "slurm.conf"
-        self.nv_conf = BASE / "nvshare" / "nvshare.yaml"
-        self.sched_log = BASE / "nvshare" / "scheduler.log"
-        self.jobs = BASE / "jobs"
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "NVSHARE_", "SBATCH_", "SRUN_"))}
-        self.env.update(NO_MULTICAST, SLURM_CONF=str(self.conf))
-        self.procs: list[subprocess.Popen] = []
-
-    def write(self) -> None:
-        for pidfile in list(BASE.glob("*.pid")) + [BASE / "munge" / "munged.pid"]:
-            try:   # a run killed hard may have left its daemons: stop those by their pid files
-                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
-        shutil.rmtree(BASE, ignore_errors=True)
-        for sub in ("state", "spool", "jobs", "munge", "nvshare"):
-            (BASE / sub).mkdir(parents=True)
-        os.chmod(BASE, 0o755)
-        os.chmod(self.jobs, 0o1777)
-        py, pythonpath = sys.executable, os.environ.get("PYTHONPATH", "")
-        lines = [f"socket: {BASE}/nvshare/scheduler.sock", f"state_dir: {BASE}/nvshare/state",
-                 f"slurm_bin_dir: {self.bin_dir}", "log_level: debug",   # debug: every grant
-                 f"scheduling_mode: {self.args.mode}"]
-        if self.args.mode != "auto":
-            lines += ["switch_time_mode: fixed", f"switch_time_fixed: {self.args.switch_s}"]
-        if self.args.fake:
-            lines.append("gpus: [" + ", ".join(f"{{uuid: {g['uuid']}, memory: 16G}}"
-                                               for g in self.gpus) + "]")
-        self.nv_conf.write_text("\n".join(lines) + "\n")
-        for kind in ("prolog", "epilog", "taskprolog"):
-            # slurmd passes no environment: the wrapper names the configs and where Python and
-            # Slurm's libraries are (Slurm may be unpacked, nvshare-slurm is this checkout).
-            path = BASE / f"{kind}.sh"
-            path.write_text(f"#!/bin/sh\nexport NVSHARE_CONFIG={self.nv_conf}\n"
-                            f"export SLURM_CONF={self.conf}\nexport PYTHONPATH='{pythonpath}'\n"
-                            f"export LD_LIBRARY_PATH='{os.environ.get('LD_LIBRARY_PATH', '')}'\n"
-                            f"exec {py} -m nvshare_slurm.{kind}\n")
-            path.chmod(0o755)
-        slots = 8 * len(self.gpus)
-        cpus = max(8, os.cpu_count() or 8)
-        conf = f"""\
-ClusterName=nvs2gpu
-SlurmctldHost={self.host}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={BASE}/munge/munge.sock
-StateSaveLocation={BASE}/state
-SlurmdSpoolDir={BASE}/spool
-SlurmctldPidFile={BASE}/slurmctld.pid
-SlurmdPidFile={BASE}/slurmd.pid
-SlurmctldLogFile={BASE}/slurmctld.log
-SlurmdLogFile={BASE}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerParameters=sched_interval=1,bf_interval=1
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-ReturnToService=2
-SlurmdParameters=config_overrides
-KillWait=2
-MinJobAge=3600
-GresTypes=nvshare
-PrologFlags=Alloc
-Prolog={BASE}/prolog.sh
-Epilog={BASE}/epilog.sh
-TaskProlog={BASE}/taskprolog.sh
-NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} RealMemory=1000 Gres=nvshare:{slots} State=UNKNOWN
-PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
-"""
-        if self.args.slurm_root != "/":
-            # Unpacked, not installed (scripts/demo.sh says why): plugins, and no systemd cgroups.
-            conf += f"PluginDir={self.args.slurm_root}/usr/lib/x86_64-linux-gnu/slurm-wlm\n"
-            if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-                (BASE / "cgroup.conf").write_text(
-                    "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n")
-        self.conf.write_text(conf)
-        (BASE / "gres.conf").write_text(f"NodeName={self.host} Name=nvshare Count={slots}\n")
-
-    def start(self) -> None:
-        self.write()
-        key = BASE / "munge" / "munge.key"
-        shutil.copy("/etc/munge/munge.key", key)
-        os.chmod(key, 0o600)
-        os.chmod(BASE / "munge", 0o700)
-        m = BASE / "munge"
-        self.spawn("munged", [str(self.sbin / "munged"), "-F", "--force", f"--socket={m}/munge.sock",
-                              f"--key-file={key}", f"--log-file={m}/munged.log",
-                              f"--pid-file={m}/munged.pid", f"--seed-file={m}/munged.seed"])
-        self.wait_for(lambda: (m / "munge.sock").exists(), 10, "munged's socket")
-        os.chmod(m, 0o755)
-        self.spawn("scheduler", [sys.executable, "-m", "nvshare_slurm.daemon"],
-                   extra={"NVSHARE_CONFIG": str(self.nv_conf)}, log=self.sched_log)
-        self.wait_for(lambda: (BASE / "nvshare" / "scheduler.sock").exists(), 30,
-                      "nvshare-scheduler's socket")
-        self.spawn("slurmctld", [str(self.sbin / "slurmctld"), "-D", "-i", "-f", str(self.conf)])
-        self.wait_for(lambda: "UP" in self.run("scontrol", "ping").stdout, 30, "slurmctld")
-        stepd = ["-d", str(self.sbin / "slurmstepd")] if self.args.slurm_root != "/" else []
-        self.spawn("slurmd", [str(self.sbin / "slurmd"), "-D", "-N", self.host, "-f", str(self.conf),
-                              *stepd])
-        self.wait_for(lambda: self.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle", 60,
-                      "the node to be idle")
-
-    def spawn(self, name: str, argv: list[str], extra: dict | None = None,
-              log: Path | None = None) -> None:
-        out = open(log or BASE / f"{name}.out", "ab")
-        proc = subprocess.Popen(argv, env={**self.env, **(extra or {})}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        proc.name = name
-        self.procs.append(proc)
-
-    def wait_for(self, cond, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = [p for p in self.procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"{dead[0].name} exited {dead[0].returncode} while waiting for "
-                                   f"{what}: {tail(BASE / (dead[0].name + '.out'))}")
-            if cond():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-    def run(self, cmd: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run([str(self.bin_dir / cmd), *args], env=self.env, text=True,
-                                  capture_output=True, timeout=timeout, cwd=self.jobs)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, "", f"{cmd} timed out")
-
-    def stop(self) -> None:
-        if self.procs:
-            self.run("scancel", "--full", "-u", "root", timeout=10)
-            time.sleep(1)
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.procs.clear()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, n: int = 2000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"
-
-
 # ---- the jobs ----------------------------------------------------------------------------------
 
 def job_script(args) -> Path:
@@ -277,7 +108,7 @@ exit $rc
 
 
 class Jobs:
-    def __init__(self, cluster: Cluster, script: Path, timeout: float):
+    def __init__(self, cluster: OneNodeSlurm, script: Path, timeout: float):
         self.c, self.script, self.timeout = cluster, script, timeout
         self.records: dict[str, dict] = {}
 
@@ -337,84 +168,6 @@ class Jobs:
         return rec
 
 
-# ---- the scheduler's log -----------------------------------------------------------------------
-
-LINE = re.compile(r"^(\S+ \S+) nvshare-scheduler: gpu (\S+): job (\d+) step (\S+) pid (\d+): "
-                  r"(lock granted|lock released|client disconnected)")
-
-
-def turns_from_log(text: str, uuid_index: dict[str, int]) -> list[dict]:
-    """Who held which GPU when: [{gpu, job, pid, start, end}], a job's back-to-back turns on a GPU
-    (an idle release and re-grant within 50 ms) merged into one, sorted by start."""
-    holding, raw = {}, []
-    for line in text.splitlines():
-        m = LINE.match(line)
-        if not m:
-            continue
-        t = datetime.strptime(m[1].replace(",", "."), "%Y-%m-%d %H:%M:%S.%f").timestamp()
-        who = (uuid_index.get(m[2], -1), m[3], m[5])
-        if m[6] == "lock granted":
-            holding.setdefault(who, t)
-        elif who in holding:
-            raw.append({"gpu": who[0], "job": who[1], "pid": who[2], "start": holding.pop(who),
-                        "end": t})
-    # In each GPU's order of grants: a job's turn is merged only with its own turn just before,
-    # never across another job's turn in between.
-    raw.sort(key=lambda r: (r["gpu"], r["start"]))
-    merged: list[dict] = []
-    for r in raw:
-        last = merged[-1] if merged else None
-        if last and (last["gpu"], last["job"]) == (r["gpu"], r["job"]) and r["start"] - last["end"] < 0.05:
-            last["end"] = max(last["end"], r["end"])
-        else:
-            merged.append(dict(r))
-    return sorted(merged, key=lambda r: (r["start"], r["gpu"]))
-
-
-def overlaps(turns: list[dict], jobs: set[str], slack: float = 0.02) -> int:
-    """Turns of two of these jobs on one GPU that overlapped by more than the slack (a holder
-    that exits is logged gone just after its successor's grant)."""
-    n = 0
-    for gpu in {t["gpu"] for t in turns}:
-        mine = [t for t in turns if t["gpu"] == gpu and t["job"] in jobs]
-        for i, a in enumerate(mine):
-            for b in mine[i + 1:]:
-                if a["job"] != b["job"] and min(a["end"], b["end"]) - max(a["start"], b["start"]) > slack:
-                    n += 1
-    return n
-
-
-def switches(turns: list[dict], jobs: set[str], gpu: int) -> int:
-    seq = [t["job"] for t in turns if t["gpu"] == gpu and t["job"] in jobs]
-    return sum(1 for a, b in zip(seq, seq[1:]) if a != b)
-
-
-def gang_together(turns: list[dict], job: str, gpus: list[int]) -> float:
-    """The share of the job's time on its first GPU during which it also held every other one."""
-    def spans(g):
-        return [(t["start"], t["end"]) for t in turns if t["gpu"] == g and t["job"] == job]
-    first = spans(gpus[0])
-    total = sum(e - s for s, e in first)
-    if total <= 0:
-        return 0.0
-    covered = 0.0
-    for s, e in first:
-        piece = [(s, e)]
-        for g in gpus[1:]:
-            piece = [(max(a, c), min(b, d)) for a, b in piece for c, d in spans(g) if min(b, d) > max(a, c)]
-        covered += sum(b - a for a, b in piece)
-    return covered / total
-
-
-def timeline_text(turns: list[dict], names: dict[str, str]) -> str:
-    if not turns:
-        return "(no lock grants in the scheduler's log)\n"
-    t0 = turns[0]["start"]
-    return "".join(f"{t['start'] - t0:9.3f} s .. {t['end'] - t0:9.3f} s  GPU {t['gpu']}  job {t['job']} "
-                   f"({names.get(t['job'], '?')}, pid {t['pid']}, {(t['end'] - t['start']) * 1000:8.1f} ms)\n"
-                   for t in turns)
-
-
 # ---- the proof ---------------------------------------------------------------------------------
 
 class Checks:
@@ -465,7 +218,7 @@ def check_job(check: Checks, part: str, rec: dict, uuids: list[str], digest: str
               f"{res.get('loss_digest')} vs {digest}")
 
 
-def prove(args, cluster: Cluster, gpus: list[dict]) -> dict:
+def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
     n = args.gpus
     uuids = [g["uuid"] for g in gpus]
     uuid_index = {g["uuid"]: g["index"] for g in gpus}
@@ -498,7 +251,8 @@ def prove(args, cluster: Cluster, gpus: list[dict]) -> dict:
     results = [jobs.records[j].get("result") for j in pair]
     part_b = {"jobs": pair, "train_seconds": [seconds(jobs.records[j]) for j in pair]}
     if all(results) and alone_s:
-        span = max(r["end"] for r in results) - min(r["start"] for r in results)
+        t0 = min(r["start"] for r in results)
+        span = max(r["end"] for r in results) - t0
         limit = SPAN_LIMIT * 2 * alone_s
         part_b.update(span_seconds=span, alone_back_to_back_seconds=2 * alone_s,
                       span_ratio=span / (2 * alone_s))
@@ -507,7 +261,7 @@ def prove(args, cluster: Cluster, gpus: list[dict]) -> dict:
               f"({span / (2 * alone_s):.3f}x)")
         check("b", "the two trainings overlapped in time (they shared, not queued in Slurm)",
               min(r["end"] for r in results) > max(r["start"] for r in results),
-              "training phases " + ", ".join(f"{r['start'] - results[0]['start']:.1f}..{r['end'] - results[0]['start']:.1f} s"
+              "training phases " + ", ".join(f"{r['start'] - t0:.1f}..{r['end'] - t0:.1f} s"
                                              for r in results))
     else:
         check("b", f"training-phase span <= {SPAN_LIMIT}x two alone back to back", False,
@@ -516,8 +270,9 @@ def prove(args, cluster: Cluster, gpus: list[dict]) -> dict:
     turns = turns_from_log(log, uuid_index)
     pair_turns = [t for t in turns if t["job"] in pair]
     gpus_b = sorted({t["gpu"] for t in pair_turns})
-    check("b", "the jobs' turns never overlapped on a GPU", pair_turns and overlaps(turns, set(pair)) == 0,
-          f"{overlaps(turns, set(pair))} overlaps in {len(pair_turns)} turns")
+    crossed = overlaps(turns, set(pair))
+    check("b", "the jobs' turns never overlapped on a GPU", pair_turns and crossed == 0,
+          f"{crossed} overlaps in {len(pair_turns)} turns")
     hand = {g: switches(turns, set(pair), g) for g in gpus_b}
     check("b", "the jobs took turns", hand and min(hand.values()) >= 2,
           ", ".join(f"GPU {g}: {k} hand-overs" for g, k in hand.items()) or "no turns")
@@ -607,7 +362,8 @@ def markdown(report: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--gpus", type=int, default=0, help="GPUs per DDP job (default: every GPU, at most 2)")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="GPUs per DDP job (default: every GPU, at most 2)")
     ap.add_argument("--fake", action="store_true", help="the fake CUDA driver and a stand-in payload")
     ap.add_argument("--steps", type=int, default=0,
                     help="training steps (fake: collective rounds); default 600, 60 with --fake")
@@ -639,7 +395,14 @@ def main() -> int:
               "device": f"{len(gpus)} x {gpus[0]['name']}" + (" (fake driver)" if args.fake else ""),
               "inventory": gpus, "settings": {k: (str(v) if isinstance(v, Path) else v)
                                               for k, v in vars(args).items()}}
-    cluster = Cluster(args, gpus)
+    scheduler = ["log_level: debug",   # debug: every grant and release, for the timeline
+                 f"scheduling_mode: {args.mode}"]
+    if args.mode != "auto":
+        scheduler += ["switch_time_mode: fixed", f"switch_time_fixed: {args.switch_s}"]
+    if args.fake:
+        scheduler.append("gpus: [" + ", ".join(f"{{uuid: {g['uuid']}, memory: 16G}}"
+                                               for g in gpus) + "]")
+    cluster = OneNodeSlurm(BASE, args.slurm_root, 8 * len(gpus), scheduler, NO_MULTICAST)
     try:
         cluster.start()
         say(f"one-node Slurm up ({cluster.host}, Gres=nvshare:{8 * len(gpus)}), scheduler in "

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-two-gpu-proof.sh"
 
 
-def load_proof():
-    spec = importlib.util.spec_from_file_location("two_gpu_proof", REPO / "bench" / "two_gpu_proof.py")
+def load_timeline():
+    spec = importlib.util.spec_from_file_location("lock_timeline", REPO / "bench" / "lock_timeline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -104,7 +104,7 @@ def test_one_fake_gpu_reduced_mode_skips_what_needs_two(tmp_path):
 
 
 def test_timeline_never_merges_a_turn_across_another_jobs_turn():
-    proof = load_proof()
+    timeline = load_timeline()
     gpu = "GPU-a"
     log = "\n".join(f"2026-11-23 10:00:{s} nvshare-scheduler: gpu {gpu}: job {j} step 0 pid {p}: {what}"
                     for s, j, p, what in [
@@ -116,12 +116,12 @@ def test_timeline_never_merges_a_turn_across_another_jobs_turn():
                         ("01,000", 1, 11, "lock released (idle)"),
                         ("01,010", 1, 11, "lock granted (shared)"),   # back to back: one turn
                         ("01,500", 1, 11, "client disconnected")])
-    turns = proof.turns_from_log(log, {gpu: 0})
+    turns = timeline.turns_from_log(log, {gpu: 0})
     assert [(t["job"], round(t["end"] - t["start"], 3)) for t in turns] == [
         ("1", 0.5), ("2", 0.02), ("1", 0.96)]
-    assert proof.overlaps(turns, {"1", "2"}) == 0
-    assert proof.switches(turns, {"1", "2"}, 0) == 2
+    assert timeline.overlaps(turns, {"1", "2"}) == 0
+    assert timeline.switches(turns, {"1", "2"}, 0) == 2
     # A job's turns on two GPUs at the same times: a whole gang turn.
     other = log.replace(f"gpu {gpu}:", "gpu GPU-b:")
-    both = proof.turns_from_log(log + "\n" + other, {gpu: 0, "GPU-b": 1})
-    assert proof.gang_together(both, "1", [0, 1]) == pytest.approx(1.0)
+    both = timeline.turns_from_log(log + "\n" + other, {gpu: 0, "GPU-b": 1})
+    assert timeline.gang_together(both, "1", [0, 1]) == pytest.approx(1.0)
