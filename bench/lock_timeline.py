@@ -59,21 +59,25 @@ def switches(turns: list[dict], jobs: set[str], gpu: int) -> int:
 
 
 def gang_together(turns: list[dict], job: str, gpus: list[int]) -> float:
-    """The share of the job's time on its first GPU during which it also held every other one."""
+    """The share of the job's time on a GPU during which it held all its GPUs at once: the least
+    over its GPUs (a rank that held one GPU while its peer was shut out of another lowers it)."""
     def spans(g):
         return [(t["start"], t["end"]) for t in turns if t["gpu"] == g and t["job"] == job]
-    first = spans(gpus[0])
-    total = sum(e - s for s, e in first)
-    if total <= 0:
-        return 0.0
-    covered = 0.0
-    for s, e in first:
-        piece = [(s, e)]
-        for g in gpus[1:]:
-            piece = [(max(a, c), min(b, d)) for a, b in piece for c, d in spans(g)
-                     if min(b, d) > max(a, c)]
-        covered += sum(b - a for a, b in piece)
-    return covered / total
+    shares = []
+    for first in gpus:
+        total = sum(e - s for s, e in spans(first))
+        if total <= 0:
+            return 0.0
+        covered = 0.0
+        for s, e in spans(first):
+            piece = [(s, e)]
+            for g in gpus:
+                if g != first:
+                    piece = [(max(a, c), min(b, d)) for a, b in piece for c, d in spans(g)
+                             if min(b, d) > max(a, c)]
+            covered += sum(b - a for a, b in piece)
+        shares.append(covered / total)
+    return min(shares)
 
 
 def timeline_text(turns: list[dict], names: dict[str, str]) -> str:
