@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-LINE = re.compile(r"^(\S+ \S+) nvshare-scheduler: gpu (\S+): job (\d+) step (\S+) pid (\d+): "
+# A grant or release names its GPU; a disconnect names none and ends the client's every turn.
+LINE = re.compile(r"^(\S+ \S+) nvshare-scheduler: (?:gpu (\S+): )?job (\d+) step (\S+) pid (\d+): "
                   r"(lock granted|lock released|client disconnected)")
 
 
@@ -19,12 +20,15 @@ def turns_from_log(text: str, uuid_index: dict[str, int]) -> list[dict]:
         if not m:
             continue
         t = datetime.strptime(m[1].replace(",", "."), "%Y-%m-%d %H:%M:%S.%f").timestamp()
-        who = (uuid_index.get(m[2], -1), m[3], m[5])
-        if m[6] == "lock granted":
-            holding.setdefault(who, t)
-        elif who in holding:
-            raw.append({"gpu": who[0], "job": who[1], "pid": who[2], "start": holding.pop(who),
-                        "end": t})
+        if m[2] is None:
+            ended = [w for w in holding if w[1:] == (m[3], m[5])] if m[6] == "client disconnected" else []
+        else:
+            who = (uuid_index.get(m[2], -1), m[3], m[5])
+            if m[6] == "lock granted":
+                holding.setdefault(who, t)
+            ended = [who] if m[6] != "lock granted" and who in holding else []
+        for w in ended:
+            raw.append({"gpu": w[0], "job": w[1], "pid": w[2], "start": holding.pop(w), "end": t})
     # In each GPU's order of grants: a job's turn is merged only with its own turn just before,
     # never across another job's turn in between.
     raw.sort(key=lambda r: (r["gpu"], r["start"]))

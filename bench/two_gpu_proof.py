@@ -113,13 +113,14 @@ class Jobs:
         self.c, self.script, self.timeout = cluster, script, timeout
         self.records: dict[str, dict] = {}
 
-    def submit(self, name: str, nproc: int) -> str:
+    def submit(self, part: str, name: str, nproc: int) -> str:
         res = self.c.run("sbatch", "--parsable", f"--gres=nvshare:{nproc}", "-J", name,
                          "-o", "slurm-%j.out", str(self.script), str(nproc))
         if res.returncode != 0:
             raise RuntimeError(f"sbatch {name} failed: {res.stderr.strip()}")
         job = res.stdout.strip().split(";")[0]
-        self.records[job] = {"job": job, "name": name, "nproc": nproc, "submitted": time.time()}
+        self.records[job] = {"job": job, "part": part, "name": name, "nproc": nproc,
+                             "submitted": time.time()}
         say(f"submitted {name}: job {job} (--gres=nvshare:{nproc})")
         return job
 
@@ -227,7 +228,7 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
     parts: dict[str, dict] = {}
 
     say(f"(a) one {n}-GPU DDP training alone")
-    ddp_alone = jobs.submit("ddp-alone", n)
+    ddp_alone = jobs.submit("a", "ddp-alone", n)
     jobs.wait(ddp_alone)
     a = jobs.records[ddp_alone]
     check_job(check, "a", a, uuids, fake=args.fake)
@@ -235,7 +236,7 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
     parts["a"] = {"job": ddp_alone, "train_seconds": alone_s, "loss_digest": digest}
     single_s = single_digest = None
     if n >= 2:
-        single_alone = jobs.submit("single-alone", 1)
+        single_alone = jobs.submit("a", "single-alone", 1)
         jobs.wait(single_alone)
         s = jobs.records[single_alone]
         check_job(check, "a", s, uuids, fake=args.fake)
@@ -244,7 +245,7 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
                                 "loss_digest": single_digest}
 
     say(f"(b) two {n}-GPU DDP trainings submitted together")
-    pair = [jobs.submit("ddp-1", n), jobs.submit("ddp-2", n)]
+    pair = [jobs.submit("b", "ddp-1", n), jobs.submit("b", "ddp-2", n)]
     jobs.wait(*pair)
     for job in pair:
         check_job(check, "b", jobs.records[job], uuids, digest, fake=args.fake)
@@ -295,11 +296,11 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
         # The singles first: on idle GPUs the second is placed beside the first (least loaded
         # first counts jobs once memory is equal), the DDP job then spans both. Beside a DDP job
         # whose ranks hold unequal memory both singles could land on the emptier GPU.
-        one = jobs.submit("single-1", 1)
+        one = jobs.submit("c", "single-1", 1)
         jobs.wait_registered(one)
-        two = jobs.submit("single-2", 1)
+        two = jobs.submit("c", "single-2", 1)
         jobs.wait_registered(two)
-        ddp = jobs.submit("ddp-mixed", n)
+        ddp = jobs.submit("c", "ddp-mixed", n)
         jobs.wait(ddp, one, two)
         check_job(check, "c", jobs.records[ddp], uuids, digest, fake=args.fake)
         for job in (one, two):
@@ -327,6 +328,13 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
         check.skip("c", "a DDP job beside two single-GPU jobs", "needs two GPUs")
 
     names = {j: r["name"] for j, r in jobs.records.items()}
+    turns = turns_from_log(tail(cluster.sched_log, 10**9), uuid_index)   # every part's
+    for job, rec in jobs.records.items():
+        # The hook gated every GPU the job was given: it asked for each one's lock and got it.
+        given = {uuid_index.get(u) for u in rec["env"]["CUDA_VISIBLE_DEVICES"].split(",") if u}
+        held = {t["gpu"] for t in turns if t["job"] == job}
+        check(rec["part"], f"{rec['name']} (job {job}) held the lock of each GPU it was given",
+              given and held == given, f"given GPUs {sorted(given, key=str)}, held {sorted(held)}")
     (args.out / "timeline.txt").write_text(timeline_text(turns, names))
     return {"checks": check.rows, "parts": parts,
             "jobs": {j: {k: v for k, v in r.items() if k != "output_tail"}

@@ -2,7 +2,7 @@
 
   python fake_ddp.py --nproc N --rounds R --kernel-us US --nvtest PATH [--out FILE]
 
-Starts one nvtest process per rank, rank K on device K, each running R rounds of the fake driver's
+Starts one nvtest process per rank, rank K on the K-th GPU of CUDA_VISIBLE_DEVICES (UUIDs), each running R rounds of the fake driver's
 collective (its "barrier" kernel: a round ends only when every rank launched it), as a DDP job's
 all-reduces would. Writes the JSON that ddp_train.py writes, so bench/two_gpu_proof.py reads both
 alike: the training phase's start and end, the world size, every rank's pid, and "losses": one
@@ -32,6 +32,21 @@ def main() -> int:
         ap.error("--nproc must be at least 1")
     group = f"/nvshare-proof-{os.environ.get('SLURM_JOB_ID', os.getpid())}"
     env = dict(os.environ, FAKE_CUDA_BARRIER=group)
+    # The fake driver lists every FAKE_CUDA_DEVICES entry and ignores CUDA_VISIBLE_DEVICES; the
+    # real one shows a job only the GPUs Slurm's TaskProlog made visible, device K the K-th of
+    # them. Do what it does, so that rank K runs on the job's K-th GPU, not on the node's.
+    visible = [u for u in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if u]
+    sizes = dict(entry.rsplit(":", 1) for entry in os.environ.get("FAKE_CUDA_DEVICES", "").split(",")
+                 if ":" in entry)
+    if visible and all(u in sizes for u in visible):
+        env["FAKE_CUDA_DEVICES"] = ",".join(f"{u}:{sizes[u]}" for u in visible)
+    elif visible:
+        print(f"fake_ddp: CUDA_VISIBLE_DEVICES={','.join(visible)} names GPUs that "
+              f"FAKE_CUDA_DEVICES does not list", file=sys.stderr)
+        return 1
+    if visible and len(visible) < args.nproc:
+        print(f"fake_ddp: {args.nproc} ranks but {len(visible)} visible GPU(s)", file=sys.stderr)
+        return 1
     start = time.time()
     ranks = [subprocess.Popen([args.nvtest, "init", f"ctx:{rank}",
                                f"barrier:{args.kernel_us}:{args.rounds}:{args.nproc}:{rank}"],

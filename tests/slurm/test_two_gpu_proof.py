@@ -67,6 +67,7 @@ def test_two_fake_gpus_every_part_runs_and_is_checked(tmp_path):
     assert_passed(report, "ran under the hook", 7)
     assert_passed(report, "had NCCL_NVLS_ENABLE=0", 7)
     assert_passed(report, "distinct managed GPU(s)", 7)
+    assert_passed(report, "held the lock of each GPU it was given", 7)
     assert_passed(report, "losses identical to alone", 5)
     assert_passed(report, "the scheduler made it a gang", 2)
     assert_passed(report, "turns never overlapped", 1)
@@ -98,6 +99,7 @@ def test_one_fake_gpu_reduced_mode_skips_what_needs_two(tmp_path):
     assert report["passed"] is (proc.returncode == 0)
     assert sorted(j["name"] for j in report["jobs"].values()) == ["ddp-1", "ddp-2", "ddp-alone"]
     assert_passed(report, "completed with exit 0", 3)
+    assert_passed(report, "held the lock of each GPU it was given", 3)
     assert_passed(report, "losses identical to alone", 2)
     assert_passed(report, "turns never overlapped", 1)
     assert_passed(report, "the jobs took turns", 1)
@@ -117,12 +119,21 @@ def test_timeline_never_merges_a_turn_across_another_jobs_turn():
                         ("00,540", 1, 11, "lock granted (shared)"),   # 40 ms after its last turn
                         ("01,000", 1, 11, "lock released (idle)"),
                         ("01,010", 1, 11, "lock granted (shared)"),   # back to back: one turn
-                        ("01,500", 1, 11, "client disconnected")])
+                        ("01,500", 1, 11, "lock released")])
+    # A holder that exits is logged without its GPU: that ends its turn on every GPU.
+    log += ("\n2026-11-23 10:00:02,000 nvshare-scheduler: gpu GPU-a: job 3 step 0 pid 33: lock granted"
+            "\n2026-11-23 10:00:03,000 nvshare-scheduler: job 3 step 0 pid 33: client disconnected")
     turns = timeline.turns_from_log(log, {gpu: 0})
     assert [(t["job"], round(t["end"] - t["start"], 3)) for t in turns] == [
-        ("1", 0.5), ("2", 0.02), ("1", 0.96)]
-    assert timeline.overlaps(turns, {"1", "2"}) == 0
+        ("1", 0.5), ("2", 0.02), ("1", 0.96), ("3", 1.0)]
+    assert timeline.overlaps(turns, {"1", "2", "3"}) == 0
     assert timeline.switches(turns, {"1", "2"}, 0) == 2
+    exits = "\n".join(f"2026-11-23 10:00:{s} nvshare-scheduler: {what}" for s, what in [
+        ("02,000", "gpu GPU-a: job 3 step 0 pid 33: lock granted (shared)"),
+        ("02,500", "gpu GPU-b: job 3 step 0 pid 33: lock granted (shared)"),
+        ("03,000", "job 3 step 0 pid 33: client disconnected")])
+    two = timeline.turns_from_log(exits, {gpu: 0, "GPU-b": 1})
+    assert [(t["gpu"], t["end"] - t["start"]) for t in two if t["job"] == "3"] == [(0, 1.0), (1, 0.5)]
     # A job's turns on two GPUs at the same times: a whole gang turn.
     other = log.replace(f"gpu {gpu}:", "gpu GPU-b:")
     both = timeline.turns_from_log(log + "\n" + other, {gpu: 0, "GPU-b": 1})
