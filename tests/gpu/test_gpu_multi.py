@@ -17,8 +17,9 @@ pytestmark = pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs (the nvidi
 def _register_on(jobs, index: int | list[int]) -> tuple[int, list[str]]:
     jobs.next_job += 1
     indices = index if isinstance(index, list) else [index]
+    name = f"gpu{'+'.join(map(str, indices))}-{jobs.next_job}"
     placement = jobs.sched.client().register_job(jobs.next_job, uid=0, gid=0, gpu_index=indices,
-                                                  name=f"gpu{'+'.join(map(str, indices))}-{jobs.next_job}", user="root")
+                                                  name=name, user="root")
     return jobs.next_job, placement["gpu_uuid"]
 
 
