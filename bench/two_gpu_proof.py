@@ -277,7 +277,13 @@ def prove(args, cluster: OneNodeSlurm, gpus: list[dict]) -> dict:
     hand = {g: switches(turns, set(pair), g) for g in gpus_b}
     check("b", "the jobs took turns", hand and min(hand.values()) >= 2,
           ", ".join(f"GPU {g}: {k} hand-overs" for g, k in hand.items()) or "no turns")
-    part_b.update(turns=len(pair_turns), hand_overs=hand)
+    # A gang's holder that did not drain within about a turn of DROP_LOCK (its collective waited
+    # for a peer the turn's end shut out): each costs that long. Counted to explain a slow span.
+    stuck = {j: len(re.findall(rf"job {j} step \S+ pid \d+: not released .* taken as a stuck drain",
+                               log)) for j in pair}
+    part_b.update(turns=len(pair_turns), hand_overs=hand, stuck_drains=stuck)
+    print(f"  (b) {len(pair_turns)} turns; stuck drains: "
+          + ", ".join(f"job {j} {k}" for j, k in stuck.items()), flush=True)
     if n >= 2:
         for job in pair:
             check("b", f"job {job}: the scheduler made it a gang",
@@ -364,7 +370,8 @@ def markdown(report: dict) -> str:
     if "span_seconds" in b:
         lines += ["", f"(b) span {b['span_seconds']:.2f} s vs two alone back to back "
                       f"{b['alone_back_to_back_seconds']:.2f} s: {b['span_ratio']:.3f}x "
-                      f"(limit {SPAN_LIMIT}x); {b['turns']} turns."]
+                      f"(limit {SPAN_LIMIT}x); {b['turns']} turns; stuck drains "
+                      + ", ".join(f"job {j}: {k}" for j, k in b.get("stuck_drains", {}).items())]
     for r in report["parts"].get("c", {}).get("jobs", []):
         if r["ratio"]:
             lines.append(f"(c) {r['name']}: {r['train_seconds']:.2f} s vs alone "

@@ -79,6 +79,7 @@ def test_two_fake_gpus_every_part_runs_and_is_checked(tmp_path):
     # Part (b)'s numbers are there (not judged here), and (c) sets each job against alone.
     b = report["parts"]["b"]
     assert b["span_seconds"] > 0 and b["alone_back_to_back_seconds"] > 0
+    assert sorted(b["stuck_drains"]) == sorted(b["jobs"])
     assert [r["name"] for r in report["parts"]["c"]["jobs"]] == ["ddp-mixed", "single-1",
                                                                   "single-2"]
     assert all(r["ratio"] > 0 for r in report["parts"]["c"]["jobs"])
