@@ -1,5 +1,6 @@
-"""Tier 4 with two or more GPUs: each GPU is scheduled on its own, and a two-GPU DDP job (NCCL)
-runs correctly under the hook."""
+"""Tier 4 with two or more GPUs: each GPU is scheduled on its own, a two-GPU DDP job (NCCL) runs
+correctly under the hook, and two such jobs on the same GPUs take gang turns. (Through Slurm:
+scripts/gpu-two-gpu-proof.sh.)"""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,12 @@ from .conftest import GPU_COUNT, HERE, finish, train_cmd
 pytestmark = pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs (the nvidia-h200-x2 machine)")
 
 
-def _register_on(jobs, index: int) -> tuple[int, list[str]]:
+def _register_on(jobs, index: int | list[int]) -> tuple[int, list[str]]:
     jobs.next_job += 1
-    placement = jobs.sched.client().register_job(jobs.next_job, uid=0, gid=0, gpu_index=[index],
-                                                  name=f"gpu{index}-{jobs.next_job}", user="root")
+    indices = index if isinstance(index, list) else [index]
+    name = f"gpu{'+'.join(map(str, indices))}-{jobs.next_job}"
+    placement = jobs.sched.client().register_job(jobs.next_job, uid=0, gid=0, gpu_index=indices,
+                                                  name=name, user="root")
     return jobs.next_job, placement["gpu_uuid"]
 
 
@@ -39,9 +42,9 @@ def test_a_job_on_one_gpu_never_waits_for_another_gpu(gpu_jobs):
     assert _max_gap(b) < 0.5, _max_gap(b)
 
 
-def _ddp(env: dict) -> dict:
-    res = subprocess.run([sys.executable, str(HERE / "ddp_train.py"), "--steps", "60"], env=env,
-                         capture_output=True, text=True, timeout=300)
+def _ddp(env: dict, *args: str) -> dict:
+    res = subprocess.run([sys.executable, str(HERE / "ddp_train.py"), *(args or ("--steps", "60"))],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -58,3 +61,22 @@ def test_two_gpu_ddp_job_runs_under_the_hook_with_the_same_losses(gpu_jobs):
     # Both ranks were the job's clients under the hook (each registered with the daemon).
     log = jobs.sched.log()
     assert all(f"pid {pid}" in log for pid in hooked["pids"]), log[-3000:]
+
+
+def test_two_two_gpu_ddp_jobs_on_the_same_gpus_complete_in_gang_turns(gpu_jobs):
+    # Two DDP jobs on the same two GPUs: with a lock per GPU they could each hold one GPU while
+    # their collectives wait for the other (issue 11); gang turns give each job both or neither.
+    jobs = gpu_jobs(scheduling_mode="concurrent", switch_time_mode="fixed", switch_time_fixed=1.0)
+    args = ("--steps", "200", "--width", "4096", "--depth", "4", "--batch", "4096")  # ~5 s alone
+    (ja, ua), (jb, ub) = _register_on(jobs, [0, 1]), _register_on(jobs, [0, 1])
+    assert ua == ub and len(set(ua)) == 2
+    alone = _ddp(jobs.env(ja, ua), *args)
+    procs = [jobs.popen([sys.executable, str(HERE / "ddp_train.py"), *args], j, u)
+             for j, u in ((ja, ua), (jb, ub))]
+    a, b = (finish(p, timeout=600) for p in procs)
+    assert a["loss_digest"] == b["loss_digest"] == alone["loss_digest"]
+    # They shared: the training phases overlapped, and each job got its turns on both GPUs.
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])
+    log = jobs.sched.log()
+    for job in (ja, jb):
+        assert f"job {job}: a gang on GPUs" in log, log[-3000:]

@@ -1,0 +1,191 @@
+"""A one-node Slurm cluster on this host with an nvshare-scheduler, for scripts that run real jobs
+through sbatch (bench/two_gpu_proof.py): Slurm installed in / or unpacked under a root
+(../shared/tools/gpu-machine-slurm.sh, as scripts/demo.sh uses it), nvshare-slurm run as
+`python -m nvshare_slurm.<module>` from the caller's PYTHONPATH. Every wait is bounded and names what
+it waited for; a daemon that exits meanwhile is reported with the end of its output."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class OneNodeSlurm:
+    """munged, nvshare-scheduler, slurmctld and slurmd of this host as one node, all in `base`
+    (emptied first); `Gres=nvshare:<slots>` count-only; stop() ends what start() started.
+    `scheduler` holds nvshare.yaml lines beyond the socket, state dir and Slurm's bin dir; `env`
+    goes to every daemon and every sbatch (so also to the jobs)."""
+
+    def __init__(self, base: Path, slurm_root: str, slots: int, scheduler: list[str], env: dict):
+        self.base, self.slurm_root, self.slots, self.scheduler = base, slurm_root, slots, scheduler
+        self.sbin = Path(slurm_root) / "usr" / "sbin"
+        self.bin_dir = Path(shutil.which("sbatch") or "/usr/bin/sbatch").parent
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.base / "slurm.conf"
+        self.nv_conf = self.base / "nvshare" / "nvshare.yaml"
+        self.sched_log = self.base / "nvshare" / "scheduler.log"
+        self.jobs = self.base / "jobs"
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SLURM_", "NVSHARE_", "SBATCH_", "SRUN_"))}
+        self.env.update(env, SLURM_CONF=str(self.conf))
+        self.procs: list[subprocess.Popen] = []
+
+    def write(self) -> None:
+        for pidfile in list(self.base.glob("*.pid")) + [self.base / "munge" / "munged.pid"]:
+            try:   # a run killed hard may have left its daemons: stop those by their pid files
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(self.base, ignore_errors=True)
+        for sub in ("state", "spool", "jobs", "munge", "nvshare"):
+            (self.base / sub).mkdir(parents=True)
+        os.chmod(self.base, 0o755)
+        os.chmod(self.jobs, 0o1777)
+        py, pythonpath = sys.executable, os.environ.get("PYTHONPATH", "")
+        lines = [f"socket: {self.base}/nvshare/scheduler.sock", f"state_dir: {self.base}/nvshare/state",
+                 f"slurm_bin_dir: {self.bin_dir}", *self.scheduler]
+        self.nv_conf.write_text("\n".join(lines) + "\n")
+        for kind in ("prolog", "epilog", "taskprolog"):
+            # slurmd passes no environment: the wrapper names the configs and where Python and
+            # Slurm's libraries are (Slurm may be unpacked, nvshare-slurm is this checkout).
+            path = self.base / f"{kind}.sh"
+            path.write_text(f"#!/bin/sh\nexport NVSHARE_CONFIG={self.nv_conf}\n"
+                            f"export SLURM_CONF={self.conf}\nexport PYTHONPATH='{pythonpath}'\n"
+                            f"export LD_LIBRARY_PATH='{os.environ.get('LD_LIBRARY_PATH', '')}'\n"
+                            f"exec {py} -m nvshare_slurm.{kind}\n")
+            path.chmod(0o755)
+        slots = self.slots
+        cpus = max(8, os.cpu_count() or 8)
+        conf = f"""\
+ClusterName=nvsnode
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.base}/munge/munge.sock
+StateSaveLocation={self.base}/state
+SlurmdSpoolDir={self.base}/spool
+SlurmctldPidFile={self.base}/slurmctld.pid
+SlurmdPidFile={self.base}/slurmd.pid
+SlurmctldLogFile={self.base}/slurmctld.log
+SlurmdLogFile={self.base}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerParameters=sched_interval=1,bf_interval=1
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=2
+MinJobAge=3600
+GresTypes=nvshare
+PrologFlags=Alloc
+Prolog={self.base}/prolog.sh
+Epilog={self.base}/epilog.sh
+TaskProlog={self.base}/taskprolog.sh
+NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} RealMemory=1000 Gres=nvshare:{slots} State=UNKNOWN
+PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+"""
+        if self.slurm_root != "/":
+            # Unpacked, not installed (scripts/demo.sh says why): plugins, and no systemd cgroups.
+            conf += f"PluginDir={self.slurm_root}/usr/lib/x86_64-linux-gnu/slurm-wlm\n"
+            if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+                (self.base / "cgroup.conf").write_text(
+                    "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n")
+        self.conf.write_text(conf)
+        (self.base / "gres.conf").write_text(f"NodeName={self.host} Name=nvshare Count={slots}\n")
+
+    def start(self) -> None:
+        self.write()
+        key = self.base / "munge" / "munge.key"
+        shutil.copy("/etc/munge/munge.key", key)
+        os.chmod(key, 0o600)
+        os.chmod(self.base / "munge", 0o700)
+        m = self.base / "munge"
+        self.spawn("munged", [str(self.sbin / "munged"), "-F", "--force", f"--socket={m}/munge.sock",
+                              f"--key-file={key}", f"--log-file={m}/munged.log",
+                              f"--pid-file={m}/munged.pid", f"--seed-file={m}/munged.seed"])
+        self.wait_for(lambda: (m / "munge.sock").exists(), 10, "munged's socket")
+        os.chmod(m, 0o755)
+        self.spawn("scheduler", [sys.executable, "-m", "nvshare_slurm.daemon"],
+                   extra={"NVSHARE_CONFIG": str(self.nv_conf)}, log=self.sched_log)
+        self.wait_for(lambda: (self.base / "nvshare" / "scheduler.sock").exists(), 30,
+                      "nvshare-scheduler's socket")
+        self.spawn("slurmctld", [str(self.sbin / "slurmctld"), "-D", "-i", "-f", str(self.conf)])
+        self.wait_for(lambda: "UP" in self.run("scontrol", "ping").stdout, 30, "slurmctld")
+        stepd = ["-d", str(self.sbin / "slurmstepd")] if self.slurm_root != "/" else []
+        self.spawn("slurmd", [str(self.sbin / "slurmd"), "-D", "-N", self.host, "-f", str(self.conf),
+                              *stepd])
+        self.wait_for(lambda: self.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle", 60,
+                      "the node to be idle")
+
+    def spawn(self, name: str, argv: list[str], extra: dict | None = None,
+              log: Path | None = None) -> None:
+        out = open(log or self.base / f"{name}.out", "ab")
+        proc = subprocess.Popen(argv, env={**self.env, **(extra or {})}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc.name = name
+        self.procs.append(proc)
+
+    def wait_for(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [p for p in self.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited {dead[0].returncode} while waiting for "
+                                   f"{what}: {tail(self.base / (dead[0].name + '.out'))}")
+            if cond():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    def run(self, cmd: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run([str(self.bin_dir / cmd), *args], env=self.env, text=True,
+                                  capture_output=True, timeout=timeout, cwd=self.jobs)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 124, "", f"{cmd} timed out")
+
+    def stop(self) -> None:
+        if self.procs:
+            self.run("scancel", "--full", "-u", "root", timeout=10)
+            time.sleep(1)
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n: int = 2000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n: int = 2000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"
