@@ -411,10 +411,11 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 
 /* ---- synchronising calls: demand, never gated ------------------------------------------------ */
 /* The GPU of the calling thread's context (a stream or event of another context is rare). */
-#define COUNT_SYNC(name, call)                                                                   \
+#define COUNT_SYNC(name, call) COUNT_SYNC_ON(name, nvshare_gpu_for_current(), call)
+#define COUNT_SYNC_ON(name, gpu, call)                                                           \
     do {                                                                                         \
         REAL_OR_FAIL(name);                                                                      \
-        struct nvshare_gpu *sync_gpu_ = nvshare_gpu_for_current();                              \
+        struct nvshare_gpu *sync_gpu_ = (gpu);                                                   \
         if (sync_gpu_)                                                                           \
             atomic_fetch_add_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
         CUresult sync_rc_ = call;                                                                \
@@ -426,6 +427,14 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
 NVSHARE_EXPORT CUresult cuCtxSynchronize(void)
 {
     COUNT_SYNC(cuCtxSynchronize, nvshare_real.cuCtxSynchronize());
+}
+
+/* CUDA 13's cuGetProcAddress hands this out for cuCtxSynchronize (PyTorch's cudaDeviceSynchronize
+ * on the H100): unwrapped, a torch job's synchronise counted as neither demand nor work in flight. */
+NVSHARE_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    COUNT_SYNC_ON(cuCtxSynchronize_v2, ctx ? nvshare_gpu_for_ctx(ctx) : nvshare_gpu_for_current(),
+                  nvshare_real.cuCtxSynchronize_v2(ctx));
 }
 
 NVSHARE_EXPORT CUresult cuStreamSynchronize(CUstream stream)

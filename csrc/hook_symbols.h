@@ -108,6 +108,7 @@
     OWN(cuCtxDestroy, (CUcontext ctx))                                                         \
     /* waiting for the GPU's work: counted as demand (demand.c), never gated */                \
     OWN(cuCtxSynchronize, (void))                                                              \
+    OWN(cuCtxSynchronize_v2, (CUcontext ctx))                                                  \
     OWN(cuStreamSynchronize, (CUstream stream))                                                \
     OWN(cuStreamSynchronize_ptsz, (CUstream stream))                                           \
     OWN(cuEventSynchronize, (CUevent event))                                                   \

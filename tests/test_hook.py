@@ -199,6 +199,8 @@ def test_without_the_hook_calls_go_to_the_driver(hook_lib):
     ("cuGraphUpload:13000:0", "cuGraphUpload"),
     ("cuStreamBeginCapture:13000:0", "cuStreamBeginCapture_v2"),
     ("cuMemAllocFromPoolAsync:13000:0", "cuMemAllocFromPoolAsync"),
+    ("cuCtxSynchronize:13000:0", "cuCtxSynchronize_v2"),   # counted (demand, not idle), never gated
+    ("cuCtxSynchronize:12040:0", "cuCtxSynchronize"),
 ])
 def test_cuGetProcAddress_hands_out_the_matching_wrapper(hook_lib, query, expected):
     out = run_nvtest(hook_lib, ["init", f"procaddr:{query}"], via="procaddr")

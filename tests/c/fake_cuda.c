@@ -376,6 +376,20 @@ EXPORT CUresult cuCtxSynchronize(void)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13: the context to synchronise is a parameter (NULL: the current one). */
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct fctx *c = (struct fctx *)ctx;
+    if (!c)
+        return cuCtxSynchronize();
+    if (c->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    if (cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = cuCtxSynchronize();
+    cuCtxPopCurrent_v2(NULL);
+    return rc;
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     NEED_INIT();
@@ -999,6 +1013,8 @@ static void *proc_resolve(const char *symbol, int version, cuuint64_t flags)
             continue;
         if (strcmp(symbol, "cuGetProcAddress") == 0 && versions[v].since && version < 12000)
             continue;
+        if (strcmp(symbol, "cuCtxSynchronize") == 0 && versions[v].since && version < 13000)
+            continue;
         if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
             static const char *pt[] = {"_ptsz", "_ptds"};
             for (int i = 0; i < 2; i++) {
@@ -1522,7 +1538,7 @@ EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
     F(cuGraphLaunch_ptsz) F(cuGraphUpload) F(cuDeviceGetGraphMemAttribute) F(cuDeviceGetDefaultMemPool)       \
     F(cuDeviceGetMemPool) F(cuMemPoolCreate) F(cuMemPoolDestroy) F(cuMemPoolTrimTo) F(cuMemPoolSetAttribute)   \
     F(cuMemPoolGetAttribute) F(cuMemAllocFromPoolAsync) F(cuMemAllocFromPoolAsync_ptsz)                        \
-    F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
+    F(cuCtxSynchronize_v2) F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
     F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
     F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
     F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)
