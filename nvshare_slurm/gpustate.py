@@ -607,15 +607,16 @@ class GpuState:
                     if c.job_id == turn.job_id and now >= since + GANG_STEP_AFTER]
         elif not (turn.started and turn.grants):
             return
-        granted = False
         for client in mine:
             if not self._try_grant(client, now, True, out):
                 break
-            turn.used = granted = True
-        if granted and not turn.grants:
-            # One step: the gate opens for what the rank waited to launch (its half of the
-            # collective), then closes behind it. Only the new grants are not dropped yet.
-            out.extend(self.drop_job(turn.job_id, now))
+            turn.used = True
+            if not turn.grants:
+                # One step: the gate opens for what the rank waited to launch (its half of the
+                # collective), then closes behind it. It moves no memory out: a rank catching up
+                # op by op would otherwise swap in and out at every step. Room for whoever comes
+                # next is made at the hand-over, as for any idle client.
+                self._drop(self.holders[client.client_id], now, C.NVSHARE_DROP_TIMESLICE, out)
 
     def job_holders(self, job_id: int) -> list[_Holder]:
         return [h for h in self.holders.values() if h.client.job_id == job_id]

@@ -352,3 +352,24 @@ def test_a_gang_that_goes_away_frees_its_gpus():
     assert node._pass(node.gpus[0], node.gpus[0].remove_client(11, 0.2), 0.2) == [(GRANT, 22)]
     node.policy.remove_job(1)
     assert all(g.turn is None or g.turn.job_id == 2 for g in node.gpus)
+
+
+def test_a_step_moves_no_memory_out():
+    """A rank that catches up op by op would otherwise bring its memory back and move it out
+    again at every step. The end of the turn asks for room; a step does not ask again."""
+    node = Node()
+    node.job(1, 0, 1)
+    rank0, rank1 = node.client(11, 1, 0), node.client(12, 1, 1)
+    single = node.client(40, 4, 1)
+    gpu = node.gpus[1]
+    node.request(11, 0.0), node.request(12, 0.0)
+    gpu.mem_update(rank1, 0.0, 12 * G, 0, 0)
+    gpu.mem_update(single, 0.0, 0, 0, 8 * G)                  # swapped out, waits to come back
+    node.request(40, 0.5)
+    assert sorted(node.tick(1.5)) == [(DROP, 11), (DROP, 12)]
+    assert gpu.holders[12].drop_bytes == 4 * G                 # room for 40: 8 GiB - 4 GiB free
+    gpu.mem_update(rank1, 1.51, 8 * G, 0, 4 * G)               # moved, released, asks again
+    node.release(12, 1.51), node.request(12, 1.51)
+    step = gpu.tick(1.512)
+    assert [(a.kind, a.client.client_id, a.bytes) for a in step] == [(GRANT, 12, 0), (DROP, 12, 0)]
+    assert rank0.client_id in node.gpus[0].holders             # rank 0 still drains
