@@ -16,11 +16,14 @@ and the holders' drains would never end (docs/design-scheduler.md "Gang turns").
   is dropped at once when the gang asks for that GPU (its drain cannot wait on another GPU).
 - The turn ends on all its GPUs together: one switch interval (the shortest of its GPUs') after
   someone else started waiting for one of them, DROP_LOCK goes to every holder of the gang; the
-  GPUs stay claimed until every holder has released. A holder that cannot drain (DRAIN_STUCK, or
-  no release within about a turn while its peers wait, see Gang.stuck_after) usually waits for a peer the
-  end of the turn shut out: the gang's waiting clients are granted again so that the collective
-  can finish, and the end of the turn is retried once the gang runs whole again (every client
-  it dropped holds again), or one switch interval after that resumption at the latest.
+  GPUs stay claimed until every holder has released. Meanwhile a rank that asks again while a
+  peer drains gets a step (a grant with DROP_LOCK right behind): the DROP_LOCK may have caught it
+  one collective behind that peer, whose drain then waits for it. A holder that still cannot
+  drain (DRAIN_STUCK, or no release within about a turn while its peers wait, see
+  Gang.stuck_after) usually waits for a peer the end of the turn shut out: the gang's waiting
+  clients are granted again so that the collective can finish, and the end of the turn is
+  retried once the gang runs whole again (every client it dropped holds again), or one switch
+  interval after that resumption at the latest.
 
 Pure policy like gpustate.py: the caller's clock, no I/O; `schedule(now)` returns per-GPU Actions.
 """
@@ -29,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gpustate import Action, ClientInfo, GpuState, Turn
+from .gpustate import GANG_STEP_AFTER, Action, ClientInfo, GpuState, Turn
 from .priority import RANK
 
 
@@ -41,6 +44,7 @@ class Gang:
     ending: bool = False             # DROP_LOCK sent to all its holders: the turn is over
     dropped: set[int] = field(default_factory=set)   # the clients that the end of turn dropped
     resumed_at: float | None = None  # a stuck drain made it grant its waiting clients again
+    ended_at: float = 0.0            # when DROP_LOCK last went to all its holders
     why: str = ""                    # why it waits (status)
     turns: int = 0
 
@@ -77,6 +81,11 @@ class Gang:
         is taken as stuck without saying so (a hook without DRAIN_STUCK): about a turn, at least
         a second (a drain that moves memory takes its time), at most half of drop_grace_sec."""
         return min(self.gpus[0].settings.drop_grace_sec / 2, max(1.0, self.interval()))
+
+    def step_window(self) -> float:
+        """How long after the end of its turn its ranks may still take steps: one interval,
+        and no longer than a drain may look stuck (after that, the stuck-drain resolution)."""
+        return min(self.interval(), self.stuck_after())
 
     def indices(self) -> str:
         return ",".join(str(g.index) for g in self.gpus)
@@ -225,12 +234,35 @@ class GangPolicy:
                     and now >= gang.contention_since + gang.interval():
                 self._end_turn(gang, now, out, changed)
             return
-        # The turn is over and DROP_LOCK went out. A holder that cannot drain usually waits for
-        # a peer that the end of the turn shut out: let the gang run whole again, then retry.
+        # The turn is over and DROP_LOCK went out. Ranks stop at different points of their
+        # work: one may have launched collective k+1 while its peer had finished k and now asks
+        # to launch k+1. Until every rank has released, such a request gets one step (granted,
+        # DROP_LOCK right behind): it launches what it waited to launch, so the collective can
+        # complete and the drains end. Waiting for the next turn instead stalled both GPUs until
+        # the drain was taken as stuck (stuck_after, 1 s): 1-2 times in each run of issue 15's
+        # two-GPU proof on the fake driver. The GPUs stay claimed meanwhile: no other gang runs
+        # there.
+        # Steps stop after a while (Gang.step_window): a gang whose ranks keep asking while a
+        # peer drains (each step putting one ahead of the other) cannot keep the GPUs.
+        granting = turns[0].grants  # type: ignore[union-attr]
+        drains = not granting and any(h.drop_at is not None for _, h in holders)
+        until = gang.ended_at + gang.step_window() if drains else None
+        if until is not None and now >= until:
+            until = None
+        if until != turns[0].steps_until:  # type: ignore[union-attr]
+            for turn in turns:
+                turn.steps_until = until     # type: ignore[union-attr]
+        if until is not None and any(now >= since + GANG_STEP_AFTER for _, _, since in waiters) \
+                and gang.job_id not in changed:
+            # A step is due: tick all its GPUs, since the timer that woke us may be another
+            # GPU's, and this pass's deadlines no longer include the step.
+            changed.add(gang.job_id)
+        # A holder that still cannot drain (DRAIN_STUCK, or no release for about a turn while
+        # its gang's clients wait, e.g. a step withheld for room): let the gang run whole again,
+        # then retry.
         grace = gang.stuck_after()
         stuck = [(gpu, h) for gpu, h in holders if h.drop_at is not None and
                  (h.stuck_at is not None or (waiters and now >= h.drop_at + grace))]
-        granting = turns[0].grants  # type: ignore[union-attr]
         if stuck and waiters and not granting:
             gang.resumed_at = now
             for turn in turns:
@@ -253,7 +285,7 @@ class GangPolicy:
 
     def _end_turn(self, gang: Gang, now: float, out: list[tuple[GpuState, list[Action]]],
                   changed: set[int]) -> None:
-        gang.ending, gang.resumed_at = True, None
+        gang.ending, gang.resumed_at, gang.ended_at = True, None, now
         gang.dropped = {h.client.client_id for _, h in gang.holders()}
         for gpu in gang.gpus:
             gpu.turn.grants = False          # type: ignore[union-attr]
@@ -278,10 +310,14 @@ class GangPolicy:
             deadline = gang.contention_since + gang.interval()
         elif gang.ending and gang.resumed_at is not None:
             deadline = gang.resumed_at + gang.interval()
-        elif gang.ending and gang.waiters():
+        elif gang.ending and (waiters := gang.waiters()):
             grace = gang.stuck_after()
             pending = [h.drop_at + grace for _, h in gang.holders()
                        if h.drop_at is not None and h.stuck_at is None]
+            until = gang.gpus[0].turn.steps_until  # type: ignore[union-attr]
+            if until is not None:       # a waiter's step
+                pending += [t for _, _, since in waiters
+                            if now <= (t := since + GANG_STEP_AFTER) < until]
             deadline = min(pending, default=None)
         for gpu in gang.gpus:
             gpu.turn.deadline = deadline     # type: ignore[union-attr]

@@ -202,16 +202,27 @@ class _Holder:
         return self.drop_at if self.stuck_at is None else max(self.drop_at, self.stuck_at)
 
 
+# The end of a gang's turn: a rank that asks again while a peer still drains gets one step (a
+# grant, DROP_LOCK right behind) once it has waited this long. Ranks that finish a collective
+# together release within a fraction of a millisecond of each other; without the wait, the first
+# to ask again would step one collective ahead of its peer every time, then its peer, and so on.
+GANG_STEP_AFTER = 0.002
+
+
 @dataclass
 class Turn:
     """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together.
 
     While the gang has work here (a holder, a waiter, or a grant earlier in this turn), only its
     clients are granted here. `started`: the gang runs, so a request of its own drops any other
-    holder here at once. `grants`: False once its turn ends (DROP_LOCK to all its holders)."""
+    holder here at once. `grants`: False once its turn ends (DROP_LOCK to all its holders).
+    `steps_until`: the turn ends but a rank of the gang still drains, perhaps in a collective
+    that waits for this GPU's rank: until then a request of the gang here is granted and dropped
+    again at once."""
     job_id: int
     started: bool = False
     grants: bool = True
+    steps_until: float | None = None
     used: bool = False                # granted here in this turn
     deadline: float | None = None     # when gang.py next needs a pass (turn end, stuck drain)
 
@@ -590,11 +601,22 @@ class GpuState:
                     self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
             return
         self.contention_since = None
-        if turn.started and turn.grants:
-            for client in mine:
-                if not self._try_grant(client, now, True, out):
-                    break
-                turn.used = True
+        if turn.started and not turn.grants and turn.steps_until is not None \
+                and now < turn.steps_until:
+            mine = [c for c, since in self.gang_queue.values()
+                    if c.job_id == turn.job_id and now >= since + GANG_STEP_AFTER]
+        elif not (turn.started and turn.grants):
+            return
+        for client in mine:
+            if not self._try_grant(client, now, True, out):
+                break
+            turn.used = True
+            if not turn.grants:
+                # One step: the gate opens for what the rank waited to launch (its half of the
+                # collective), then closes behind it. It moves no memory out: a rank catching up
+                # op by op would otherwise swap in and out at every step. Room for whoever comes
+                # next is made at the hand-over, as for any idle client.
+                self._drop(self.holders[client.client_id], now, C.NVSHARE_DROP_TIMESLICE, out)
 
     def job_holders(self, job_id: int) -> list[_Holder]:
         return [h for h in self.holders.values() if h.client.job_id == job_id]

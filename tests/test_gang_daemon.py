@@ -3,6 +3,7 @@ ranks of two-GPU jobs (one process per GPU, like torchrun)."""
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -83,6 +84,10 @@ def test_a_stuck_drain_gets_its_peer_rank_granted_and_is_not_unresponsive(schedu
     b0.send(f"request {GPU0}")                      # job 22 waits: job 21's turn ends in 0.3 s
     a0.expect("drop", gpu=GPU0, timeout=5)
     a1.expect("drop", gpu=GPU1)                     # ... on both GPUs together
+    a1.send(f"request {GPU1}")                      # while rank 0 drains: one step
+    a1.expect("grant", gpu=GPU1, timeout=2)
+    a1.expect("drop", gpu=GPU1)
+    time.sleep(0.35)                                # steps end one interval after the end
     a1.send(f"request {GPU1}")                      # rank 1 must reach the collective again
     a1.absent("grant", 0.2)
     a0.send(f"stuck {GPU0} 250")
@@ -145,6 +150,10 @@ def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(schedul
     a1.expect("grant")
     b0.send(f"request {GPU0}")
     dropped = a1.expect("drop", gpu=GPU1, timeout=5)["t"]
+    a1.send(f"request {GPU1}")                       # one step while rank 0 drains ...
+    a1.expect("grant", gpu=GPU1, timeout=2)
+    a1.expect("drop", gpu=GPU1)
+    time.sleep(0.25)                                 # ... and none once the steps are over
     a1.send(f"request {GPU1}")
     regrant = a1.expect("grant", gpu=GPU1, timeout=5)["t"]
     assert 0.9 <= regrant - dropped <= 3.0

@@ -47,8 +47,8 @@ def groups():
             pass
 
 
-def rank_args(rank: int, ranks: int = 2) -> list[str]:
-    return ["init", f"ctx:{rank}", f"barrier:{KERNEL_US}:{ROUNDS}:{ranks}:{rank}"]
+def rank_args(rank: int, ranks: int = 2, rounds: int = ROUNDS) -> list[str]:
+    return ["init", f"ctx:{rank}", f"barrier:{KERNEL_US}:{rounds}:{ranks}:{rank}"]
 
 
 def start_ranks(hook_lib, procs, order, jobs, stagger=0.03):
@@ -129,3 +129,36 @@ def test_two_jobs_of_one_process_on_two_gpus_each_complete(hook_lib, gang_sched,
     assert len(rows) == 4 * ROUNDS
     for gpu in (GPU0, GPU1):
         assert overlaps(rows, gpu) == [], f"two jobs' kernels overlap on {gpu}"
+
+
+def test_an_end_of_turn_between_two_collectives_costs_no_stuck_drain(hook_lib, scheduler_factory,
+                                                                    tmp_path, procs, groups):
+    """Issue 15's stall. An end of turn can find rank 0 just past collective k (its sync
+    returned, nothing in flight: it releases at once) while rank 1 has launched k+1, whose drain
+    waits for rank 0. Rank 0 asks again at once to launch k+1; it gets one step (a grant, the
+    DROP_LOCK behind it) and both drain. Before, it waited for the next turn and rank 1's drain
+    was taken as stuck a second later (stuck_after): 3-7 such stalls in four runs of this test,
+    which took 4-8 s; with steps none, in about 1.05 s."""
+    # 20 ms turns: many ends of turn (about 45), each a chance to catch the ranks apart.
+    gang_sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                                   switch_time_fixed=0.02, drop_grace_sec=2.0)
+    rounds = 150
+    trace = tmp_path / "trace"
+    jobs = {j: Job(gang_sched, 530 + j, trace, gpu_index=[0, 1], FAKE_CUDA_BARRIER=groups(j))
+            for j in (1, 2)}
+    began = time.monotonic()
+    started = {}
+    for job_id, rank in [(1, 0), (1, 1), (2, 0), (2, 1)]:
+        started[(job_id, rank)] = proc = start_nvtest(hook_lib, rank_args(rank, rounds=rounds),
+                                                      jobs[job_id].env)
+        procs.append(proc)
+    for proc in started.values():
+        assert f"barrier ok rounds={rounds}" in finish(proc, timeout=120)
+    elapsed = time.monotonic() - began
+    rows = assert_no_two_jobs_overlap(trace, {p.pid: j for (j, _), p in started.items()})
+    assert len(rows) == 4 * rounds
+    log = gang_sched.log()
+    assert log.count("lock dropped (time slice over)") >= 40     # many ends of turn
+    assert "taken as a stuck drain" not in log and "DRAIN_STUCK" not in log
+    # Two jobs of 150 rounds of 3 ms, one after the other: 0.9 s of collectives.
+    assert elapsed < 2.5, elapsed

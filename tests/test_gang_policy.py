@@ -86,12 +86,17 @@ def never_half(node: Node, gangs: dict[int, set[int]]) -> None:
 
 
 def simulate(node: Node, until: float, gangs: dict[int, set[int]], start: list[int],
-             waits_for: dict[int, int] | None = None, drain: float = 0.01,
-             step: float = 0.05) -> dict[int, float]:
+             waits_for: dict[int, int] | None = None, drain: float | dict[int, float] = 0.01,
+             step: float = 0.05, behind: set[int] | None = None) -> dict[int, float]:
     """Compute-bound clients from `start` (request order, `step` apart) until `until`.
     Returns the seconds each client held its GPU. `waits_for`: client -> peer whose grant its
-    drain needs (a collective in flight)."""
+    drain needs (a collective in flight). `drain`: seconds from DROP_LOCK to release (per client
+    when a dict). `behind`: clients that each DROP_LOCK catches one collective behind their
+    peer (between two collectives, nothing in flight): the peer's drain then needs them to be
+    granted again after the DROP_LOCK."""
     waits_for = waits_for or {}
+    behind = behind or set()
+    drains = drain if isinstance(drain, dict) else {cid: drain for cid in node.clients}
     held: dict[int, float] = {cid: 0.0 for cid in node.clients}
     since: dict[int, float] = {}
     releases: dict[int, float] = {}       # cid -> when its drain ends
@@ -106,9 +111,11 @@ def simulate(node: Node, until: float, gangs: dict[int, set[int]], start: list[i
     def react(actions, now):
         for kind, cid in actions:
             if kind == DROP:
-                releases.setdefault(cid, now + drain)
-                if waits_for.get(cid) in holders():
+                releases.setdefault(cid, now + drains[cid])
+                if waits_for.get(cid) in holders() and waits_for[cid] not in behind:
                     reached.add(cid)
+            elif kind == GRANT:
+                reached.update(c for c, peer in waits_for.items() if peer == cid and c in releases)
 
     while now < until:
         for at, cid in [p for p in pending_starts if p[0] <= now]:
@@ -120,7 +127,7 @@ def simulate(node: Node, until: float, gangs: dict[int, set[int]], start: list[i
                     releases.pop(cid)
                 continue
             peer = waits_for.get(cid)
-            if peer in holders():
+            if peer in holders() and peer not in behind:
                 reached.add(cid)
             if peer is not None and cid not in reached:
                 continue                   # its collective waits for a peer that is shut out
@@ -172,6 +179,21 @@ def test_two_gangs_on_the_same_gpus_never_each_hold_half(order):
         assert seconds == pytest.approx(10.0, abs=1.5), held
     assert held[11] == pytest.approx(held[12], abs=0.2) and held[21] == pytest.approx(held[22],
                                                                                      abs=0.2)
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations([11, 12, 21, 22])))
+def test_a_rank_caught_between_collectives_at_each_end_costs_no_stall(order):
+    """Issue 15: every end of turn catches rank x2 between two collectives (it releases at once)
+    while rank x1 has launched the next one, whose drain needs x2 granted again. Both gangs still
+    share evenly, the GPUs are busy all along, and no drain is taken as stuck (a second each).
+    Before: 30 stuck drains in 20 s, and the gang that started first kept both GPUs."""
+    node, gangs = two_gangs()
+    held = simulate(node, 20.0, gangs, list(order), waits_for={11: 12, 12: 11, 21: 22, 22: 21},
+                    drain={11: 0.01, 12: 0.0005, 21: 0.01, 22: 0.0005}, behind={12, 22})
+    assert [n for n in node.policy.notes if "stuck" in n] == []
+    for cid, seconds in held.items():
+        assert seconds == pytest.approx(10.0, abs=1.0), held
+    assert sum(held.values()) > 0.98 * 2 * 20.0           # two GPUs, 20 s
 
 
 def test_without_gangs_the_same_jobs_deadlock():
@@ -242,21 +264,57 @@ def test_a_stuck_drain_gets_its_peer_granted_then_the_turn_ends_again():
     assert [k for k in node.sent if k[1] == UNRESPONSIVE] == []
 
 
-@pytest.mark.parametrize("interval,after", [(1.0, 1.0), (0.1, 1.0), (1.5, 1.5), (10.0, 2.0)])
+@pytest.mark.parametrize("interval,after", [(0.1, 1.0), (0.5, 1.0), (1.5, 1.5), (10.0, 2.0)])
 def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(interval, after):
-    """A hook without DRAIN_STUCK: the same resolution, after one turn (at least 1 s, at most
-    half of drop_grace_sec, 4 s here)."""
+    """A hook without DRAIN_STUCK, whose peer asks only once steps are over (one interval after
+    the end, at most `after`): the same resolution, after one turn (at least 1 s, at most half of
+    drop_grace_sec, 4 s here)."""
     node, _ = two_gangs()
     for gpu in node.gpus:
         gpu.settings = replace(gpu.settings, switch_time_fixed=interval)
     node.request(11, 0.0), node.request(12, 0.0), node.request(21, 0.0)
     dropped = interval
     node.tick(dropped)
-    node.release(12, dropped + 0.1), node.request(12, dropped + 0.1)
-    assert node.deadline() == pytest.approx(dropped + after)
-    assert node.tick(dropped + after - 0.01) == []
-    assert node.tick(dropped + after) == [(GRANT, 12)]
+    node.release(12, dropped + 0.01)
+    asked = dropped + min(interval, after)
+    if asked >= dropped + after:
+        assert node.request(12, asked) == [(GRANT, 12)]
+    else:
+        assert node.request(12, asked) == []
+        assert node.deadline() == pytest.approx(dropped + after)
+        assert node.tick(dropped + after - 0.01) == []
+        assert node.tick(dropped + after) == [(GRANT, 12)]
     assert any("taken as a stuck drain" in n for n in node.policy.notes)
+
+
+def test_a_rank_that_asks_while_its_peer_drains_gets_one_step_at_once():
+    """Issue 15's stall: the turn ends just as rank 12 gives its GPU back idle; its next request
+    is for its half of the collective that rank 11's drain waits for. It gets a grant with
+    DROP_LOCK right behind, milliseconds later, not a second later as a stuck drain."""
+    node, _ = two_gangs()
+    node.request(11, 0.0), node.request(12, 0.0), node.request(21, 0.5)
+    assert sorted(node.tick(1.5)) == [(DROP, 11), (DROP, 12)]
+    assert node.release(12, 1.501) == []                       # idle, crossing the DROP_LOCK
+    assert node.request(12, 1.503) == []
+    assert node.deadline() == pytest.approx(1.505)
+    assert node.tick(1.505) == [(GRANT, 12), (DROP, 12)]       # one step
+    assert node.policy.status(1)["state"] == "ending"
+    assert node.request(22, 1.51) == []                        # GPUs still job 1's
+    assert node.release(11, 1.53) == []                        # the collective completed
+    assert node.release(12, 1.53) == [(GRANT, 21), (GRANT, 22)]
+    assert node.policy.notes == []                             # nothing taken as stuck
+
+
+def test_ranks_that_release_together_take_no_step():
+    """Ranks that finish their last collective together release within a millisecond: the
+    first to ask again does not step one collective ahead of the other."""
+    node, _ = two_gangs()
+    node.request(11, 0.0), node.request(12, 0.0), node.request(21, 0.5)
+    node.tick(1.5)
+    assert node.release(11, 1.52) == [] and node.request(11, 1.52) == []
+    assert node.deadline() == pytest.approx(1.522)
+    assert node.release(12, 1.521) == [(GRANT, 21), (CONTENDED, 21)]
+    assert [(i, k, c) for i, k, c in node.sent if c == 11 and k == GRANT] == [(0, GRANT, 11)]
 
 
 def test_a_stuck_single_gpu_holder_keeps_its_turn_and_is_not_unresponsive_while_it_reports():
@@ -294,3 +352,24 @@ def test_a_gang_that_goes_away_frees_its_gpus():
     assert node._pass(node.gpus[0], node.gpus[0].remove_client(11, 0.2), 0.2) == [(GRANT, 22)]
     node.policy.remove_job(1)
     assert all(g.turn is None or g.turn.job_id == 2 for g in node.gpus)
+
+
+def test_a_step_moves_no_memory_out():
+    """A rank that catches up op by op would otherwise bring its memory back and move it out
+    again at every step. The end of the turn asks for room; a step does not ask again."""
+    node = Node()
+    node.job(1, 0, 1)
+    rank0, rank1 = node.client(11, 1, 0), node.client(12, 1, 1)
+    single = node.client(40, 4, 1)
+    gpu = node.gpus[1]
+    node.request(11, 0.0), node.request(12, 0.0)
+    gpu.mem_update(rank1, 0.0, 12 * G, 0, 0)
+    gpu.mem_update(single, 0.0, 0, 0, 8 * G)                  # swapped out, waits to come back
+    node.request(40, 0.5)
+    assert sorted(node.tick(1.5)) == [(DROP, 11), (DROP, 12)]
+    assert gpu.holders[12].drop_bytes == 4 * G                 # room for 40: 8 GiB - 4 GiB free
+    gpu.mem_update(rank1, 1.51, 8 * G, 0, 4 * G)               # moved, released, asks again
+    node.release(12, 1.51), node.request(12, 1.51)
+    step = gpu.tick(1.512)
+    assert [(a.kind, a.client.client_id, a.bytes) for a in step] == [(GRANT, 12, 0), (DROP, 12, 0)]
+    assert rank0.client_id in node.gpus[0].holders             # rank 0 still drains
