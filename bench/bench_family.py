@@ -49,8 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import (REPO, Harness, Job, Mps, Scheduler, clean_env, fmt, gpu_info,  # noqa: E402
-                       lock_analysis, log_time, merged_report, parse_scheduler_log, percentile, run_jobs,
-                       sigterm_interrupts, start_results)
+                       lock_analysis, log_time, merge_runs, merged_report, parse_scheduler_log,
+                       percentile, run_jobs, sigterm_interrupts, start_results)
 
 BURST_SRC = REPO / "tests" / "gpu" / "burst.c"
 BURST = REPO / "bench" / "build" / "burst"
@@ -574,21 +574,14 @@ def write_docs(results: dict, dirs: list[Path]) -> None:
 
 
 def merge(paths: list[Path]) -> dict:
-    merged: dict = {}
-    for p in paths:
-        res = json.loads(p.read_text())
-        if not merged:
-            merged = res
-            continue
+    def merge_into(merged: dict, res: dict) -> None:
         for name, arms in res["members"].items():
             merged["members"].setdefault(name, {}).update(arms)
         merged["pending"] = merged.get("pending", []) + res.get("pending", [])
         merged["launch"] = res.get("launch") or merged.get("launch")
-        merged["command"] += f"` and `{res['command']}"
-        if res["date"] not in merged["date"]:
-            merged["date"] += f", {res['date']}"
         if res.get("calibration", {}).get("ipm") != merged.get("calibration", {}).get("ipm"):
             merged.setdefault("calibrations", []).append(res.get("calibration"))
+    merged = merge_runs(paths, merge_into)
     derive(merged)
     return merged
 

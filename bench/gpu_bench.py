@@ -1003,22 +1003,31 @@ def markdown(results: dict, figures: str = "bench-results") -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def merge(paths: list[Path]) -> dict:
+def merge_runs(paths: list[Path], merge_into) -> dict:
+    """The first run's results.json with each later one's merged in by merge_into(merged, later),
+    and every run's command and date."""
     merged: dict = {}
     for p in paths:
         res = json.loads(p.read_text())
         if not merged:
             merged = res
             continue
+        merge_into(merged, res)
+        merged["command"] = f"{merged.get('command', '')}` and `{res.get('command', '')}"
+        if res["date"] not in merged["date"]:
+            merged["date"] += f", {res['date']}"
+    return merged
+
+
+def merge(paths: list[Path]) -> dict:
+    def merge_into(merged: dict, res: dict) -> None:
         for key in ("calibration", "solo"):
             merged.setdefault(key, {}).update(res.get(key, {}))
         for w, arms in res.get("workloads", {}).items():
             merged["workloads"].setdefault(w, {}).update(arms)
         if res.get("launch"):
             merged["launch"] = res["launch"]
-        merged["command"] = f"{merged.get('command', '')}` and `{res.get('command', '')}"
-        if res["date"] not in merged["date"]:
-            merged["date"] += f", {res['date']}"
+    merged = merge_runs(paths, merge_into)
     for p in paths[1:]:
         merged["pending"] = sorted(set(merged.get("pending", []))
                                    | set(json.loads(p.read_text()).get("pending", [])))
