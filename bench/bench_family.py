@@ -38,22 +38,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import (REPO, Job, Mps, Scheduler, clean_env, fmt, gpu_info, lock_analysis,  # noqa: E402
-                       parse_scheduler_log, percentile, run_jobs)
+from gpu_bench import (REPO, Harness, Job, Mps, Scheduler, clean_env, fmt, gpu_info,  # noqa: E402
+                       lock_analysis, log_time, merge_runs, merged_report, parse_scheduler_log,
+                       percentile, run_jobs, sigterm_interrupts, start_results)
 
 BURST_SRC = REPO / "tests" / "gpu" / "burst.c"
 BURST = REPO / "bench" / "build" / "burst"
@@ -145,28 +142,11 @@ def build_burst() -> None:
 
 # --- one run -----------------------------------------------------------------------------------------
 
-class Family:
+class Family(Harness):
     def __init__(self, args: argparse.Namespace, out: Path, results: dict):
-        self.args = args
-        self.out = out
-        self.results = results
-        self.logs = out / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix="nvfamily-"))
-        self.smoke = args.smoke_cpu
-        self.t_start = time.time()
+        super().__init__(args, out, results, "nvfamily-")
         self.gpus_yaml = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
         self.estimated = self.took = 0.0    # over the units run so far: scales later estimates
-
-    def left(self) -> float:
-        if not self.args.time_budget:
-            return float("inf")
-        return self.args.time_budget - (time.time() - self.t_start)
-
-    def save(self) -> None:
-        tmp = self.out / "results.json.tmp"
-        tmp.write_text(json.dumps(self.results, indent=1))
-        tmp.replace(self.out / "results.json")
 
     def base_env(self) -> dict:
         env = clean_env()
@@ -335,9 +315,6 @@ class Family:
                 res["batch_outlasted_probe"] = all(j["times"][-1] >= w1 for j in batch)
         return res
 
-    def close(self) -> None:
-        shutil.rmtree(self.work, ignore_errors=True)
-
 
 SHARING_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-scheduler: "
                           r"gpu \S+: sharing: (\S+) \((.*)\)$")
@@ -350,8 +327,7 @@ def sharing_changes(text: str, t0: float) -> list[list]:
         mt = SHARING_LINE.match(line)
         if mt:
             stamp, frac, how, why = mt.groups()
-            t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(frac) / 10 ** len(frac)
-            out.append([round(t - t0, 3), how, why])
+            out.append([round(log_time(stamp, frac) - t0, 3), how, why])
     return out
 
 
@@ -598,31 +574,16 @@ def write_docs(results: dict, dirs: list[Path]) -> None:
 
 
 def merge(paths: list[Path]) -> dict:
-    merged: dict = {}
-    for p in paths:
-        res = json.loads(p.read_text())
-        if not merged:
-            merged = res
-            continue
+    def merge_into(merged: dict, res: dict) -> None:
         for name, arms in res["members"].items():
             merged["members"].setdefault(name, {}).update(arms)
         merged["pending"] = merged.get("pending", []) + res.get("pending", [])
         merged["launch"] = res.get("launch") or merged.get("launch")
-        merged["command"] += f"` and `{res['command']}"
-        if res["date"] not in merged["date"]:
-            merged["date"] += f", {res['date']}"
         if res.get("calibration", {}).get("ipm") != merged.get("calibration", {}).get("ipm"):
             merged.setdefault("calibrations", []).append(res.get("calibration"))
+    merged = merge_runs(paths, merge_into)
     derive(merged)
     return merged
-
-
-def parse_launch(path: Path) -> dict | None:
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        if line.startswith("result {"):
-            return json.loads(line[len("result "):])
-    log(f"{path}: no `result {{...}}` line (bench_launch.sh output expected)")
-    return None
 
 
 def selected(args: argparse.Namespace, ap: argparse.ArgumentParser) -> list[Member]:
@@ -658,10 +619,7 @@ def main() -> int:
                   f"{m.host:5}  {m.steps(args.seconds)} steps  arms {','.join(arms_of(m))}")
         return 0
     if args.report:
-        dirs = [Path(d) for d in args.report]
-        results = merge([d / "results.json" for d in dirs])
-        if args.launch_result:
-            results["launch"] = parse_launch(Path(args.launch_result)) or results.get("launch")
+        results, dirs = merged_report(args, merge)
         write_docs(results, dirs)
         print("\n".join(table(results) + summary(results)))
         return 0
@@ -676,22 +634,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     build_burst()
-    if args.resume:
-        results = json.loads(Path(args.resume).read_text())
-        results["resumed"] = True
-    else:
-        results = {"gpu": gpu_info(args.smoke_cpu), "date": datetime.date.today().isoformat(),
-                   "host": socket.gethostname(),
-                   "command": "python3 bench/bench_family.py " + " ".join(sys.argv[1:]),
-                   "settings": {"seconds": args.seconds, "smoke": args.smoke_cpu}, "members": {},
-                   "pending": []}
-    if args.launch_result:
-        results["launch"] = parse_launch(Path(args.launch_result))
+    results = start_results(args, lambda: {
+        "gpu": gpu_info(args.smoke_cpu), "date": datetime.date.today().isoformat(),
+        "host": socket.gethostname(), "command": "python3 bench/bench_family.py " + " ".join(sys.argv[1:]),
+        "settings": {"seconds": args.seconds, "smoke": args.smoke_cpu}, "members": {}, "pending": []})
     fam = Family(args, out, results)
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_interrupts()
     interrupted = False
     try:
         fam.calibrate()

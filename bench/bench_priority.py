@@ -45,9 +45,7 @@ import grp
 import json
 import os
 import pwd
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +56,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import TRAIN, WORKLOADS, Job, Mps, log, run_jobs  # noqa: E402
+from gpu_bench import (TRAIN, WORKLOADS, Job, Mps, SchedulerProcess, gpu_info, job_log_lines,  # noqa: E402
+                       kill_running, log, run_jobs, sigterm_interrupts)
+from gpu_bench import clean_env as bench_env  # noqa: E402
 from bench_interactive import prepare  # noqa: E402
 from docsection import replace_section  # noqa: E402
 
@@ -80,11 +80,8 @@ LOW_JOB = {"qos": "normal", "partition": "scavenge", "want": "low(partition scav
 
 
 def clean_env() -> dict:
-    """bench/gpu_bench.py's: no nvshare, MPS or preload settings of ours leak into the jobs."""
-    drop = ("NVSHARE_", "CUDA_MPS_", "LD_PRELOAD", "SLURM_", "FAKE_CUDA_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """bench/gpu_bench.py's, and no Slurm or fake-driver settings either: each job gets its own."""
+    return bench_env(also_drop=("SLURM_", "FAKE_CUDA_"))
 
 
 # --- the jobs ------------------------------------------------------------------------------------
@@ -138,7 +135,7 @@ class Jobs:
 
 # --- a scheduler with the site's class map, and jobs registered as Slurm would --------------------
 
-class ClassScheduler:
+class ClassScheduler(SchedulerProcess):
     """A real nvshare-scheduler whose config maps QOS prod to high and partition scavenge to low,
     and a stand-in scontrol that describes the benchmark's jobs to nvshare-prolog."""
 
@@ -165,17 +162,7 @@ class ClassScheduler:
         self.config.write_text(yaml.safe_dump(settings))
         self.env = clean_env()
         self.env["NVSHARE_CONFIG"] = str(self.config)
-        self.log_path = log_path
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"], env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=str(REPO))
-        deadline = time.time() + 20
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise RuntimeError("nvshare-scheduler did not start: "
-                                   + log_path.read_text(errors="replace")[-1500:])
-            time.sleep(0.05)
+        self.start([sys.executable, "-m", "nvshare_slurm.daemon"], self.env, log_path)
         self.next_job = 700
 
     def slurm_job(self, base: dict, facts: dict, name: str) -> tuple[int, dict]:
@@ -223,21 +210,8 @@ class ClassScheduler:
         return done.stdout if done.returncode == 0 else f"rc {done.returncode}: {done.stderr}"
 
     def stop(self) -> None:
-        if self.log.closed:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        super().stop()
         shutil.rmtree(self.sockdir, ignore_errors=True)
-
-
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-scheduler: (?:gpu \S+: )?"
-                      r"job (\d+) step \d+ pid (\d+): (.*)$")
 
 
 def handovers(log_text: str, high_job: int | None) -> dict:
@@ -245,16 +219,10 @@ def handovers(log_text: str, high_job: int | None) -> dict:
     once and kept it), how often it was asked to give it back when idle, and how long each low
     holder dropped while the high job was there took from its DROP_LOCK to its release: the
     drain the high job runs beside (the low jobs' turns among themselves afterwards not counted)."""
-    events = []
-    for line in log_text.splitlines():
-        m = LOG_LINE.match(line)
-        if m:
-            when = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() \
-                + float("0." + m.group(2))
-            events.append((when, int(m.group(3)), m.group(4), m.group(5)))
+    events = job_log_lines(log_text)
     high = [when for when, job, _, _ in events if job == high_job]
     first, last = (min(high), max(high)) if high else (0.0, 0.0)
-    drops: dict[str, float] = {}
+    drops: dict[int, float] = {}
     drains: list[float] = []
     grants = contended = 0
     for when, job, pid, what in events:
@@ -509,21 +477,13 @@ def run_late_first(jobs: list[Job], delay: float, timeout: float) -> list[dict]:
         for job in jobs:
             job.wait(deadline)
     finally:  # interrupted: leave no job running on the GPU
-        for job in jobs:
-            if job.proc is not None and job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
+        kill_running(jobs)
     return [job.result() for job in jobs]
 
 
 def gpu_name() -> str:
-    import pynvml
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    name = pynvml.nvmlDeviceGetName(handle)
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    text = [v.decode() if isinstance(v, bytes) else v for v in (name, driver)]
-    return f"{text[0]}, driver {text[1]}"
+    info = gpu_info(smoke=False)
+    return f"{info['name']}, driver {info['driver']}"
 
 
 def job_entry(res: dict) -> dict:
@@ -689,10 +649,7 @@ def main() -> int:
     if not 1 <= args.low_pct <= 100:
         ap.error("--low-pct must be 1..100")
     bench = Bench(args)
-
-    def on_term(signum, frame):   # `timeout` ends the run: leave no job on the GPU, keep the results
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_interrupts()
     try:
         bench.run()
     except KeyboardInterrupt:

@@ -145,8 +145,10 @@ class UtilSampler(threading.Thread):
 
 # --- running jobs -----------------------------------------------------------------------------------
 
-def clean_env() -> dict:
-    drop = ("NVSHARE_", "CUDA_MPS_", "LD_PRELOAD")
+def clean_env(also_drop: tuple[str, ...] = ()) -> dict:
+    """This environment without nvshare, MPS or preload settings of ours (and also_drop's prefixes),
+    so none leaks into a job."""
+    drop = ("NVSHARE_", "CUDA_MPS_", "LD_PRELOAD", *also_drop)
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -217,11 +219,15 @@ def run_jobs(jobs: list[Job], together: bool, timeout: float) -> list[dict]:
                 job.launch()
                 job.wait(deadline)
     finally:  # interrupted (SIGTERM from timeout): leave no job running on the GPU
-        for job in jobs:
-            if job.proc is not None and job.proc.poll() is None:
-                job.proc.kill()
-                job.proc.wait()
+        kill_running(jobs)
     return [job.result() for job in jobs]
+
+
+def kill_running(jobs: list[Job]) -> None:
+    for job in jobs:
+        if job.proc is not None and job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
 
 
 def train_phase(res: dict) -> float:
@@ -241,7 +247,38 @@ def run_daemon_with_us_timestamps() -> int:
     return daemon.main([])
 
 
-class Scheduler:
+class SchedulerProcess:
+    """The process of a real nvshare-scheduler, its output in log_path; start() returns once it
+    listens on self.socket (or raises with the end of its log), stop() ends it."""
+
+    socket: str
+
+    def start(self, argv: list[str], env: dict, log_path: Path) -> None:
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=str(REPO))
+        deadline = time.time() + 20
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError("nvshare-scheduler did not start: "
+                                   + log_path.read_text(errors="replace")[-1500:])
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.log.closed:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Scheduler(SchedulerProcess):
     """A real nvshare-scheduler with its own socket, state and debug log."""
 
     def __init__(self, mode: str, workdir: Path, log_path: Path, gpus_yaml: list | None,
@@ -250,7 +287,6 @@ class Scheduler:
         import yaml
         workdir.mkdir(parents=True, exist_ok=True)
         self.socket = str(workdir / "s.sock")
-        self.log_path = log_path
         self.settings = {"socket": self.socket, "state_dir": str(workdir / "state"),
                          "scheduling_mode": mode, "log_level": "debug"}
         if gpus_yaml:
@@ -259,16 +295,7 @@ class Scheduler:
         (workdir / "nvshare.yaml").write_text(yaml.safe_dump(self.settings))
         env = clean_env()
         env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--run-daemon"],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=str(REPO))
-        deadline = time.time() + 20
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self.stop()
-                raise RuntimeError("nvshare-scheduler did not start: "
-                                   + log_path.read_text(errors="replace")[-1500:])
-            time.sleep(0.05)
+        self.start([sys.executable, str(Path(__file__).resolve()), "--run-daemon"], env, log_path)
         from nvshare_slurm.client import Client
         self.client = Client(self.socket)
         self.next_job = 500
@@ -285,16 +312,6 @@ class Scheduler:
                    NVSHARE_JOB_ID=str(self.next_job), NVSHARE_MANAGED_GPUS=",".join(place["gpu_uuid"]),
                    CUDA_VISIBLE_DEVICES=",".join(place["gpu_uuid"]), SLURM_STEP_ID="0")
         return self.next_job, env
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 class Mps:
@@ -332,15 +349,26 @@ LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-sched
                       r"job (\d+) step (\d+) pid (\d+): (.*)$")
 
 
+def log_time(stamp: str, frac: str) -> float:
+    """A log line's time: "YYYY-mm-dd HH:MM:SS" and its fraction's digits (milli- or microseconds)."""
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(frac) / 10 ** len(frac)
+
+
+def job_log_lines(text: str) -> list[tuple[float, int, int, str]]:
+    """(time, job, pid, what) of each of the scheduler's lines about a job's process."""
+    lines = []
+    for line in text.splitlines():
+        m = LOG_LINE.match(line)
+        if m:
+            stamp, frac, _gpu, job, _step, pid, what = m.groups()
+            lines.append((log_time(stamp, frac), int(job), int(pid), what))
+    return lines
+
+
 def parse_scheduler_log(text: str) -> list[tuple[float, int, int, str]]:
     """(time, job, pid, event) with event one of grant, release, ask, gone."""
     events = []
-    for line in text.splitlines():
-        m = LOG_LINE.match(line)
-        if not m:
-            continue
-        stamp, frac, _gpu, job, _step, pid, what = m.groups()
-        t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(frac) / 10 ** len(frac)
+    for t, job, pid, what in job_log_lines(text):
         if what.startswith("lock granted"):
             kind = "grant"
         elif what.startswith("lock released"):
@@ -351,7 +379,7 @@ def parse_scheduler_log(text: str) -> list[tuple[float, int, int, str]]:
             kind = "gone"
         else:
             continue
-        events.append((t, int(job), int(pid), kind))
+        events.append((t, job, pid, kind))
     return events
 
 
@@ -399,26 +427,70 @@ def swap_stats(stderr: str) -> dict:
 
 # --- calibration, solo, arms --------------------------------------------------------------------
 
-class Bench:
-    def __init__(self, args: argparse.Namespace, out: Path, results: dict):
+class Harness:
+    """One call of a benchmark (this one, bench_family.py): DIR/results.json rewritten after every
+    unit, job logs in DIR/logs/, a scratch directory, and --time-budget counted from the start."""
+
+    def __init__(self, args: argparse.Namespace, out: Path, results: dict, scratch_prefix: str):
         self.args = args
         self.out = out
         self.results = results
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.work = Path(tempfile.mkdtemp(prefix="nvbench-"))
+        self.work = Path(tempfile.mkdtemp(prefix=scratch_prefix))
         self.smoke = args.smoke_cpu
-        self.info = results["gpu"]
-        self.sampler = UtilSampler(self.smoke)
-        self.sampler.start()
         self.t_start = time.time()
-        self.gpus_yaml = ([{"uuid": self.info["uuid"], "memory": "16G"}] if self.smoke else None)
 
-    # time budget
     def left(self) -> float:
         if not self.args.time_budget:
             return float("inf")
         return self.args.time_budget - (time.time() - self.t_start)
+
+    def save(self) -> None:
+        tmp = self.out / "results.json.tmp"
+        tmp.write_text(json.dumps(self.results, indent=1))
+        tmp.replace(self.out / "results.json")
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def start_results(args: argparse.Namespace, fresh) -> dict:
+    """--resume's results, or fresh(); with the --launch-result file's numbers."""
+    if args.resume:
+        results = json.loads(Path(args.resume).read_text())
+        results["resumed"] = True
+    else:
+        results = fresh()
+    if args.launch_result:
+        results["launch"] = parse_launch(Path(args.launch_result))
+    return results
+
+
+def merged_report(args: argparse.Namespace, merge) -> tuple[dict, list[Path]]:
+    """--report DIR ...: merge(their results.json files), with --launch-result's numbers if given."""
+    dirs = [Path(d) for d in args.report]
+    results = merge([d / "results.json" for d in dirs])
+    if args.launch_result:
+        results["launch"] = parse_launch(Path(args.launch_result)) or results.get("launch")
+    return results, dirs
+
+
+def sigterm_interrupts() -> None:
+    """`timeout` ends a run with SIGTERM: raise KeyboardInterrupt instead, so that the run's
+    `finally` leaves no job on the GPU and saves what was measured."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+
+
+class Bench(Harness):
+    def __init__(self, args: argparse.Namespace, out: Path, results: dict):
+        super().__init__(args, out, results, "nvbench-")
+        self.info = results["gpu"]
+        self.sampler = UtilSampler(self.smoke)
+        self.sampler.start()
+        self.gpus_yaml = ([{"uuid": self.info["uuid"], "memory": "16G"}] if self.smoke else None)
 
     def fits(self, unit: str, estimate: float) -> bool:
         if estimate + 10 <= self.left():
@@ -428,11 +500,6 @@ class Bench:
             self.results["pending"].append(unit)
         self.save()
         return False
-
-    def save(self) -> None:
-        tmp = self.out / "results.json.tmp"
-        tmp.write_text(json.dumps(self.results, indent=1))
-        tmp.replace(self.out / "results.json")
 
     def train_cmd(self, wl: Workload, steps: int, seed: int, sleep_ms: float = 0.0) -> list[str]:
         cmd = [sys.executable, str(TRAIN), *wl.args, "--steps", str(steps), "--seed", str(seed)]
@@ -645,7 +712,7 @@ class Bench:
 
     def close(self) -> None:
         self.sampler.stop_flag.set()
-        shutil.rmtree(self.work, ignore_errors=True)
+        super().close()
 
 
 def relative(results: dict) -> None:
@@ -936,22 +1003,31 @@ def markdown(results: dict, figures: str = "bench-results") -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def merge(paths: list[Path]) -> dict:
+def merge_runs(paths: list[Path], merge_into) -> dict:
+    """The first run's results.json with each later one's merged in by merge_into(merged, later),
+    and every run's command and date."""
     merged: dict = {}
     for p in paths:
         res = json.loads(p.read_text())
         if not merged:
             merged = res
             continue
+        merge_into(merged, res)
+        merged["command"] = f"{merged.get('command', '')}` and `{res.get('command', '')}"
+        if res["date"] not in merged["date"]:
+            merged["date"] += f", {res['date']}"
+    return merged
+
+
+def merge(paths: list[Path]) -> dict:
+    def merge_into(merged: dict, res: dict) -> None:
         for key in ("calibration", "solo"):
             merged.setdefault(key, {}).update(res.get(key, {}))
         for w, arms in res.get("workloads", {}).items():
             merged["workloads"].setdefault(w, {}).update(arms)
         if res.get("launch"):
             merged["launch"] = res["launch"]
-        merged["command"] = f"{merged.get('command', '')}` and `{res.get('command', '')}"
-        if res["date"] not in merged["date"]:
-            merged["date"] += f", {res['date']}"
+    merged = merge_runs(paths, merge_into)
     for p in paths[1:]:
         merged["pending"] = sorted(set(merged.get("pending", []))
                                    | set(json.loads(p.read_text()).get("pending", [])))
@@ -1002,10 +1078,7 @@ def main() -> int:
     ap.add_argument("--smoke-cpu", action="store_true", help="check the harness without a GPU")
     args = ap.parse_args()
     if args.report:
-        dirs = [Path(d) for d in args.report]
-        results = merge([d / "results.json" for d in dirs])
-        if args.launch_result:
-            results["launch"] = parse_launch(Path(args.launch_result)) or results.get("launch")
+        results, dirs = merged_report(args, merge)
         write_docs(results, dirs)
         print_summary(results)
         return 0
@@ -1019,25 +1092,16 @@ def main() -> int:
         ap.error("--busy-fraction must be between 0 and 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.resume:
-        results = json.loads(Path(args.resume).read_text())
-        results["resumed"] = True
-    else:
-        info = gpu_info(args.smoke_cpu)
-        results = {"gpu": info, "date": datetime.date.today().isoformat(), "host": socket.gethostname(),
-                   "command": "python3 bench/gpu_bench.py " + " ".join(sys.argv[1:]),
-                   "settings": {k: v for k, v in vars(args).items() if k not in ("report", "out")},
-                   "calibration": {}, "solo": {}, "workloads": {}, "pending": []}
-    if args.launch_result:
-        results["launch"] = parse_launch(Path(args.launch_result))
+    results = start_results(args, lambda: {
+        "gpu": gpu_info(args.smoke_cpu), "date": datetime.date.today().isoformat(),
+        "host": socket.gethostname(), "command": "python3 bench/gpu_bench.py " + " ".join(sys.argv[1:]),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("report", "out")},
+        "calibration": {}, "solo": {}, "workloads": {}, "pending": []})
     bench = Bench(args, out, results)
     log(f"{results['gpu']['name']}, {results['gpu']['memory'] / (1 << 30):.1f} GiB "
         f"({results['gpu']['free'] / (1 << 30):.1f} free), driver {results['gpu']['driver']}; out {out}")
     interrupted = False
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    sigterm_interrupts()
     try:
         workloads = [WORKLOADS[w] for w in args.workloads.split(",") if w]
         solo = [WORKLOADS[w] for w in args.solo.split(",") if w]

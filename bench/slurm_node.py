@@ -179,13 +179,3 @@ def free_port() -> int:
 
 def tail(path: Path, n: int = 2000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, n: int = 2000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"

@@ -189,12 +189,13 @@ static void enter_pair(struct nvshare_gpu *a, struct nvshare_gpu *b, struct nvsh
     *second = nvshare_gate_enter(b);
 }
 
-#define PEER_COPY_WRAPPER(name, params, args)                                                    \
+/* gpu_a, gpu_b: the two sides' GPUs, as expressions over the wrapper's parameters. */
+#define PAIR_COPY_WRAPPER(name, params, args, gpu_a, gpu_b)                                      \
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *first, *second;                                                      \
-        enter_pair(nvshare_gpu_for_ctx(b), nvshare_gpu_for_ctx(d), &first, &second);             \
+        enter_pair(gpu_a, gpu_b, &first, &second);                                               \
         nvshare_in_hook++;                                                                       \
         CUresult rc = nvshare_real.name args;                                                    \
         nvshare_in_hook--;                                                                       \
@@ -202,6 +203,8 @@ static void enter_pair(struct nvshare_gpu *a, struct nvshare_gpu *b, struct nvsh
         nvshare_gate_leave(first);                                                               \
         return rc;                                                                               \
     }
+#define PEER_COPY_WRAPPER(name, params, args)                                                    \
+    PAIR_COPY_WRAPPER(name, params, args, nvshare_gpu_for_ctx(b), nvshare_gpu_for_ctx(d))
 PEER_COPY_WRAPPER(cuMemcpyPeer, NVP_PEER, NVA_5)
 PEER_COPY_WRAPPER(cuMemcpyPeer_ptds, NVP_PEER, NVA_5)
 PEER_COPY_WRAPPER(cuMemcpyPeerAsync, NVP_PEER_A, NVA_6)
@@ -209,19 +212,8 @@ PEER_COPY_WRAPPER(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)
 
 /* The 3D form names its contexts in the descriptor (ignored for a host or array side). */
 #define PEER_3D_WRAPPER(name, params, args)                                                      \
-    NVSHARE_EXPORT CUresult name params                                                          \
-    {                                                                                            \
-        REAL_OR_FAIL(name);                                                                      \
-        struct nvshare_gpu *first, *second;                                                      \
-        enter_pair(a ? nvshare_gpu_for_ctx(a->dstContext) : NULL,                                \
-                   a ? nvshare_gpu_for_ctx(a->srcContext) : NULL, &first, &second);              \
-        nvshare_in_hook++;                                                                       \
-        CUresult rc = nvshare_real.name args;                                                    \
-        nvshare_in_hook--;                                                                       \
-        nvshare_gate_leave(second);                                                              \
-        nvshare_gate_leave(first);                                                               \
-        return rc;                                                                               \
-    }
+    PAIR_COPY_WRAPPER(name, params, args, a ? nvshare_gpu_for_ctx(a->dstContext) : NULL,         \
+                      a ? nvshare_gpu_for_ctx(a->srcContext) : NULL)
 PEER_3D_WRAPPER(cuMemcpy3DPeer, NVP_3DP, NVA_1)
 PEER_3D_WRAPPER(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)
 PEER_3D_WRAPPER(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)

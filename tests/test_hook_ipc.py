@@ -38,6 +38,17 @@ def wait_for_file(path: Path, proc, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def start_exporter(hook_lib, procs, job, handle: Path, size: int, hold: str,
+                   before: tuple[str, ...] = ()):
+    """An nvtest of `job` that exports `size` bytes through `handle`, keeps them for `hold` (its next
+    action) and frees everything; returned once the handle is written."""
+    exporter = start_nvtest(hook_lib, ["init", "ctx:0", *before, f"ipcput:{size}:{handle}", hold, "freeall"],
+                            job.env)
+    procs.append(exporter)
+    wait_for_file(handle, exporter)
+    return exporter
+
+
 def ask_exporter(handle: bytes, token_xor: int = 0) -> tuple[bytes, int]:
     """The importer's request, made by hand: (the reply, how many fds came with it)."""
     magic, pid, export_id, token, *_ = RECORD.unpack(handle)
@@ -60,10 +71,8 @@ def test_two_processes_share_swappable_memory_while_a_third_job_forces_swaps(hoo
     handle = tmp_path / "handle"
     job = Job(sched, 401, trace, gpu_index=[0], **sched.fake_env)
     other = Job(sched, 402, trace, gpu_index=[0], **sched.fake_env)
-    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{OTHER_BYTES}", f"ipcput:{SHARED}:{handle}",
-                                       "ipcwait:b2:60000", "freeall"], job.env)
-    procs.append(exporter)
-    wait_for_file(handle, exporter)
+    exporter = start_exporter(hook_lib, procs, job, handle, SHARED, "ipcwait:b2:60000",
+                              before=(f"alloc:{OTHER_BYTES}",))
     # The exported 64 MiB now count as fixed: they can no longer leave the GPU.
     deadline = time.monotonic() + 10
     while gpu_status(sched)["memory_fixed"] < SHARED:
@@ -96,10 +105,7 @@ def test_another_uid_cannot_fetch_the_memory(hook_lib, small_gpu, tmp_path, proc
     sched = small_gpu()
     handle = tmp_path / "handle"
     job = Job(sched, 411, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
-    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcput:{4 * MiB}:{handle}", "sleep:3000", "freeall"],
-                            job.env)
-    procs.append(exporter)
-    wait_for_file(handle, exporter)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:3000")
     record = handle.read_bytes()
     # The job's own user gets the chunk (the request is right) ...
     data, n_fds = ask_exporter(record)
@@ -125,10 +131,7 @@ def test_forged_garbage_and_stale_handles_give_cuda_errors(hook_lib, small_gpu, 
     sched = small_gpu()
     handle = tmp_path / "handle"
     job = Job(sched, 421, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
-    exporter = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcput:{4 * MiB}:{handle}", "sleep:2000", "freeall"],
-                            job.env)
-    procs.append(exporter)
-    wait_for_file(handle, exporter)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:2000")
     garbage = tmp_path / "garbage"
     garbage.write_bytes(os.urandom(64))
     wrong_token = tmp_path / "wrong-token"
