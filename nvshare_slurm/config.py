@@ -70,7 +70,7 @@ class Config:
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes
-    switch_time_min: float = 0.05          # auto: floor of the interval, seconds
+    switch_time_min: float = 0.1           # auto: floor of the interval, seconds
     swap_bandwidth: int = 20 << 30         # bytes/s of a switch's copies, out and in one after the other
     swap: bool = True                      # back allocations so that a paused job's memory can move
     memory_reserve_percent: int = 5
