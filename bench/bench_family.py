@@ -573,10 +573,20 @@ def write_docs(results: dict, dirs: list[Path]) -> None:
     log(f"wrote the family into {DOCS} and {len(figures)} timelines into {FIGURES}/")
 
 
+def completeness(arms: dict) -> tuple[bool, int]:
+    """How much of a member one run measured: its serial arm (every ratio's reference), then how
+    many arms ran to the end."""
+    return (arms.get("serial", {}).get("status") == "ok",
+            sum(1 for r in arms.values() if r.get("status") == "ok"))
+
+
 def merge(paths: list[Path]) -> dict:
     def merge_into(merged: dict, res: dict) -> None:
         for name, arms in res["members"].items():
-            merged["members"].setdefault(name, {}).update(arms)
+            # A member's arms stay those of one run: its ratios are to that run's serial arm, on
+            # that run's calibration. Mixing in another run's arms compared them across calls.
+            if completeness(arms) >= completeness(merged["members"].get(name, {})):
+                merged["members"][name] = arms
         merged["pending"] = merged.get("pending", []) + res.get("pending", [])
         merged["launch"] = res.get("launch") or merged.get("launch")
         if res.get("calibration", {}).get("ipm") != merged.get("calibration", {}).get("ipm"):

@@ -143,3 +143,31 @@ def test_report_puts_the_family_into_the_adaptive_section(tmp_path, monkeypatch)
     assert text.count(bench_family.BEGIN) == 1
     assert text.index("earlier runs") < text.index(bench_family.BEGIN) < text.index("## Priority classes")
     assert "| pair-b30-g20-fixed | 2 |" in text
+
+
+def test_report_compares_a_members_arms_within_one_run(tmp_path):
+    """--report over two calls that both measured a member: its ratios stay those of one call
+    (its serial arm, its calibration). A later call that only re-ran nvshare, on a GPU 1.5x as
+    fast, must not be set against the first call's serial arm."""
+    def run(name: str, res: dict, ipm: float) -> Path:
+        res.update(gpu={"name": "H100", "driver": "580"}, date="2026-11-23", command=name,
+                   calibration={"ipm": ipm})
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(res))
+        return d / "results.json"
+
+    first = run("first", fake_results([12.0, 12.6], colocate=11.0, mps=11.5), 50000)
+    again = fake_results([8.0, 8.4], colocate=7.3, mps=7.7)       # every time 1.5x shorter
+    partial = {"members": {"pair-b30-g20-fixed": {"nvshare": again["members"]["pair-b30-g20-fixed"]
+                                                  ["nvshare"]}}, "pending": []}
+    merged = bench_family.merge([first, run("partial", partial, 75000)])
+    nv = merged["members"]["pair-b30-g20-fixed"]["nvshare"]
+    assert nv["x_serial"] == pytest.approx(12.6 / 20.0)            # the first call's own arms
+    assert nv["max_min"] == pytest.approx(12.6 / 12.0)
+
+    whole = run("whole", fake_results([8.0, 8.4], colocate=7.3, mps=7.7), 75000)
+    merged = bench_family.merge([first, whole])
+    arms = merged["members"]["pair-b30-g20-fixed"]
+    assert arms["nvshare"]["x_serial"] == pytest.approx(8.4 / 20.0)   # the later call, whole
+    assert arms["colocate"]["x_serial"] == pytest.approx(7.3 / 20.0)
