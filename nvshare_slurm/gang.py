@@ -252,10 +252,13 @@ class GangPolicy:
         if until != turns[0].steps_until:  # type: ignore[union-attr]
             for turn in turns:
                 turn.steps_until = until     # type: ignore[union-attr]
-        if until is not None and any(now >= since + GANG_STEP_AFTER for _, _, since in waiters) \
-                and gang.job_id not in changed:
+        if until is not None and gang.job_id not in changed and any(
+                now >= since + GANG_STEP_AFTER and gpu.withheld is None
+                for gpu, _, since in waiters):
             # A step is due: tick all its GPUs, since the timer that woke us may be another
-            # GPU's, and this pass's deadlines no longer include the step.
+            # GPU's, and this pass's deadlines no longer include the step. Not where the GPU's
+            # last pass withheld a grant for room: it tries again itself once room changes, and
+            # ticking it would only withhold again, pass after pass.
             changed.add(gang.job_id)
         # A holder that still cannot drain (DRAIN_STUCK, or no release for about a turn while
         # its gang's clients wait, e.g. a step withheld for room): let the gang run whole again,

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, UNRESPONSIVE, ClientInfo, GpuSettings,
-                                    GpuState)
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, SWAP_OUT, UNRESPONSIVE, ClientInfo,
+                                    GpuSettings, GpuState)
 
 G = 1 << 30
 
@@ -373,3 +373,31 @@ def test_a_step_moves_no_memory_out():
     step = gpu.tick(1.512)
     assert [(a.kind, a.client.client_id, a.bytes) for a in step] == [(GRANT, 12, 0), (DROP, 12, 0)]
     assert rank0.client_id in node.gpus[0].holders             # rank 0 still drains
+
+
+def test_a_step_withheld_for_room_does_not_rerun_every_pass(monkeypatch):
+    """A rank whose step waits for room (a swap-out asked of an idle client): every later event
+    on these GPUs ran the gang pass's eight rounds, each ticking both GPUs to withhold the same
+    grant again. The GPU retries itself once room changes; the step is granted then."""
+    node = Node()
+    node.job(1, 0, 1)
+    node.client(11, 1, 0)
+    rank1 = node.client(12, 1, 1)
+    single = node.client(40, 4, 1)
+    gpu = node.gpus[1]
+    node.request(11, 0.0), node.request(12, 0.0)
+    gpu.mem_update(rank1, 0.0, 8 * G, 0, 0)
+    gpu.mem_update(single, 0.0, 4 * G, 0, 0)                  # idle, resident: can move out
+    node.request(40, 0.5)
+    assert sorted(node.tick(1.5)) == [(DROP, 11), (DROP, 12)]
+    gpu.mem_update(rank1, 1.51, 0, 0, 14 * G)                 # moved out, released, asks again
+    node.release(12, 1.51), node.request(12, 1.51)
+    assert node.tick(1.512) == [(SWAP_OUT, 40)]               # room for its step first
+    ticks = []
+    real_tick = GpuState.tick
+    monkeypatch.setattr(GpuState, "tick", lambda self, now: ticks.append(self.index)
+                        or real_tick(self, now))
+    assert node.tick(1.513) == [] and node.tick(1.514) == []
+    assert len(ticks) == 2 * 2, ticks          # the two GPUs' own ticks; the gang pass adds none
+    moved, _ = gpu.mem_update(single, 1.52, 2 * G, 0, 2 * G)  # 40 moved 2 GiB out: room
+    assert node._pass(gpu, moved, 1.52) == [(GRANT, 12), (DROP, 12)]
