@@ -838,11 +838,15 @@ class GpuState:
             for holder in holders:
                 self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
                            moves.get(holder.client.client_id, 0))
+            if not self.holders:
+                # Its clients are attached but hold nothing: no release will come to hand the
+                # GPU on, and no deadline is left. The next job's turn begins now.
+                self._schedule_serial(now, out, admin)
 
     def _job_rank(self, job: int) -> int:
-        """The class rank of a job's clients here (one class per job); normal when none is known."""
-        clients = [h.client for h in self.holders.values()] + [c for c, _ in self.queue.values()]
-        return next((c.rank for c in clients if c.job_id == job), RANK["normal"])
+        """The class rank of a job's clients here (one class per job), also while they neither
+        hold nor wait; normal when none is known."""
+        return next((c.rank for c in self.attached.get(job, {}).values()), RANK["normal"])
 
     def _next_job_needs(self, job: int) -> int:
         """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""

@@ -331,3 +331,26 @@ def test_a_quick_drain_lets_the_high_holder_give_its_pauses_away():
     g.release(2, 1.005)                                  # drained in 5 ms
     g.request(low, 1.01)
     assert kinds(g.report_demand(high, PAUSES, 2.0)) == [(CONTENDED, 1)]   # 100 ms >= 10 x 5 ms
+
+
+@pytest.mark.parametrize("later", ["high", "normal"])
+def test_serial_a_better_job_gets_the_gpu_of_an_idle_low_job_at_once(later):
+    """The low job's client released (it is attached but holds nothing): a better job that asks
+    is granted at once. Before, the low job's class was taken from its holders and waiters only
+    (none: counted as normal), and once its turn was over nothing handed the GPU on: the high
+    job waited with no deadline, the normal one until max_runtime_sec and one more event."""
+    g = gpu(mode="serial", max_runtime_sec=300)
+    low, better = client(1, "low"), client(2, later)
+    assert grants(g.request(low, 0.0)) == [(1, SHARED)]
+    assert g.release(1, 1.0) == []
+    assert grants(g.request(better, 2.0)) == [(2, SHARED)]
+    assert g.serial_job == 2
+
+
+def test_serial_an_equal_job_gets_the_gpu_of_an_idle_one_at_max_runtime():
+    g = gpu(mode="serial", max_runtime_sec=300)
+    a, b = client(1, "low"), client(2, "low")
+    g.request(a, 0.0)
+    g.release(1, 1.0)
+    assert grants(g.request(b, 2.0)) == [] and g.next_deadline() == 302.0
+    assert grants(g.tick(302.0)) == [(2, SHARED)]                  # not only at a later event
