@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import (REPO, Harness, Job, Mps, Scheduler, clean_env, fmt, gpu_info,  # noqa: E402
-                       lock_analysis, log_time, merge_runs, merged_report, parse_scheduler_log,
+from gpu_bench import (REPO, Harness, Job, Mps, Scheduler, clean_env, completeness, fmt,  # noqa: E402
+                       gpu_info, lock_analysis, log_time, merge_runs, merged_report, parse_scheduler_log,
                        percentile, run_jobs, sigterm_interrupts, start_results)
 
 BURST_SRC = REPO / "tests" / "gpu" / "burst.c"
@@ -571,13 +571,6 @@ def write_docs(results: dict, dirs: list[Path]) -> None:
         text = text[:head.end()].rstrip("\n") + "\n\n" + section + "\n" + text[head.end():]
     DOCS.write_text(text)
     log(f"wrote the family into {DOCS} and {len(figures)} timelines into {FIGURES}/")
-
-
-def completeness(arms: dict) -> tuple[bool, int]:
-    """How much of a member one run measured: its serial arm (every ratio's reference), then how
-    many arms ran to the end."""
-    return (arms.get("serial", {}).get("status") == "ok",
-            sum(1 for r in arms.values() if r.get("status") == "ok"))
 
 
 def merge(paths: list[Path]) -> dict:

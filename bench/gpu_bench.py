@@ -1019,12 +1019,25 @@ def merge_runs(paths: list[Path], merge_into) -> dict:
     return merged
 
 
+def completeness(arms: dict) -> tuple[bool, int]:
+    """How much of a workload (or family member) one run measured: its serial arm (every ratio's
+    reference), then how many arms ran to the end."""
+    return (arms.get("serial", {}).get("status") == "ok",
+            sum(1 for r in arms.values() if r.get("status") == "ok"))
+
+
 def merge(paths: list[Path]) -> dict:
     def merge_into(merged: dict, res: dict) -> None:
-        for key in ("calibration", "solo"):
-            merged.setdefault(key, {}).update(res.get(key, {}))
+        merged.setdefault("solo", {}).update(res.get("solo", {}))
         for w, arms in res.get("workloads", {}).items():
-            merged["workloads"].setdefault(w, {}).update(arms)
+            # A workload's arms, and the calibration they ran with, stay those of one run: the
+            # ratios are to that run's serial arm.
+            if completeness(arms) >= completeness(merged["workloads"].get(w, {})):
+                merged["workloads"][w] = arms
+                if w in res.get("calibration", {}):
+                    merged.setdefault("calibration", {})[w] = res["calibration"][w]
+        for w, cal in res.get("calibration", {}).items():
+            merged.setdefault("calibration", {}).setdefault(w, cal)
         if res.get("launch"):
             merged["launch"] = res["launch"]
     merged = merge_runs(paths, merge_into)

@@ -171,3 +171,28 @@ def test_report_compares_a_members_arms_within_one_run(tmp_path):
     arms = merged["members"]["pair-b30-g20-fixed"]
     assert arms["nvshare"]["x_serial"] == pytest.approx(8.4 / 20.0)   # the later call, whole
     assert arms["colocate"]["x_serial"] == pytest.approx(7.3 / 20.0)
+
+
+def test_gpu_bench_report_compares_a_workloads_arms_within_one_run(tmp_path):
+    """The same rule for bench/gpu_bench.py's workloads, with the calibration they ran with."""
+    import gpu_bench
+
+    def run(name: str, arms: dict, step_ms: float) -> Path:
+        res = {"gpu": {"name": "H100"}, "date": "2026-11-23", "command": name, "solo": {},
+               "calibration": {"W3": {"step_ms": step_ms}}, "pending": [],
+               "workloads": {"W3": {a: {"status": "ok", "makespan": t + 1, "train_phase": t}
+                                    for a, t in arms.items()}}}
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(res))
+        return d / "results.json"
+
+    first = run("first", {"serial": 24.0, "colocate": 30.0, "nvshare-auto": 25.0}, 70.0)
+    merged = gpu_bench.merge([first, run("partial", {"nvshare-auto": 12.0}, 35.0)])
+    w3 = merged["workloads"]["W3"]
+    assert w3["nvshare-auto"]["train_vs_serial"] == pytest.approx(25.0 / 24.0)
+    assert merged["calibration"]["W3"]["step_ms"] == 70.0
+    merged = gpu_bench.merge([first, run("whole", {"serial": 12.0, "nvshare-auto": 12.6,
+                                                   "colocate": 15.0}, 35.0)])
+    assert merged["workloads"]["W3"]["nvshare-auto"]["train_vs_serial"] == pytest.approx(12.6 / 12.0)
+    assert merged["calibration"]["W3"]["step_ms"] == 35.0
