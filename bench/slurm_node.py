@@ -131,10 +131,11 @@ PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
 
     def spawn(self, name: str, argv: list[str], extra: dict | None = None,
               log: Path | None = None) -> None:
-        out = open(log or self.base / f"{name}.out", "ab")
-        proc = subprocess.Popen(argv, env={**self.env, **(extra or {})}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        proc.name = name
+        log = log or self.base / f"{name}.out"
+        with open(log, "ab") as out:     # the daemon has its own copy of the descriptor
+            proc = subprocess.Popen(argv, env={**self.env, **(extra or {})}, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc.name, proc.log = name, log
         self.procs.append(proc)
 
     def wait_for(self, cond, timeout: float, what: str) -> None:
@@ -143,7 +144,7 @@ PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"{dead[0].name} exited {dead[0].returncode} while waiting for "
-                                   f"{what}: {tail(self.base / (dead[0].name + '.out'))}")
+                                   f"{what}: {tail(dead[0].log)}")
             if cond():
                 return
             time.sleep(0.2)

@@ -145,3 +145,16 @@ def test_timeline_never_merges_a_turn_across_another_jobs_turn():
                       "01,010 nvshare-scheduler: (not a lock line)")
     half = timeline.turns_from_log(cut + "\n" + other, {gpu: 0, "GPU-b": 1})
     assert timeline.gang_together(half, "1", [0, 1]) == pytest.approx(0.96 / 1.46)
+
+
+def test_a_daemon_that_exits_at_start_is_reported_with_its_own_log(tmp_path):
+    """The scheduler writes to scheduler.log, not scheduler.out: its last words must be in the
+    error, not '(... missing)'."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from slurm_node import OneNodeSlurm
+    node = OneNodeSlurm(tmp_path, "/", 1, [], {})
+    node.spawn("scheduler", [sys.executable, "-c", "print('nvshare.yaml: bad key'); raise SystemExit(2)"],
+               log=tmp_path / "scheduler.log")
+    with pytest.raises(RuntimeError, match="scheduler exited 2 while waiting for its socket: "
+                                           "nvshare.yaml: bad key"):
+        node.wait_for(lambda: False, 10, "its socket")
