@@ -81,6 +81,10 @@ CLASS_CORUN_BUSY = 0.05
 # job, back from its pause, runs beside that drain at about half speed; with pauses 10x the drain
 # it loses at most ~5 % of its time, the 95 % issue 14 promises.
 CLASS_IDLE_DRAIN_FACTOR = 10.0
+# A drain counts for this long after it was measured. Kept for good, one slow drain (or one a
+# hostile low-class user made slow on purpose) denied every worse waiter the better holder's idle
+# time for the client's lifetime, and a waiter that never holds again never measures a new one.
+CLASS_DRAIN_MEMORY_SEC = 60.0
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,8 @@ class GpuState:
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
     demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
-    drain: dict[int, float] = field(default_factory=dict)    # longest DROP_LOCK-to-release seen
+    # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
+    drain: dict[int, tuple[float, float]] = field(default_factory=dict)
     asked: set[int] = field(default_factory=set)                               # ever requested here
     sharing: str = ""                      # how the GPU is shared now (status, metrics, log)
     sharing_reason: str = ""
@@ -414,7 +419,7 @@ class GpuState:
         if holder is None:
             return []
         if holder.drop_at is not None and not holder.drop_bytes:   # a drain, not a swap
-            self.drain[client_id] = max(self.drain.get(client_id, 0.0), now - holder.drop_at)
+            self.drain[client_id] = max(self._recent_drain(client_id, now), now - holder.drop_at), now
         if not self.holders:
             self.contention_since = None
         return self._schedule(now)
@@ -691,7 +696,7 @@ class GpuState:
         if len(takers) <= 1:
             self._corun(now, out, skip=outranked)
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
-            if running and outranked & set(self.queue) and self._leaves_idle_time(running[0]):
+            if running and outranked & set(self.queue) and self._leaves_idle_time(running[0], now):
                 self._contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
             return
@@ -719,7 +724,7 @@ class GpuState:
             return
         holder = running[0]
         if not rivals:        # only lower classes wait: no timeslice, it gives way once idle
-            if self._leaves_idle_time(holder):
+            if self._leaves_idle_time(holder, now):
                 self._contend(holder, out)
             self.contention_since = None
             return
@@ -734,7 +739,11 @@ class GpuState:
         demand = self.demand.get(client_id)
         return demand is not None and demand.busy < CLASS_CORUN_BUSY
 
-    def _leaves_idle_time(self, holder: _Holder) -> bool:
+    def _recent_drain(self, client_id: int, now: float) -> float:
+        seconds, when = self.drain.get(client_id, (0.0, now))
+        return seconds if now - when < CLASS_DRAIN_MEMORY_SEC else 0.0
+
+    def _leaves_idle_time(self, holder: _Holder, now: float) -> bool:
         """May a worse class have this holder's idle time? Only the long idle stretches of a
         holder that is not busy most of the time: once told LOCK_CONTENDED the hook gives the
         lock back after each idle threshold, even between two kernels, and taking it back waits
@@ -744,7 +753,7 @@ class GpuState:
         demand = self.demand.get(holder.client.client_id)
         if demand is None or not (demand.busy < TURN_BUSY or demand.gap >= TURN_GAP_SEC):
             return False
-        drain = max((self.drain.get(cid, 0.0) for cid, (c, _) in self.queue.items()
+        drain = max((self._recent_drain(cid, now) for cid, (c, _) in self.queue.items()
                      if c.rank > holder.client.rank), default=0.0)
         return demand.gap >= CLASS_IDLE_DRAIN_FACTOR * drain
 
@@ -783,7 +792,7 @@ class GpuState:
                 if head_rank > holder.client.rank:
                     # Only worse classes wait: they get the time it leaves idle, never a timeslice
                     # (nor that time when it would cost a swap each way).
-                    if not self._switch_needs_swap() and self._leaves_idle_time(holder):
+                    if not self._switch_needs_swap() and self._leaves_idle_time(holder, now):
                         self._contend(holder, out)
                     self.contention_since = None
                     return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nvshare_slurm import gpustate
 from nvshare_slurm.gang import GangPolicy
 from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, Demand,
                                     GpuSettings, GpuState)
@@ -322,6 +323,21 @@ def test_a_high_holder_keeps_its_short_pauses_when_a_low_job_drains_slowly():
     assert 1 in g.holders and 2 in g.queue
     long_pauses = Demand(0.6, 0.5, 1.5)
     assert kinds(g.report_demand(high, long_pauses, 3.0)) == [(CONTENDED, 1)]
+
+
+def test_a_slow_drain_is_forgotten_after_a_while():
+    """One slow drain (a hostile low user can make one) does not deny the high job's pauses to
+    the worse waiters for good: after CLASS_DRAIN_MEMORY_SEC they get them again, and a new slow
+    drain is remembered anew."""
+    g, high, low = high_and_low(high_demand=BUSY)
+    g.request(low, 0.0)
+    g.request(high, 1.0)
+    g.release(2, 11.0)                                   # drained in 10 s
+    g.request(low, 11.01)
+    long_pauses = Demand(0.6, 0.5, 1.5)
+    assert kinds(g.report_demand(high, long_pauses, 12.0)) == []             # 1.5 s < 10 x 10 s
+    later = 11.0 + gpustate.CLASS_DRAIN_MEMORY_SEC + 1
+    assert kinds(g.report_demand(high, long_pauses, later)) == [(CONTENDED, 1)]
 
 
 def test_a_quick_drain_lets_the_high_holder_give_its_pauses_away():
