@@ -37,9 +37,11 @@ class OneNodeSlurm:
 
     def write(self) -> None:
         for pidfile in list(self.base.glob("*.pid")) + [self.base / "munge" / "munged.pid"]:
-            try:   # a run killed hard may have left its daemons: stop those by their pid files
-                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
-            except (OSError, ValueError):
+            try:   # a run killed hard may have left its daemons: stop those by their pid files,
+                pid = int(pidfile.read_text().split()[0])   # if the pid is still one of them
+                if Path(f"/proc/{pid}/comm").read_text().strip() in LEFTOVER_DAEMONS:
+                    os.kill(pid, signal.SIGTERM)
+            except (OSError, ValueError, IndexError):
                 pass
         shutil.rmtree(self.base, ignore_errors=True)
         for sub in ("state", "spool", "jobs", "munge", "nvshare"):
@@ -169,7 +171,12 @@ PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(5)
         self.procs.clear()
+
+
+# What a pid file of an earlier run may name; a pid reused since by anything else is left alone.
+LEFTOVER_DAEMONS = {"slurmctld", "slurmd", "munged", "slurmstepd"}
 
 
 def free_port() -> int:
