@@ -323,7 +323,8 @@ int nvshare_ipc_is_ours(const CUipcMemHandle *handle)
     return r.magic == IPC_MAGIC;
 }
 
-/* Receives n fds in batches; 0 when all came. */
+/* Receives n fds in batches; 0 when all came. On failure every fd received is closed again: one
+ * kept would hold the exporter's GPU memory until this process exits. */
 static int receive_fds(int sock, int *fds, size_t n)
 {
     size_t got = 0;
@@ -336,21 +337,27 @@ static int receive_fds(int sock, int *fds, size_t n)
         msg.msg_iovlen = 1;
         msg.msg_control = control;
         msg.msg_controllen = sizeof control;
-        if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof batch)
-            return -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        size_t carried = c && c->cmsg_type == SCM_RIGHTS ? (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) : 0;
-        if (carried > n - got) {  /* more than announced: take none of them */
-            int extra[IPC_FDS_PER_MESSAGE];
-            memcpy(extra, CMSG_DATA(c), carried * sizeof(int));
-            for (size_t k = 0; k < carried; k++)
-                close(extra[k]);
+        ssize_t len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        int carried[IPC_FDS_PER_MESSAGE];
+        size_t n_carried = 0;
+        for (struct cmsghdr *c = len >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            if (k > IPC_FDS_PER_MESSAGE - n_carried)
+                k = IPC_FDS_PER_MESSAGE - n_carried;  /* cannot happen: the buffer holds no more */
+            memcpy(carried + n_carried, CMSG_DATA(c), k * sizeof(int));
+            n_carried += k;
+        }
+        if (len != (ssize_t)sizeof batch || n_carried == 0 || n_carried != batch || n_carried > n - got) {
+            for (size_t k = 0; k < n_carried; k++)
+                close(carried[k]);
+            while (got)
+                close(fds[--got]);
             return -1;
         }
-        memcpy(fds + got, CMSG_DATA(c), carried * sizeof(int));
-        got += carried;
-        if (carried != batch || carried == 0)
-            return -1;
+        memcpy(fds + got, carried, n_carried * sizeof(int));
+        got += n_carried;
     }
     return 0;
 }
