@@ -377,6 +377,16 @@ static CUresult fetch(const struct ipc_record *r, int *fds)
         close(sock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    /* The name is no secret (/proc/net/unix lists it) and is free again once the exporter is gone:
+     * memory only from this user, as the exporter gives it only to this user. */
+    struct ucred peer = {0};
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 || peer.uid != geteuid()) {
+        nvshare_log("CUDA IPC: the socket of exporter pid %" PRIu32 " is held by pid %d uid %d, not this "
+                    "job's user: the handle is not opened", r->pid, (int)peer.pid, (int)peer.uid);
+        close(sock);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
     struct ipc_request req = {IPC_MAGIC, r->token, r->export_id, 0};
     struct ipc_reply reply = {0};
     CUresult rc = CUDA_ERROR_INVALID_HANDLE;

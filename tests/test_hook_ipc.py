@@ -203,6 +203,27 @@ def open_fds_named(pid: int, tag: str) -> int:
     return count
 
 
+def test_a_handle_opens_only_memory_of_the_jobs_own_user(hook_lib, small_gpu, tmp_path, procs):
+    """Socket names are public (/proc/net/unix lists them with the token), and a name is free again
+    once its exporter is gone: another user who binds it must not hand the job its own memory, which
+    the job would then read and write as the exporter's."""
+    if os.getuid() != 0:
+        pytest.skip("acts as another uid: needs root")
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 431, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:10")
+    finish(exporter)
+    impostor = serve_as_exporter(OTHER, handle.read_bytes(), batch=1, n_fds=1, tag="impostor", hold=0)
+    try:
+        importer = run_nvtest(hook_lib, ["init", "ctx:0", f"ipcget:{handle}:{4 * MiB}"], job.env)
+    finally:
+        os.waitpid(impostor, 0)
+    assert f"ipcget rc={INVALID_HANDLE}" in importer.stdout, importer.stdout + importer.stderr
+    assert "ipcget read" not in importer.stdout
+    assert f"uid {OTHER}" in importer.stderr, importer.stderr
+
+
 def test_an_exporter_that_sends_fewer_fds_than_it_says_leaves_none_open(hook_lib, small_gpu, tmp_path,
                                                                          procs):
     """An exporter that breaks off mid-way (or lies): the fds that did come are closed, not kept, so no
