@@ -35,6 +35,7 @@
 #define IPC_FDS_PER_MESSAGE 250           /* under the kernel's SCM_MAX_FD (253) */
 #define IPC_IO_TIMEOUT_MS 5000            /* a peer that stops talking is dropped, never waited on forever */
 #define IPC_MAX_CHUNKS (1u << 20)
+#define IPC_REFUSAL_LOG_NS (60ull * 1000000000ull)
 
 /* The 64 bytes of a CUipcMemHandle, nvshare's kind. */
 struct ipc_record {
@@ -86,6 +87,8 @@ static struct ipc_import *imports;
 static size_t n_imports;
 static uint64_t my_token;
 static int server_fd = -1;
+static uint64_t refusal_logged_ns;      /* the server thread's alone */
+static unsigned long refusals_unlogged;
 
 static uint64_t record_check(const struct ipc_record *r)
 {
@@ -134,13 +137,28 @@ static int send_with_fds(int sock, const void *data, size_t len, const int *fds,
     return sendmsg(sock, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
 }
 
+/* Any user can connect (the name is listed in /proc/net/unix): a line for each refusal would let
+ * them fill the job's output. One line, then at most one per interval with the count since. */
+static void log_refusal(const struct ucred *peer)
+{
+    uint64_t now = nvshare_now_ns();
+    if (refusal_logged_ns && now - refusal_logged_ns < IPC_REFUSAL_LOG_NS) {
+        refusals_unlogged++;
+        return;
+    }
+    nvshare_log("CUDA IPC: refused a request from pid %d uid %d: only this job's user may map its memory "
+                "(%lu more refused since the last such line)", (int)peer->pid, (int)peer->uid,
+                refusals_unlogged);
+    refusal_logged_ns = now;
+    refusals_unlogged = 0;
+}
+
 static void serve_one(int conn)
 {
     struct ucred peer = {0};
     socklen_t len = sizeof peer;
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
-        nvshare_log("CUDA IPC: refused a request from pid %d uid %d: only this job's user may map its memory",
-                    (int)peer.pid, (int)peer.uid);
+        log_refusal(&peer);
         return;
     }
     set_timeouts(conn);
@@ -571,4 +589,6 @@ void nvshare_ipc_after_fork(void)
         close(server_fd);
     server_fd = -1;
     my_token = 0;
+    refusal_logged_ns = 0;
+    refusals_unlogged = 0;
 }

@@ -251,3 +251,34 @@ def test_an_exporter_that_sends_fewer_fds_than_it_says_leaves_none_open(hook_lib
     finally:
         os.kill(server, 9)
         os.waitpid(server, 0)
+
+
+def test_another_users_connections_cannot_flood_the_jobs_log(hook_lib, small_gpu, tmp_path, procs):
+    """The socket's name is public: every refused connection writing a line let another user fill the
+    job's output file at will. The first refusal is logged; the rest are counted into a later line."""
+    if os.getuid() != 0:
+        pytest.skip("acts as another uid: needs root")
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 451, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:2000")
+    record = handle.read_bytes()
+
+    def flood() -> int:
+        refused = 0
+        for _ in range(200):
+            try:
+                data, n_fds = ask_exporter(record)
+                refused += not data and n_fds == 0
+            except OSError:
+                refused += 1
+        return 0 if refused == 200 else 1
+    assert as_uid(OTHER, flood) == 0
+    # The job's own user still gets its memory at once.
+    data, n_fds = ask_exporter(record)
+    assert REPLY.unpack(data)[1] == 0 and n_fds == 1
+    out = finish(exporter)
+    assert "ipcput rc=0" in out
+    lines = [line for line in exporter.stderr_text.splitlines() if "refused a request from pid" in line]
+    assert 1 <= len(lines) <= 2, "\n".join(lines[:5])
+    assert f"uid {OTHER}" in lines[0]
