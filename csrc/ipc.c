@@ -8,6 +8,8 @@
  *    64-byte handle becomes an nvshare record: magic, exporter pid, a random token, export id, layout.
  *    A thread started at the first export serves the fds over an abstract unix socket named from pid
  *    and token, by SCM_RIGHTS, to processes of the same uid (SO_PEERCRED) that present the token.
+ *    The token is no secret from other users (/proc/net/unix lists the socket's name): the uid
+ *    checks, the server's and the importer's of the server, are what keep users apart.
  *  - importer: cuIpcOpenMemHandle on such a record fetches the fds, imports and maps them under a new
  *    reservation, and returns its start: the allocation's base, as the driver does for cuMemAlloc
  *    memory (checked on the H100: a handle taken from an interior pointer opens at the base).
@@ -42,7 +44,7 @@ struct ipc_record {
     uint64_t magic;
     uint32_t pid;          /* the exporter: its socket is named from pid and token */
     uint32_t export_id;
-    uint64_t token;        /* the exporter's secret for this run: only handle holders can fetch */
+    uint64_t token;        /* this run of the exporter: a recycled pid is not mistaken for it */
     uint64_t size;
     uint64_t chunk_bytes;
     uint32_t n_chunks;
