@@ -210,10 +210,12 @@ PEER_COPY_WRAPPER(cuMemcpyPeer_ptds, NVP_PEER, NVA_5)
 PEER_COPY_WRAPPER(cuMemcpyPeerAsync, NVP_PEER_A, NVA_6)
 PEER_COPY_WRAPPER(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)
 
-/* The 3D form names its contexts in the descriptor (ignored for a host or array side). */
+/* The 3D form names its contexts in the descriptor. The driver ignores an array side's context, so
+ * it may be stale or garbage: it names no GPU to enter (arrays never leave their GPU). */
+#define SIDE_GPU(type, ctx) ((type) == CU_MEMORYTYPE_ARRAY ? NULL : nvshare_gpu_for_ctx(ctx))
 #define PEER_3D_WRAPPER(name, params, args)                                                      \
-    PAIR_COPY_WRAPPER(name, params, args, a ? nvshare_gpu_for_ctx(a->dstContext) : NULL,         \
-                      a ? nvshare_gpu_for_ctx(a->srcContext) : NULL)
+    PAIR_COPY_WRAPPER(name, params, args, a ? SIDE_GPU(a->dstMemoryType, a->dstContext) : NULL, \
+                      a ? SIDE_GPU(a->srcMemoryType, a->srcContext) : NULL)
 PEER_3D_WRAPPER(cuMemcpy3DPeer, NVP_3DP, NVA_1)
 PEER_3D_WRAPPER(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)
 PEER_3D_WRAPPER(cuMemcpy3DPeerAsync, NVP_3DP_A, NVA_2)

@@ -8,6 +8,8 @@
  *    64-byte handle becomes an nvshare record: magic, exporter pid, a random token, export id, layout.
  *    A thread started at the first export serves the fds over an abstract unix socket named from pid
  *    and token, by SCM_RIGHTS, to processes of the same uid (SO_PEERCRED) that present the token.
+ *    The token is no secret from other users (/proc/net/unix lists the socket's name): the uid
+ *    checks, the server's and the importer's of the server, are what keep users apart.
  *  - importer: cuIpcOpenMemHandle on such a record fetches the fds, imports and maps them under a new
  *    reservation, and returns its start: the allocation's base, as the driver does for cuMemAlloc
  *    memory (checked on the H100: a handle taken from an interior pointer opens at the base).
@@ -35,13 +37,14 @@
 #define IPC_FDS_PER_MESSAGE 250           /* under the kernel's SCM_MAX_FD (253) */
 #define IPC_IO_TIMEOUT_MS 5000            /* a peer that stops talking is dropped, never waited on forever */
 #define IPC_MAX_CHUNKS (1u << 20)
+#define IPC_REFUSAL_LOG_NS (60ull * 1000000000ull)
 
 /* The 64 bytes of a CUipcMemHandle, nvshare's kind. */
 struct ipc_record {
     uint64_t magic;
     uint32_t pid;          /* the exporter: its socket is named from pid and token */
     uint32_t export_id;
-    uint64_t token;        /* the exporter's secret for this run: only handle holders can fetch */
+    uint64_t token;        /* this run of the exporter: a recycled pid is not mistaken for it */
     uint64_t size;
     uint64_t chunk_bytes;
     uint32_t n_chunks;
@@ -86,6 +89,8 @@ static struct ipc_import *imports;
 static size_t n_imports;
 static uint64_t my_token;
 static int server_fd = -1;
+static uint64_t refusal_logged_ns;      /* the server thread's alone */
+static unsigned long refusals_unlogged;
 
 static uint64_t record_check(const struct ipc_record *r)
 {
@@ -134,13 +139,28 @@ static int send_with_fds(int sock, const void *data, size_t len, const int *fds,
     return sendmsg(sock, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
 }
 
+/* Any user can connect (the name is listed in /proc/net/unix): a line for each refusal would let
+ * them fill the job's output. One line, then at most one per interval with the count since. */
+static void log_refusal(const struct ucred *peer)
+{
+    uint64_t now = nvshare_now_ns();
+    if (refusal_logged_ns && now - refusal_logged_ns < IPC_REFUSAL_LOG_NS) {
+        refusals_unlogged++;
+        return;
+    }
+    nvshare_log("CUDA IPC: refused a request from pid %d uid %d: only this job's user may map its memory "
+                "(%lu more refused since the last such line)", (int)peer->pid, (int)peer->uid,
+                refusals_unlogged);
+    refusal_logged_ns = now;
+    refusals_unlogged = 0;
+}
+
 static void serve_one(int conn)
 {
     struct ucred peer = {0};
     socklen_t len = sizeof peer;
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != geteuid()) {
-        nvshare_log("CUDA IPC: refused a request from pid %d uid %d: only this job's user may map its memory",
-                    (int)peer.pid, (int)peer.uid);
+        log_refusal(&peer);
         return;
     }
     set_timeouts(conn);
@@ -323,7 +343,8 @@ int nvshare_ipc_is_ours(const CUipcMemHandle *handle)
     return r.magic == IPC_MAGIC;
 }
 
-/* Receives n fds in batches; 0 when all came. */
+/* Receives n fds in batches; 0 when all came. On failure every fd received is closed again: one
+ * kept would hold the exporter's GPU memory until this process exits. */
 static int receive_fds(int sock, int *fds, size_t n)
 {
     size_t got = 0;
@@ -336,21 +357,27 @@ static int receive_fds(int sock, int *fds, size_t n)
         msg.msg_iovlen = 1;
         msg.msg_control = control;
         msg.msg_controllen = sizeof control;
-        if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof batch)
-            return -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        size_t carried = c && c->cmsg_type == SCM_RIGHTS ? (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) : 0;
-        if (carried > n - got) {  /* more than announced: take none of them */
-            int extra[IPC_FDS_PER_MESSAGE];
-            memcpy(extra, CMSG_DATA(c), carried * sizeof(int));
-            for (size_t k = 0; k < carried; k++)
-                close(extra[k]);
+        ssize_t len = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        int carried[IPC_FDS_PER_MESSAGE];
+        size_t n_carried = 0;
+        for (struct cmsghdr *c = len >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            if (k > IPC_FDS_PER_MESSAGE - n_carried)
+                k = IPC_FDS_PER_MESSAGE - n_carried;  /* cannot happen: the buffer holds no more */
+            memcpy(carried + n_carried, CMSG_DATA(c), k * sizeof(int));
+            n_carried += k;
+        }
+        if (len != (ssize_t)sizeof batch || n_carried == 0 || n_carried != batch || n_carried > n - got) {
+            for (size_t k = 0; k < n_carried; k++)
+                close(carried[k]);
+            while (got)
+                close(fds[--got]);
             return -1;
         }
-        memcpy(fds + got, CMSG_DATA(c), carried * sizeof(int));
-        got += carried;
-        if (carried != batch || carried == 0)
-            return -1;
+        memcpy(fds + got, carried, n_carried * sizeof(int));
+        got += n_carried;
     }
     return 0;
 }
@@ -367,6 +394,16 @@ static CUresult fetch(const struct ipc_record *r, int *fds)
     if (connect(sock, (struct sockaddr *)&addr, len) != 0) {
         nvshare_debug("CUDA IPC: exporter pid %" PRIu32 " does not answer (%s): gone, or not in this job",
                       r->pid, strerror(errno));
+        close(sock);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    /* The name is no secret (/proc/net/unix lists it) and is free again once the exporter is gone:
+     * memory only from this user, as the exporter gives it only to this user. */
+    struct ucred peer = {0};
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 || peer.uid != geteuid()) {
+        nvshare_log("CUDA IPC: the socket of exporter pid %" PRIu32 " is held by pid %d uid %d, not this "
+                    "job's user: the handle is not opened", r->pid, (int)peer.pid, (int)peer.uid);
         close(sock);
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -554,4 +591,6 @@ void nvshare_ipc_after_fork(void)
         close(server_fd);
     server_fd = -1;
     my_token = 0;
+    refusal_logged_ns = 0;
+    refusals_unlogged = 0;
 }

@@ -772,7 +772,11 @@ NVSHARE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr pt
 {
     if (!driver_loaded())
         return CUDA_ERROR_NOT_INITIALIZED;
-    struct nvshare_gpu *g = nvshare_cfg.active && !nvshare_in_hook && handle ? nvshare_swap_owner(ptr) : NULL;
+    CUdeviceptr base;
+    size_t size;
+    struct nvshare_gpu *g = NULL;
+    if (nvshare_cfg.active && !nvshare_in_hook && handle)
+        g = nvshare_swap_range(ptr, &base, &size);
     if (g) {
         /* Inside the gate the allocation is resident; fixed, it stays so after the gate closes. */
         nvshare_gate_enter(g);

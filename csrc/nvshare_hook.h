@@ -321,8 +321,8 @@ size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size);
 CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred);
 /* Frees va if it is a swappable allocation of g: 1 (rc in *rc) or 0 when it is not one. */
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc);
-/* The whole swappable allocation that ptr lies in (what cuMemAlloc would describe): 1 when found. */
-int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+/* The whole swappable allocation that ptr lies in (what cuMemAlloc would describe): its GPU, or NULL. */
+struct nvshare_gpu *nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* swap_mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
 void nvshare_swap_lock(struct nvshare_gpu *g);
 void nvshare_swap_unlock(struct nvshare_gpu *g);
@@ -332,8 +332,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
 /* Under nvshare_swap_lock, gate shut: brings all of g's swapped memory back; 0 when all is resident. */
 int nvshare_swap_in(struct nvshare_gpu *g);
 void nvshare_swap_after_fork(void);
-/* CUDA IPC (ipc.c) of swappable memory: the GPU whose swappable allocation holds ptr, or NULL. */
-struct nvshare_gpu *nvshare_swap_owner(CUdeviceptr ptr);
+/* CUDA IPC (ipc.c) of swappable memory. */
 struct nvshare_swap_export {
     CUdeviceptr base;      /* the whole allocation, as cuIpcGetMemHandle on real cuMemAlloc memory */
     size_t size;

@@ -249,9 +249,10 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     return rc;
 }
 
-int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+struct nvshare_gpu *nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
 {
-    int n = atomic_load(&nvshare_n_gpus), found = 0;
+    int n = atomic_load(&nvshare_n_gpus);
+    struct nvshare_gpu *found = NULL;
     for (int k = 0; k < n && !found; k++) {
         struct nvshare_gpu *g = &nvshare_gpus[k];
         pthread_mutex_lock(&g->swap_mu);
@@ -259,7 +260,7 @@ int nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
             struct nvshare_swap_entry *e = &g->swap_entries[i];
             if (ptr < e->va || ptr - e->va >= e->size)
                 continue;
-            found = 1;
+            found = g;
             *base = e->base;
             *size = 0;
             for (size_t j = 0; j < g->swap_count; j++)
@@ -341,22 +342,6 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
 }
 
 /* ---- CUDA IPC: exporting an allocation's chunks (ipc.c sends them) ---------------------------- */
-struct nvshare_gpu *nvshare_swap_owner(CUdeviceptr ptr)
-{
-    int n = atomic_load(&nvshare_n_gpus);
-    for (int k = 0; k < n; k++) {
-        struct nvshare_gpu *g = &nvshare_gpus[k];
-        int found = 0;
-        pthread_mutex_lock(&g->swap_mu);
-        for (size_t i = 0; i < g->swap_count && !found; i++)
-            found = ptr >= g->swap_entries[i].va && ptr - g->swap_entries[i].va < g->swap_entries[i].size;
-        pthread_mutex_unlock(&g->swap_mu);
-        if (found)
-            return g;
-    }
-    return NULL;
-}
-
 CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvshare_swap_export *out)
 {
     const struct nvshare_real *r = &nvshare_real;

@@ -380,6 +380,17 @@ def test_a_peer_copy_waits_for_both_gpus(hook_lib, concurrent, tmp_path, procs, 
     assert len(copies_on1) == 3
     assert overlaps(rows, GPU1) == []
 
+def test_a_3d_peer_copy_ignores_the_context_of_an_array_side(hook_lib, concurrent, tmp_path, procs):
+    """The driver ignores srcContext when the source is an array, so a descriptor reused from an
+    earlier copy may still name another GPU there: the copy must not ask for that GPU's lock (and
+    wait for another job's turn on a GPU it does not touch)."""
+    job = Job(concurrent, 171, tmp_path / "trace", gpu_index=[0, 1])
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "peercopy3darray:1"], {**job.env, "NVSHARE_LOG_LEVEL": "debug"})
+    assert "peercopy3darray rc=0" in out.stdout, out.stdout + out.stderr
+    assert f"gpu {GPU0}: lock requested" in out.stderr, out.stderr
+    assert f"gpu {GPU1}: lock requested" not in out.stderr, out.stderr
+
+
 def test_the_program_survives_a_daemon_restart(hook_lib, concurrent, tmp_path, procs):
     trace = tmp_path / "trace"
     job = Job(concurrent, 161, trace, gpu_index=[0])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import become
 from test_daemon_security import OTHER, as_uid
 from test_hook import GPU0, Job, finish, hook_lib, procs, run_nvtest, start_nvtest  # noqa: F401
 from test_swap import gpu_status, small_gpu  # noqa: F401
@@ -147,3 +148,137 @@ def test_forged_garbage_and_stale_handles_give_cuda_errors(hook_lib, small_gpu, 
     stale = run_nvtest(hook_lib, ["init", "ctx:0", f"ipcraw:{handle}:"], job.env)
     assert f"ipcraw rc={INVALID_HANDLE}" in stale.stdout and stale.stdout.rstrip().endswith("done"), \
         stale.stdout + stale.stderr
+
+
+def serve_as_exporter(uid: int, record: bytes, batch: int, n_fds: int, tag: str, hold: float = 8.0):
+    """Someone of `uid` listening under the socket name of a handle whose exporter is gone: it
+    answers like an exporter (status 0), then sends one message that says `batch` fds and carries
+    `n_fds` memfds named `tag`, filled with the exporter's byte (0xa1). Returns its pid once it
+    listens; it serves one importer, then stays `hold` seconds so the importer's side can be looked at."""
+    magic, pid, _, token, size, *_ = RECORD.unpack(record)
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.close(ready_r)
+            become(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+                listener.bind(f"\0nvshare-ipc-{pid}-{token:016x}")
+                listener.listen(4)
+                listener.settimeout(20)
+                os.write(ready_w, b"1")
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(5)
+                    conn.recv(64)
+                    fds = []
+                    for _ in range(n_fds):
+                        fd = os.memfd_create(tag)
+                        os.write(fd, b"\xa1" * size)
+                        fds.append(fd)
+                    conn.send(REPLY.pack(magic, 0, 1))
+                    socket.send_fds(conn, [struct.pack("<I", batch)], fds)
+                    for fd in fds:
+                        os.close(fd)
+                    time.sleep(hold)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"1", "the stand-in exporter never listened"
+    os.close(ready_r)
+    return child
+
+
+def open_fds_named(pid: int, tag: str) -> int:
+    """How many of pid's open files are memfds named tag."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    count = 0
+    for entry in fd_dir.iterdir():
+        try:
+            count += f"memfd:{tag}" in os.readlink(entry)
+        except OSError:
+            pass
+    return count
+
+
+def test_a_handle_opens_only_memory_of_the_jobs_own_user(hook_lib, small_gpu, tmp_path, procs):
+    """Socket names are public (/proc/net/unix lists them with the token), and a name is free again
+    once its exporter is gone: another user who binds it must not hand the job its own memory, which
+    the job would then read and write as the exporter's."""
+    if os.getuid() != 0:
+        pytest.skip("acts as another uid: needs root")
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 431, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:10")
+    finish(exporter)
+    impostor = serve_as_exporter(OTHER, handle.read_bytes(), batch=1, n_fds=1, tag="impostor", hold=0)
+    try:
+        importer = run_nvtest(hook_lib, ["init", "ctx:0", f"ipcget:{handle}:{4 * MiB}"], job.env)
+    finally:
+        os.waitpid(impostor, 0)
+    assert f"ipcget rc={INVALID_HANDLE}" in importer.stdout, importer.stdout + importer.stderr
+    assert "ipcget read" not in importer.stdout
+    assert f"uid {OTHER}" in importer.stderr, importer.stderr
+
+
+def test_an_exporter_that_sends_fewer_fds_than_it_says_leaves_none_open(hook_lib, small_gpu, tmp_path,
+                                                                         procs):
+    """An exporter that breaks off mid-way (or lies): the fds that did come are closed, not kept, so no
+    GPU memory stays held by a failed open until the importer exits."""
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 441, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:10")
+    finish(exporter)
+    # The record names one chunk; the message says 2 and carries 1.
+    server = serve_as_exporter(os.getuid(), handle.read_bytes(), batch=2, n_fds=1, tag="half-sent")
+    try:
+        importer = start_nvtest(hook_lib, ["init", "ctx:0", f"ipcraw:{handle}:", "sleep:3000"], job.env)
+        procs.append(importer)
+        deadline = time.monotonic() + 20
+        while True:
+            line = importer.stdout.readline()
+            assert line, f"importer ended early: {importer.communicate()}"
+            if line.startswith("ipcraw rc="):
+                break
+            assert time.monotonic() < deadline
+        assert line.strip() == f"ipcraw rc={INVALID_HANDLE}", line
+        assert open_fds_named(importer.pid, "half-sent") == 0
+        finish(importer)
+    finally:
+        os.kill(server, 9)
+        os.waitpid(server, 0)
+
+
+def test_another_users_connections_cannot_flood_the_jobs_log(hook_lib, small_gpu, tmp_path, procs):
+    """The socket's name is public: every refused connection writing a line let another user fill the
+    job's output file at will. The first refusal is logged; the rest are counted into a later line."""
+    if os.getuid() != 0:
+        pytest.skip("acts as another uid: needs root")
+    sched = small_gpu()
+    handle = tmp_path / "handle"
+    job = Job(sched, 451, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:2000")
+    record = handle.read_bytes()
+
+    def flood() -> int:
+        refused = 0
+        for _ in range(200):
+            try:
+                data, n_fds = ask_exporter(record)
+                refused += not data and n_fds == 0
+            except OSError:
+                refused += 1
+        return 0 if refused == 200 else 1
+    assert as_uid(OTHER, flood) == 0
+    # The job's own user still gets its memory at once.
+    data, n_fds = ask_exporter(record)
+    assert REPLY.unpack(data)[1] == 0 and n_fds == 1
+    out = finish(exporter)
+    assert "ipcput rc=0" in out
+    lines = [line for line in exporter.stderr_text.splitlines() if "refused a request from pid" in line]
+    assert 1 <= len(lines) <= 2, "\n".join(lines[:5])
+    assert f"uid {OTHER}" in lines[0]

@@ -1519,12 +1519,25 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
                                   size_t n, CUstream st)
 { (void)st; return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n); }
 
-/* The 3D form, for the one-row copies the tests make: WidthInBytes x Height x Depth bytes in a row. */
+/* The 3D form, for the one-row copies the tests make: WidthInBytes x Height x Depth bytes in a row.
+ * An array side's context is ignored, as the driver documents; such a copy is traced on the other
+ * side's GPU only, its bytes not moved. */
 EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *p)
 {
     NEED_INIT();
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
+    if (p->srcMemoryType == 3 || p->dstMemoryType == 3) {
+        struct fctx *c = (struct fctx *)(p->srcMemoryType == 3 ? p->dstContext : p->srcContext);
+        if (p->srcMemoryType == 3 && p->dstMemoryType == 3)
+            return CUDA_ERROR_NOT_SUPPORTED;
+        if (!c || c->magic != CTX_MAGIC)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        wait_for(c);
+        uint64_t now = now_ns();
+        bar_trace(c->dev, now, now);
+        return CUDA_SUCCESS;
+    }
     return cuMemcpyPeer(p->dstDevice + p->dstXInBytes, p->dstContext, p->srcDevice + p->srcXInBytes, p->srcContext,
                         p->WidthInBytes * (p->Height ? p->Height : 1) * (p->Depth ? p->Depth : 1));
 }

@@ -29,6 +29,7 @@
  *                while this thread forks FORKS children that exit at once; then all are freed)
  *   peercopy:D:BYTES:N  (N copies of BYTES from memory on the current device to memory on device D
  *                        with cuMemcpyPeer, every one checked)   peercopy3d:D:BYTES:N (cuMemcpy3DPeer)
+ *   peercopy3darray:D  (cuMemcpy3DPeer from an array on the current device; srcContext names D's)
  * CUDA IPC between two processes (direct calls):
  *   ipcput:BYTES:PATH  (cuMemAlloc, fill with 0xa1, cuIpcGetMemHandle of a pointer in its middle, the
  *                       64 bytes to PATH)
@@ -507,6 +508,34 @@ static void peer_copies(char *arg, int three_d)
     free(got);
 }
 
+/* A 3D peer copy from an array on the current device, whose srcContext still names device D's
+ * context (left from an earlier copy): the driver ignores the context of an array side. */
+static void peer_copy_from_array(char *arg)
+{
+    CUcontext here, there;
+    CUdevice peer;
+    CUdeviceptr dst;
+    CUarray a;
+    CUDA_ARRAY_DESCRIPTOR d = {64, 1, CU_AD_FORMAT_FLOAT, 4};
+    check("cuCtxGetCurrent", cuCtxGetCurrent(&here));
+    check("cuDeviceGet", api.cuDeviceGet(&peer, atoi(arg)));
+    check("cuDevicePrimaryCtxRetain", api.cuDevicePrimaryCtxRetain(&there, peer));
+    check("cuCtxSetCurrent", api.cuCtxSetCurrent(here));
+    check("cuArrayCreate", cuArrayCreate_v2(&a, &d));
+    check("cuMemAlloc", api.cuMemAlloc_v2(&dst, 64 * 16));
+    CUDA_MEMCPY3D_PEER p;
+    memset(&p, 0, sizeof p);
+    p.srcMemoryType = 3;  /* CU_MEMORYTYPE_ARRAY */
+    p.srcArray = a;
+    p.srcContext = there;
+    p.dstMemoryType = 2;  /* CU_MEMORYTYPE_DEVICE */
+    p.dstDevice = dst;
+    p.dstContext = here;
+    p.WidthInBytes = 64 * 16;
+    p.Height = p.Depth = 1;
+    printf("peercopy3darray rc=%d\n", cuMemcpy3DPeer(&p));
+}
+
 static pthread_barrier_t race_start;
 
 static void *race_main(void *arg)
@@ -586,6 +615,10 @@ static int run_more(const char *action, char *arg)
     }
     if (strcmp(action, "peercopy") == 0 || strcmp(action, "peercopy3d") == 0) {
         peer_copies(arg, action[8] == '3');
+        return 1;
+    }
+    if (strcmp(action, "peercopy3darray") == 0) {
+        peer_copy_from_array(arg);
         return 1;
     }
     if (strncmp(action, "ipc", 3) == 0)
