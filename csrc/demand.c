@@ -31,6 +31,7 @@ struct demand {
     int seen;                 /* sampled busy at least once */
     int busy_now;
     uint64_t run_start;       /* when the current busy or idle stretch began */
+    uint64_t last_sample;
     uint64_t first_busy;
     double busy;              /* 0..1 */
     double burst_ns, gap_ns;  /* means; 0 = none finished yet */
@@ -94,10 +95,13 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     int busy = atomic_exchange_explicit(&g->demand_touched, 0, memory_order_relaxed)
                || atomic_load_explicit(&g->inside, memory_order_relaxed) > 0
                || atomic_load_explicit(&g->syncing, memory_order_relaxed) > 0;
+    /* The real time since the last look: the sampler oversleeps on a loaded CPU. */
+    uint64_t since = d->last_sample && now > d->last_sample ? now - d->last_sample : DEMAND_SAMPLE_NS;
+    d->last_sample = now;
     if (!busy && __atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0) {
         /* Only waiting for the lock: the stretch under way is paused, not lengthened. */
         if (d->seen)
-            d->run_start = d->run_start + DEMAND_SAMPLE_NS < now ? d->run_start + DEMAND_SAMPLE_NS : now;
+            d->run_start = d->run_start + since < now ? d->run_start + since : now;
         return;
     }
     if (!d->seen) {

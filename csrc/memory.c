@@ -349,12 +349,16 @@ static int free_swappable(CUdeviceptr dptr, CUresult *rc)
     struct alloc *a = find((uint64_t)dptr, KIND_PTR);
     struct nvshare_gpu *g = a ? a->gpu : NULL;
     pthread_mutex_unlock(&mem_mu);
-    if (!g || !nvshare_swap_free(g, dptr, rc))
+    if (!g)
         return 0;
-    if (*rc == CUDA_SUCCESS) {
+    /* Its exports go first: once freed, the address may be handed out again at once, and a new
+     * allocation there must not be exported as the old one (an importer would map freed memory).
+     * A free that fails then leaves the allocation unexported; opens already made keep working. */
+    nvshare_ipc_forget(dptr);
+    if (!nvshare_swap_free(g, dptr, rc))
+        return 0;
+    if (*rc == CUDA_SUCCESS)
         unrecord((uint64_t)dptr, KIND_PTR);
-        nvshare_ipc_forget(dptr);
-    }
     return 1;
 }
 

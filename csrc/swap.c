@@ -96,6 +96,17 @@ static int vmm_usable(struct nvshare_gpu *g)
         r->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
             CUDA_SUCCESS && granularity && CHUNK_BYTES % granularity == 0) {
         g->granularity = granularity;
+        /* Every chunk asks for the fd handle type: make sure cuMemCreate takes it here, or every
+         * swappable allocation would fail; without it only CUDA IPC on this memory is lost. */
+        CUmemGenericAllocationHandle probe;
+        if (g->fd_export && r->cuMemCreate(&probe, granularity, &prop, 0) == CUDA_SUCCESS) {
+            r->cuMemRelease(probe);
+        } else if (g->fd_export) {
+            g->fd_export = 0;
+            prop = device_prop(g);
+            nvshare_log("gpu %s: its memory cannot be made exportable; CUDA IPC on swappable memory "
+                        "is off (NVSHARE_SWAP=off gives the driver's own IPC)", g->uuid);
+        }
         /* Like cuMemAlloc: read-write for this GPU and for every GPU that can reach it as a peer. */
         g->n_access = 0;
         g->access[g->n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, g->device},

@@ -282,3 +282,19 @@ def test_another_users_connections_cannot_flood_the_jobs_log(hook_lib, small_gpu
     lines = [line for line in exporter.stderr_text.splitlines() if "refused a request from pid" in line]
     assert 1 <= len(lines) <= 2, "\n".join(lines[:5])
     assert f"uid {OTHER}" in lines[0]
+
+
+def test_a_driver_that_refuses_exportable_memory_keeps_swappable_allocations(hook_lib, small_gpu,
+                                                                             tmp_path):
+    """The GPU says it supports fd handles but cuMemCreate refuses them: the hook finds out once,
+    makes its chunks without the handle type, and allocations stay swappable and usable; only CUDA
+    IPC on them is lost, with a clean error and one line saying so."""
+    sched = small_gpu()
+    job = Job(sched, 431, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_NO_FD_CREATE="1",
+              **sched.fake_env)
+    out = run_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{8 * MiB}:2:1000", "copy",
+                                f"ipcput:{MiB}:{tmp_path / 'handle'}"], env=job.env)
+    assert "pattern ok rounds=2" in out.stdout and "copy ok" in out.stdout, out.stdout + out.stderr
+    assert "ipcput rc=0" not in out.stdout and "ipcput rc=" in out.stdout, out.stdout
+    assert "cannot be made exportable" in out.stderr, out.stderr
+    assert "no virtual memory management" not in out.stderr

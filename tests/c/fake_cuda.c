@@ -871,6 +871,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         prop->location.id >= n_devs || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     int dev = prop->location.id;
+    /* FAKE_CUDA_NO_FD_CREATE=1: a driver that reports fd handles but refuses them at creation. */
+    const char *no_fd = getenv("FAKE_CUDA_NO_FD_CREATE");
+    if (no_fd && *no_fd == '1' && (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (take_device_memory(dev, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fhandle *h = malloc(sizeof *h);
