@@ -100,14 +100,28 @@ def test_two_processes_share_swappable_memory_while_a_third_job_forces_swaps(hoo
     assert "exported" in exporter.stderr_text and "fixed on the GPU" in exporter.stderr_text
 
 
-def test_another_uid_cannot_fetch_the_memory(hook_lib, small_gpu, tmp_path, procs):
+def exported_to_attack(hook_lib, small_gpu, tmp_path, procs, job_id: int, hold: str):
+    """An exporter of 4 MiB for tests that act as another uid: (the exporter, its handle's bytes)."""
     if os.getuid() != 0:
         pytest.skip("acts as another uid: needs root")
     sched = small_gpu()
     handle = tmp_path / "handle"
-    job = Job(sched, 411, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
-    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:3000")
-    record = handle.read_bytes()
+    job = Job(sched, job_id, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
+    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, hold)
+    return exporter, handle.read_bytes()
+
+
+def refused(record: bytes) -> bool:
+    """Asked as whoever runs this: no reply and no fd (or the connection dropped)."""
+    try:
+        data, n_fds = ask_exporter(record)
+    except OSError:
+        return True
+    return not data and n_fds == 0
+
+
+def test_another_uid_cannot_fetch_the_memory(hook_lib, small_gpu, tmp_path, procs):
+    exporter, record = exported_to_attack(hook_lib, small_gpu, tmp_path, procs, 411, "sleep:3000")
     # The job's own user gets the chunk (the request is right) ...
     data, n_fds = ask_exporter(record)
     assert REPLY.unpack(data)[1] == 0 and n_fds == 1
@@ -115,14 +129,7 @@ def test_another_uid_cannot_fetch_the_memory(hook_lib, small_gpu, tmp_path, proc
     data, n_fds = ask_exporter(record, token_xor=1)
     assert REPLY.unpack(data)[1] == INVALID_HANDLE and n_fds == 0
     # ... another uid with the very same handle gets nothing, not even a reply.
-
-    def attack() -> int:
-        try:
-            data, n_fds = ask_exporter(record)
-        except OSError:
-            return 0
-        return 0 if not data and n_fds == 0 else 1
-    assert as_uid(OTHER, attack) == 0
+    assert as_uid(OTHER, lambda: 0 if refused(record) else 1) == 0
     out = finish(exporter)
     assert "ipcput rc=0" in out
     assert "refused a request from pid" in exporter.stderr_text and f"uid {OTHER}" in exporter.stderr_text
@@ -256,24 +263,8 @@ def test_an_exporter_that_sends_fewer_fds_than_it_says_leaves_none_open(hook_lib
 def test_another_users_connections_cannot_flood_the_jobs_log(hook_lib, small_gpu, tmp_path, procs):
     """The socket's name is public: every refused connection writing a line let another user fill the
     job's output file at will. The first refusal is logged; the rest are counted into a later line."""
-    if os.getuid() != 0:
-        pytest.skip("acts as another uid: needs root")
-    sched = small_gpu()
-    handle = tmp_path / "handle"
-    job = Job(sched, 451, tmp_path / "trace", gpu_index=[0], **sched.fake_env)
-    exporter = start_exporter(hook_lib, procs, job, handle, 4 * MiB, "sleep:2000")
-    record = handle.read_bytes()
-
-    def flood() -> int:
-        refused = 0
-        for _ in range(200):
-            try:
-                data, n_fds = ask_exporter(record)
-                refused += not data and n_fds == 0
-            except OSError:
-                refused += 1
-        return 0 if refused == 200 else 1
-    assert as_uid(OTHER, flood) == 0
+    exporter, record = exported_to_attack(hook_lib, small_gpu, tmp_path, procs, 451, "sleep:2000")
+    assert as_uid(OTHER, lambda: 0 if all(refused(record) for _ in range(200)) else 1) == 0
     # The job's own user still gets its memory at once.
     data, n_fds = ask_exporter(record)
     assert REPLY.unpack(data)[1] == 0 and n_fds == 1
