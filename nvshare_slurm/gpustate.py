@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .config import Config
 from .priority import RANK
 from .proto import C
 
@@ -89,17 +90,18 @@ CLASS_DRAIN_MEMORY_SEC = 60.0
 
 @dataclass(frozen=True)
 class GpuSettings:
-    """The knobs of one GPU: config defaults overlaid with admin overrides."""
-    mode: str = "auto"
-    auto_share: str = "adaptive"
-    switch_time_mode: str = "auto"
-    switch_time_fixed: float = 10.0
-    switch_time_multiplier: float = 20.0
-    switch_time_min: float = 0.05
-    swap_bandwidth: int = 20 << 30
-    memory_reserve_percent: int = 5
-    max_runtime_sec: int = 300
-    drop_grace_sec: float = 30.0
+    """The knobs of one GPU: config defaults overlaid with admin overrides. The defaults are the
+    config's own (one place to change them: the two copies had drifted apart)."""
+    mode: str = Config.scheduling_mode
+    auto_share: str = Config.auto_share
+    switch_time_mode: str = Config.switch_time_mode
+    switch_time_fixed: float = Config.switch_time_fixed
+    switch_time_multiplier: float = Config.switch_time_multiplier
+    switch_time_min: float = Config.switch_time_min
+    swap_bandwidth: int = Config.swap_bandwidth
+    memory_reserve_percent: int = Config.memory_reserve_percent
+    max_runtime_sec: int = Config.max_runtime_sec
+    drop_grace_sec: float = Config.drop_grace_sec
 
     OVERRIDABLE = ("mode", "switch_time_mode", "switch_time_fixed", "memory_reserve_percent",
                    "max_runtime_sec")

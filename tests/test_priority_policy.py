@@ -180,8 +180,8 @@ def test_equal_classes_keep_the_adaptive_fairness():
         g.report_demand(b, BUSY, 0.0)
         assert grants(g.request(a, 0.0)) == [(1, EXCLUSIVE)]
         assert (CONTENDED, 1) in kinds(g.request(b, 0.0))
-        assert g.next_deadline() == pytest.approx(0.05)
-        assert drops(g.tick(0.05)) == [(1, C.NVSHARE_DROP_TIMESLICE)]
+        assert g.next_deadline() == pytest.approx(0.1)     # switch_time_min
+        assert drops(g.tick(0.1)) == [(1, C.NVSHARE_DROP_TIMESLICE)]
 
 
 # --- concurrent and serial ----------------------------------------------------------------------
