@@ -58,7 +58,8 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 BEGIN, END = "<!-- bench_family:begin -->", "<!-- bench_family:end -->"
 SMOKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun"]
+ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns"]
+OPTIONAL_ARMS = {"nvshare-corun": "corun", "nvshare-turns": "turns"}   # arm: its auto_share
 PROBE_EVERY_MS = 100.0
 PROBE_GPU_MS = 1.0
 MIN_STEPS = 10
@@ -126,8 +127,10 @@ TIMELINE_OF = {"pair": "pair-b30-g20-fixed", "multi": "bursty4-b30-g20-fixed", "
                "interactive": "interactive-1batch"}
 
 
-def arms_of(m: Member) -> list[str]:
-    return [a for a in ARMS if a != "nvshare-corun" or m.corun]
+def arms_of(m: Member, asked: list[str] | None = None) -> list[str]:
+    """The member's arms: the optional ones (the other auto_share policies) on the members flagged
+    for them, or on any member when --arms names them."""
+    return [a for a in ARMS if a not in OPTIONAL_ARMS or m.corun or (asked is not None and a in asked)]
 
 
 # --- the workload program -------------------------------------------------------------------------
@@ -192,7 +195,7 @@ class Family(Harness):
         if arm == "serial":
             return (start + one) * (2 if m.kind == "interactive" else m.jobs)
         est = start + one * max(1.0, m.jobs * m.busy) * 1.2
-        return est + {"mps": 3.0, "nvshare": 1.5, "nvshare-corun": 1.5}.get(arm, 0.0)
+        return est + {"mps": 3.0, "nvshare": 1.5, "nvshare-corun": 1.5, "nvshare-turns": 1.5}.get(arm, 0.0)
 
     def unit(self, m: Member, arm: str) -> None:
         done = self.results["members"].setdefault(m.name, {})
@@ -249,7 +252,7 @@ class Family(Harness):
                 mps = Mps(self.work / f"mps-{m.name}")
                 envs = [mps.client_env(base) for _ in cmds]
             else:
-                extra = {"auto_share": "corun"} if arm == "nvshare-corun" else {}
+                extra = {"auto_share": OPTIONAL_ARMS[arm]} if arm in OPTIONAL_ARMS else {}
                 sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log",
                                   self.gpus_yaml, extra)
                 registered = [sched.job_env(base) for _ in cmds]
@@ -608,7 +611,8 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="the members, their part and arms")
     ap.add_argument("--part", default="all")
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", help="default: every arm but nvshare-turns; ""nvshare-corun runs on the members flagged for it unless named here; "
+                         "nvshare-turns (auto_share: turns) only where named")
     ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
                     "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)
@@ -628,7 +632,8 @@ def main() -> int:
         return 0
     if not args.out:
         ap.error("--out DIR (or --report DIR, or --list)")
-    bad = [a for a in args.arms.split(",") if a not in ARMS]
+    wanted = args.arms.split(",") if args.arms else [a for a in ARMS if a != "nvshare-turns"]
+    bad = [a for a in wanted if a not in ARMS]
     if bad:
         ap.error(f"unknown arm(s): {', '.join(bad)}; arms are {', '.join(ARMS)}")
     if args.seconds <= 0:
@@ -646,9 +651,8 @@ def main() -> int:
     interrupted = False
     try:
         fam.calibrate()
-        wanted = args.arms.split(",")
         for m in todo:  # the reference first: the budget check of the others needs nothing from it
-            for arm in arms_of(m):
+            for arm in arms_of(m, wanted if args.arms else None):
                 if arm in wanted:
                     fam.unit(m, arm)
             derive(results)
