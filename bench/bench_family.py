@@ -257,6 +257,8 @@ class Family(Harness):
                                   self.gpus_yaml, extra)
                 registered = [sched.job_env(base) for _ in cmds]
                 envs = [env for _, env in registered]
+                if self.args.hook_debug:   # each hand-over and threshold in the jobs' .err logs
+                    envs = [dict(env, NVSHARE_LOG_LEVEL="debug") for env in envs]
             jobs = [Job(f"{tag}-{i}", c, e, self.logs) for i, (c, e) in enumerate(zip(cmds, envs))]
             results = run_jobs(jobs, together=True, timeout=timeout)
         finally:
@@ -618,6 +620,7 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=0.0)
     ap.add_argument("--resume", metavar="RESULTS_JSON")
     ap.add_argument("--launch-result", metavar="FILE", help="bench/bench_launch.sh output to include")
+    ap.add_argument("--hook-debug", action="store_true", help="the hook's debug log in the nvshare arms")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     args = ap.parse_args()
     if args.list:

@@ -127,6 +127,10 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         d->busy_now = busy;
         d->run_start = now;
     }
+    /* For the keeper: idle since at least the first idle sample of the stretch under way. */
+    atomic_store_explicit(&g->idle_since_ns, d->busy_now ? 0 : d->run_start, memory_order_relaxed);
+    atomic_store_explicit(&g->gap_mean_ns, (uint64_t)d->gap_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->busy_ppm, (unsigned)(d->busy * 1e6), memory_order_relaxed);
     if (nvshare_outbox_connected())
         report(g, d, now);
 }
@@ -172,4 +176,9 @@ void nvshare_demand_after_fork(void)
     pthread_mutex_init(&start_mu, NULL);
     started = 0;
     memset(demands, 0, sizeof demands);
+    for (int i = 0; i < NVSHARE_MAX_GPUS; i++) {
+        atomic_store(&nvshare_gpus[i].idle_since_ns, 0);
+        atomic_store(&nvshare_gpus[i].gap_mean_ns, 0);
+        atomic_store(&nvshare_gpus[i].busy_ppm, 0);
+    }
 }

@@ -147,6 +147,11 @@ struct nvshare_gpu {
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
     atomic_int demand_touched;    /* set by every entry, cleared by the demand sampler */
     atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
+    /* What the demand sampler saw, for the keeper (demand.c): since when no work entered or ran (0:
+     * busy now, or nothing seen yet), the mean idle stretch, the busy share. */
+    _Atomic uint64_t idle_since_ns;
+    _Atomic uint64_t gap_mean_ns;
+    atomic_uint busy_ppm;
     atomic_int mode;              /* enum nvshare_gpu_mode */
     /* slow path, under mu */
     pthread_mutex_t mu;

@@ -65,11 +65,25 @@ SMALL_REQUEST = 2 << 20
 # auto_share: adaptive. A client takes exclusive turns when it keeps the GPU busy most of the time
 # (co-running two such costs ~8 % on an H100), or when its bursts and the gaps between them are
 # long enough for an idle hand-over to fit in the gaps (W2-like jobs: turns 0.53x serial against
-# co-location 0.66x). Short bursts with short gaps co-run: in turns the waiter would wait about
-# one idle threshold every step (measured 0.75x against co-location 0.57x).
+# co-location 0.66x). Shorter bursts co-run while they fit in each other's pauses.
 TURN_BUSY = 0.8
 TURN_BURST_SEC = 0.025
 TURN_GAP_SEC = 0.025
+# Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
+# other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
+# together (each slowed step pauses as long, or longer), so the overlap decides the result. On the
+# H100 (issue 12, 5 ms bursts, 60 % busy each) one such pair ran at 1.00x serial co-run in one run
+# and 0.76x in the next; in turns 0.73-0.74x. These then take turns until their sum falls below
+# TURN_GROUP_LEAVE. That line is low because a job whose pause follows its step's length pauses
+# longer in turns (the wait is part of the step): with 0.8 such a pair read 80-100 % in turns,
+# went back to co-running, overlapped and came back, every second or two. Below
+# TURN_GROUP_BURST_SEC a burst costs about what a hand-over costs: such clients (an interactive
+# command, ~1 ms) co-run and are not counted. Pairs below the line keep co-running: a 10 %-busy
+# pair with 5 ms bursts ran at 0.52x co-run, 0.67x in turns (every lock wait lengthened a step
+# whose pause follows its length).
+TURN_GROUP_BUSY = 1.0
+TURN_GROUP_LEAVE = 0.6
+TURN_GROUP_BURST_SEC = 0.004
 # Classes: a light client of a worse class co-runs beside a busy better one only below this busy
 # share. Co-running kernels share the GPU's time, so such a client costs the better job at most
 # about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
@@ -148,7 +162,13 @@ class Demand:
 
     @property
     def takes_turns(self) -> bool:
+        """A turn-taker by its own demand, whoever else uses the GPU."""
         return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
+
+    @property
+    def bursty(self) -> bool:
+        """Co-runs by its own demand, but its bursts are long enough to count towards overlap."""
+        return not self.takes_turns and self.burst >= TURN_GROUP_BURST_SEC
 
     def describe(self) -> str:
         return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
@@ -276,6 +296,7 @@ class GpuState:
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
     demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
+    group_turns: bool = False         # the bursty co-runners overlap: they take turns (TURN_GROUP_BUSY)
     # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
     drain: dict[int, tuple[float, float]] = field(default_factory=dict)
     asked: set[int] = field(default_factory=set)                               # ever requested here
@@ -439,6 +460,7 @@ class GpuState:
         self.drain.pop(client_id, None)
         self.asked.discard(client_id)
         client = self.clients.pop(client_id, None)
+        self._update_group()
         use = self.usage.pop(client_id, None)
         if client is not None:
             if use:
@@ -459,11 +481,25 @@ class GpuState:
         """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
         self._attach(client)
         self.demand[client.client_id] = demand
+        self._update_group()
         return self._schedule(now)
 
     def takes_turns(self, client_id: int) -> bool:
         demand = self.demand.get(client_id)
-        return demand is None or demand.takes_turns
+        return demand is None or demand.takes_turns or (self.group_turns and demand.bursty)
+
+    def _bursty_busy(self) -> float:
+        """The busy shares of the bursty co-runners added up; a client that asked for the GPU but
+        has not reported yet counts as fully busy beside them (as it counts as a turn-taker), so
+        a bursty job does not co-run with a newcomer for the ~40 ms until its first report."""
+        bursty = [d.busy for cid, d in self.demand.items() if d.bursty and cid in self.clients]
+        unknown = sum(1 for cid in self.asked if cid not in self.demand and cid in self.clients)
+        return sum(bursty) + unknown if bursty and len(bursty) + unknown >= 2 else 0.0
+
+    def _update_group(self) -> None:
+        """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis."""
+        total = self._bursty_busy()
+        self.group_turns = total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
 
     def update_settings(self, settings: GpuSettings, now: float) -> list[Action]:
         self.settings = settings
@@ -679,10 +715,11 @@ class GpuState:
         Classes: only the best class among the turn-takers that want the GPU takes turns; worse
         clients wait (a holder among them is dropped at once) until no better one wants it, except
         light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
+        self._update_group()
         wanting = set(self.queue) | set(self.holders)
         # A busy client between two turns is still busy; one that has not reported yet counts as
         # busy once it has asked for the lock.
-        takers = {cid for cid, d in self.demand.items() if d.takes_turns and cid in self.clients}
+        takers = {cid for cid in self.demand if cid in self.clients and self.takes_turns(cid)}
         takers |= {cid for cid in self.asked if cid not in self.demand}
         best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
                    default=None)
@@ -703,7 +740,9 @@ class GpuState:
             self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
             return
         light = len(wanting - takers - outranked)
-        self._share("turns", f"{len(takers)} busy clients take turns"
+        overlap = (f", bursts busy {self._bursty_busy():.0%} together" if self.group_turns
+                   and any(self.demand[c].bursty for c in takers if c in self.demand) else "")
+        self._share("turns", f"{len(takers)} busy clients take turns" + overlap
                              + (f", {light} light co-run" if light else "") + wait_note)
         turn_began = self.contention_since    # a co-runner's grant does not restart the turn
         for cid, (client, _) in list(self.queue.items()):

@@ -12,7 +12,8 @@ G = 1 << 30
 SHARED, EXCLUSIVE = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE
 BUSY = Demand(0.97, 10.0, 0.0)                 # a compute-bound training
 LIGHT = Demand(0.002, 0.001, 1.5)              # an interactive step: 1 ms of work every 1.5 s
-SHORT_BURSTS = Demand(0.35, 0.012, 0.022)      # bursty, short steps and short host pauses
+SHORT_BURSTS = Demand(0.35, 0.012, 0.022)      # bursty, 12 ms steps and 22 ms host pauses
+TINY_BURSTS = Demand(0.30, 0.002, 0.005)       # 2 ms bursts: a hand-over costs about as much
 LONG_BURSTS = Demand(0.30, 0.035, 0.082)       # W2: 35 ms steps, 82 ms host pauses
 
 
@@ -102,20 +103,65 @@ def test_a_waiter_whose_demand_turns_light_is_granted_at_once():
     assert grants(g.report_demand(b, LIGHT, 0.01)) == [(2, SHARED)]
 
 
-@pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True),
-                                          (SHORT_BURSTS, False), (LIGHT, False)])
-def test_which_demand_takes_turns(demand, turns):
+@pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True), (SHORT_BURSTS, False),
+                                          (TINY_BURSTS, False), (LIGHT, False)])
+def test_which_demand_takes_turns_by_itself(demand, turns):
     assert demand.takes_turns is turns
 
 
-def test_short_burst_pair_co_runs_long_burst_pair_takes_turns():
-    for demand, expected in ((SHORT_BURSTS, "corun"), (LONG_BURSTS, "turns")):
-        g = gpu()
-        a, b = client(1), client(2)
-        for c in (a, b):
-            g.report_demand(c, demand, 0.0)
-            g.request(c, 0.0)
-        assert g.status(0.0, [], [])["sharing"] == expected
+def sharing_of(*demands: Demand, g: GpuState | None = None) -> str:
+    g = g or gpu()
+    for n, demand in enumerate(demands, 1):
+        g.report_demand(client(n), demand, 0.0)
+        g.request(client(n), 0.0)
+    return g.status(0.0, [], [])["sharing"]
+
+
+def test_short_bursts_co_run_while_they_fit_in_each_others_pauses():
+    """Two 35 %-busy clients with 12 ms bursts (70 % together) co-run; three take turns (105 %:
+    their bursts must overlap). Long bursts take turns by themselves."""
+    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS) == "corun"
+    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS, SHORT_BURSTS) == "turns"
+    assert sharing_of(LONG_BURSTS, LONG_BURSTS) == "turns"
+
+
+def test_tiny_bursts_are_not_counted_towards_overlap():
+    """2 ms bursts cost about what a hand-over costs: four of them, 120 % together, still co-run."""
+    assert sharing_of(TINY_BURSTS, TINY_BURSTS, TINY_BURSTS, TINY_BURSTS) == "corun"
+
+
+def test_overlapping_bursty_pair_takes_turns_with_hysteresis_and_the_reason_says_so():
+    """A 60 %-busy pair with 5 ms bursts (120 % together) takes turns. In turns a job whose pause
+    follows its step's length reads less busy (the wait lengthens the step); the pair goes back to
+    co-running only below 60 % together, not at once below 100 %."""
+    g = gpu()
+    a, b = client(1), client(2)
+    heavy = Demand(0.6, 0.005, 0.0033)
+    assert sharing_of(heavy, heavy, g=g) == "turns"
+    assert g.takes_turns(1) and g.takes_turns(2)
+    assert "bursts busy 120% together" in g.status(0.0, [], [])["sharing_reason"]
+    g.report_demand(a, Demand(0.4, 0.005, 0.0075), 1.0)          # 100 %, then 80 %: still turns
+    g.report_demand(b, Demand(0.4, 0.005, 0.0075), 1.0)
+    assert g.status(1.0, [], [])["sharing"] == "turns"
+    g.report_demand(a, Demand(0.3, 0.005, 0.012), 2.0)           # 70 %: still turns
+    assert g.status(2.0, [], [])["sharing"] == "turns"
+    actions = g.report_demand(b, Demand(0.25, 0.005, 0.015), 3.0)   # 55 %: co-run
+    assert g.status(3.0, [], [])["sharing"] == "corun"
+    assert not g.takes_turns(1) and not g.takes_turns(2)
+    assert set(g.holders) == {1, 2} and (GRANT, 2) in kinds(actions)   # the waiter joins at once
+    g.report_demand(a, Demand(0.7, 0.005, 0.002), 4.0)           # 95 %: below the entry line
+    assert g.status(4.0, [], [])["sharing"] == "corun"
+    g.report_demand(b, Demand(0.35, 0.005, 0.009), 5.0)          # 105 %: turns again
+    assert g.status(5.0, [], [])["sharing"] == "turns"
+
+
+def test_one_leaving_ends_the_overlap():
+    g = gpu()
+    heavy = Demand(0.6, 0.005, 0.0033)
+    assert sharing_of(heavy, heavy, g=g) == "turns"
+    g.remove_client(2, 1.0)
+    assert not g.takes_turns(1)
+    assert g.status(1.0, [], [])["sharing"] == "corun"
 
 
 def test_memory_that_does_not_fit_ends_co_running():
