@@ -47,7 +47,7 @@ static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
  * early release, as a bursty job does after every pause): the partner's burst then runs in the
  * pause instead of beside the next burst. Seen on the H100 without it (issue 12, 5 ms bursts,
  * 3-12 ms pauses, auto_share turns): the threshold reached its 20 ms cap, holders kept whole
- * 100 ms turns every other time, and the pair ran at 0.92-1.2x serial. A busier job keeps the
+ * 100 ms turns every other time, and such pairs ran at 0.75-1.2x serial. A busier job keeps the
  * adaptive threshold: handing over in every short gap of a compute-bound step costs a hand-over
  * per step. */
 #define BURSTY_PPM 800000u
