@@ -127,10 +127,10 @@ TIMELINE_OF = {"pair": "pair-b30-g20-fixed", "multi": "bursty4-b30-g20-fixed", "
                "interactive": "interactive-1batch"}
 
 
-def arms_of(m: Member, asked: list[str] | None = None) -> list[str]:
-    """The member's arms: the optional ones (the other auto_share policies) on the members flagged
-    for them, or on any member when --arms names them."""
-    return [a for a in ARMS if a not in OPTIONAL_ARMS or m.corun or (asked is not None and a in asked)]
+def arms_of(m: Member) -> list[str]:
+    """The member's arms when --arms does not name them: nvshare-corun only on the members flagged
+    for it, nvshare-turns on none."""
+    return [a for a in ARMS if a != "nvshare-turns" and (a != "nvshare-corun" or m.corun)]
 
 
 # --- the workload program -------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class Family(Harness):
         if arm == "serial":
             return (start + one) * (2 if m.kind == "interactive" else m.jobs)
         est = start + one * max(1.0, m.jobs * m.busy) * 1.2
-        return est + {"mps": 3.0, "nvshare": 1.5, "nvshare-corun": 1.5, "nvshare-turns": 1.5}.get(arm, 0.0)
+        return est + (3.0 if arm == "mps" else 1.5 if arm.startswith("nvshare") else 0.0)
 
     def unit(self, m: Member, arm: str) -> None:
         done = self.results["members"].setdefault(m.name, {})
@@ -613,8 +613,8 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="the members, their part and arms")
     ap.add_argument("--part", default="all")
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
-    ap.add_argument("--arms", help="default: every arm but nvshare-turns; ""nvshare-corun runs on the members flagged for it unless named here; "
-                         "nvshare-turns (auto_share: turns) only where named")
+    ap.add_argument("--arms", help="comma-separated; these arms on every member (default: every arm "
+                    "but nvshare-turns, nvshare-corun only on the members flagged for it)")
     ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
                     "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)
@@ -635,7 +635,7 @@ def main() -> int:
         return 0
     if not args.out:
         ap.error("--out DIR (or --report DIR, or --list)")
-    wanted = args.arms.split(",") if args.arms else [a for a in ARMS if a != "nvshare-turns"]
+    wanted = args.arms.split(",") if args.arms else []
     bad = [a for a in wanted if a not in ARMS]
     if bad:
         ap.error(f"unknown arm(s): {', '.join(bad)}; arms are {', '.join(ARMS)}")
@@ -655,9 +655,8 @@ def main() -> int:
     try:
         fam.calibrate()
         for m in todo:  # the reference first: the budget check of the others needs nothing from it
-            for arm in arms_of(m, wanted if args.arms else None):
-                if arm in wanted:
-                    fam.unit(m, arm)
+            for arm in [a for a in ARMS if a in wanted] if wanted else arms_of(m):
+                fam.unit(m, arm)
             derive(results)
             fam.save()
     except KeyboardInterrupt:

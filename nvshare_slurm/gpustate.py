@@ -460,7 +460,6 @@ class GpuState:
         self.drain.pop(client_id, None)
         self.asked.discard(client_id)
         client = self.clients.pop(client_id, None)
-        self._update_group()
         use = self.usage.pop(client_id, None)
         if client is not None:
             if use:
@@ -481,7 +480,6 @@ class GpuState:
         """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
         self._attach(client)
         self.demand[client.client_id] = demand
-        self._update_group()
         return self._schedule(now)
 
     def takes_turns(self, client_id: int) -> bool:
@@ -496,10 +494,12 @@ class GpuState:
         unknown = sum(1 for cid in self.asked if cid not in self.demand and cid in self.clients)
         return sum(bursty) + unknown if bursty and len(bursty) + unknown >= 2 else 0.0
 
-    def _update_group(self) -> None:
-        """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis."""
+    def _update_group(self) -> float:
+        """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis (kept
+        in group_turns, updated by each adaptive pass). Returns the sum."""
         total = self._bursty_busy()
         self.group_turns = total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
+        return total
 
     def update_settings(self, settings: GpuSettings, now: float) -> list[Action]:
         self.settings = settings
@@ -715,7 +715,7 @@ class GpuState:
         Classes: only the best class among the turn-takers that want the GPU takes turns; worse
         clients wait (a holder among them is dropped at once) until no better one wants it, except
         light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
-        self._update_group()
+        bursty_busy = self._update_group()
         wanting = set(self.queue) | set(self.holders)
         # A busy client between two turns is still busy; one that has not reported yet counts as
         # busy once it has asked for the lock.
@@ -740,7 +740,7 @@ class GpuState:
             self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
             return
         light = len(wanting - takers - outranked)
-        overlap = (f", bursts busy {self._bursty_busy():.0%} together" if self.group_turns
+        overlap = (f", bursts busy {bursty_busy:.0%} together" if self.group_turns
                    and any(self.demand[c].bursty for c in takers if c in self.demand) else "")
         self._share("turns", f"{len(takers)} busy clients take turns" + overlap
                              + (f", {light} light co-run" if light else "") + wait_note)
