@@ -62,6 +62,71 @@ static int read_all(int fd, void *buf, size_t len)
     return 0;
 }
 
+/* Descriptors that came with the daemon's frames (SCM_RIGHTS: only BURST_PAGE carries one), in
+ * order, until the frame they came with is read. Reader thread only. */
+#define MAX_PASSED_FDS 8
+static int passed_fds[MAX_PASSED_FDS];
+static int n_passed_fds;
+
+static void keep_passed_fds(struct msghdr *msg)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *fds = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < n; i++) {
+            if (n_passed_fds < MAX_PASSED_FDS)
+                passed_fds[n_passed_fds++] = fds[i];
+            else
+                close(fds[i]);
+        }
+    }
+}
+
+static int take_passed_fd(void)
+{
+    if (!n_passed_fds)
+        return -1;
+    int fd = passed_fds[0];
+    memmove(passed_fds, passed_fds + 1, (size_t)--n_passed_fds * sizeof(int));
+    return fd;
+}
+
+static void drop_passed_fds(void)
+{
+    while (n_passed_fds)
+        close(passed_fds[--n_passed_fds]);
+}
+
+/* read_all for the reader: keeps the descriptors that come along (closed on exec). */
+static int recv_all(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len) {
+        union {
+            char buf[CMSG_SPACE(MAX_PASSED_FDS * sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {p, len};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n > 0 || msg.msg_controllen)
+            keep_passed_fds(&msg);
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 /* ---- the connection thread ------------------------------------------------------------------ */
 static int connect_daemon(int *err)
 {
@@ -137,6 +202,23 @@ static int register_client(int fd)
 
 static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
 {
+    if (hdr->type == NVSHARE_MSG_BURST_PAGE) {
+        int fd = take_passed_fd();
+        struct nvshare_gpu_event ev;
+        struct nvshare_gpu *g = NULL;
+        if (hdr->length == sizeof ev) {
+            memcpy(&ev, payload, sizeof ev);
+            ev.gpu_uuid[sizeof ev.gpu_uuid - 1] = '\0';
+            g = nvshare_gpu_by_uuid(ev.gpu_uuid);
+        }
+        if (fd < 0 || !g || nvshare_burst_attach(g, fd) != 0) {
+            if (fd >= 0 && !g)
+                close(fd);
+            nvshare_debug("burst page for %s not used (%s)", g ? g->uuid : "another GPU",
+                          fd < 0 ? "no descriptor came with it" : g ? "not a sealed page" : "not this process's");
+        }
+        return;
+    }
     if (hdr->length == sizeof(struct nvshare_gpu_event) &&
         (hdr->type == NVSHARE_MSG_LOCK_GRANT || hdr->type == NVSHARE_MSG_LOCK_CONTENDED ||
          hdr->type == NVSHARE_MSG_DROP_LOCK || hdr->type == NVSHARE_MSG_WAIT_FOR_MEM ||
@@ -234,14 +316,14 @@ static void read_frames(int fd)
         }
         struct nvshare_hdr hdr;
         char payload[4096];
-        if (read_all(fd, &hdr, sizeof hdr) != 0)
+        if (recv_all(fd, &hdr, sizeof hdr) != 0)
             return;
         if (hdr.magic != NVSHARE_MAGIC || hdr.version != NVSHARE_PROTO_VERSION || hdr.length > sizeof payload) {
             nvshare_log("malformed frame from nvshare-scheduler (type %u, %u bytes); reconnecting",
                         hdr.type, hdr.length);
             return;
         }
-        if (read_all(fd, payload, hdr.length) != 0)
+        if (recv_all(fd, payload, hdr.length) != 0)
             return;
         last_heard = nvshare_now_ns();
         heartbeat_sent = 0;
@@ -313,6 +395,7 @@ static void *client_main(void *arg)
         nvshare_on_connection_change(1);
         nvshare_memory_resend();
         read_frames(fd);
+        drop_passed_fds();
         shutdown(fd, SHUT_RDWR);
         nvshare_outbox_link(-1);
         close(fd);
@@ -346,4 +429,5 @@ void nvshare_client_after_fork(void)
 {
     pthread_mutex_init(&start_mu, NULL);
     started = 0;
+    drop_passed_fds();   /* the parent's reader kept them; this process has copies */
 }

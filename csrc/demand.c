@@ -98,8 +98,10 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     /* The real time since the last look: the sampler oversleeps on a loaded CPU. */
     uint64_t since = d->last_sample && now > d->last_sample ? now - d->last_sample : DEMAND_SAMPLE_NS;
     d->last_sample = now;
-    if (!busy && __atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0) {
-        /* Only waiting for the lock: the stretch under way is paused, not lengthened. */
+    if (!busy && (__atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0 ||
+                  atomic_load_explicit(&g->burst_waiting, memory_order_relaxed) > 0)) {
+        /* Only waiting for the lock or a co-runner's burst: the stretch under way is paused, not
+         * lengthened. */
         if (d->seen)
             d->run_start = d->run_start + since < now ? d->run_start + since : now;
         return;
@@ -130,6 +132,10 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     /* For the keeper: idle since at least the first idle sample of the stretch under way. */
     atomic_store_explicit(&g->idle_since_ns, d->busy_now ? 0 : d->run_start, memory_order_relaxed);
     atomic_store_explicit(&g->gap_mean_ns, (uint64_t)d->gap_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->burst_mean_ns, (uint64_t)d->burst_ns, memory_order_relaxed);
+    /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
+    if (!busy && atomic_load_explicit(&g->in_burst, memory_order_relaxed))
+        nvshare_burst_end(g);
     atomic_store_explicit(&g->busy_ppm, (unsigned)(d->busy * 1e6), memory_order_relaxed);
     if (nvshare_outbox_connected())
         report(g, d, now);
@@ -181,4 +187,5 @@ void nvshare_demand_after_fork(void)
         atomic_store(&nvshare_gpus[i].gap_mean_ns, 0);
         atomic_store(&nvshare_gpus[i].busy_ppm, 0);
     }
+    nvshare_burst_after_fork();
 }

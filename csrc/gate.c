@@ -302,6 +302,8 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
     if (g->held && drained) {
         g->held = 0;
         atomic_store(&g->open, 0);
+        atomic_store(&g->burst_armed, 0);
+        nvshare_burst_end(g);
         g->last_release_ns = nvshare_now_ns();
         g->last_release_idle = how == NVSHARE_RELEASE_IDLE;
         nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid,
@@ -475,6 +477,9 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
     g->drop_pending = 0;
     g->granted_ns = nvshare_now_ns();
     g->no_room_until = 0;
+    /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
+    atomic_store(&g->burst_armed, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS) &&
+                                      atomic_load(&g->burst_page) != NULL);
     /* A PREPARE_SWAP_OUT not yet done, or being done, is overtaken by the grant: moving memory
      * out only to bring it back would stall this job (measured: 11 s for 22 GiB, pinning first). */
     int unanswered_ask = g->swap_now_bytes != 0 && !g->swap_busy;
@@ -486,7 +491,8 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
     if (unanswered_ask)
         nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
     nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
-                  flags == NVSHARE_GRANT_SHARED ? "shared" : "exclusive", switch_ms);
+                  !(flags & NVSHARE_GRANT_SHARED) ? "exclusive"
+                  : atomic_load(&g->burst_armed) ? "shared, bursts take turns" : "shared", switch_ms);
 }
 
 static void want_out(struct nvshare_gpu *g, uint64_t bytes)
@@ -574,6 +580,8 @@ void nvshare_on_connection_change(int connected)
             g->swap_in_pending = 0;
             g->swap_out_bytes = 0;
             atomic_store(&g->open, 0);
+            atomic_store(&g->burst_armed, 0);
+            nvshare_burst_end(g);
             if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN)
                 open_gate(g);
         }

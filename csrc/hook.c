@@ -413,8 +413,10 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
         if (sync_gpu_)                                                                           \
             atomic_fetch_add_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
         CUresult sync_rc_ = call;                                                                \
-        if (sync_gpu_)                                                                           \
-            atomic_fetch_sub_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
+        if (sync_gpu_ && atomic_fetch_sub(&sync_gpu_->syncing, 1) == 1 &&                         \
+            atomic_load_explicit(&sync_gpu_->in_burst, memory_order_relaxed) &&                  \
+            atomic_load(&sync_gpu_->inside) == 0)                                                \
+            nvshare_burst_end(sync_gpu_); /* its work is done: a co-runner's burst may begin */  \
         return sync_rc_;                                                                         \
     } while (0)
 

@@ -151,7 +151,16 @@ struct nvshare_gpu {
      * busy now, or nothing seen yet), the mean idle stretch, the busy share. */
     _Atomic uint64_t idle_since_ns;
     _Atomic uint64_t gap_mean_ns;
+    _Atomic uint64_t burst_mean_ns;
     atomic_uint busy_ppm;
+    /* Bursts among co-runners (burst.c): the shared page, armed while co-running (shared grant). */
+    _Atomic(struct nvshare_burst_page *) burst_page;
+    atomic_int burst_armed;
+    atomic_int in_burst;          /* a burst of this process is under way (or waiting to begin) */
+    atomic_int burst_owner;       /* ... and owns the page */
+    atomic_int burst_waiting;     /* threads waiting for another job's burst to end */
+    int burst_timeouts_row;       /* these two: only the thread that began the burst (in_burst) */
+    uint64_t burst_ignore_until;
     atomic_int mode;              /* enum nvshare_gpu_mode */
     /* slow path, under mu */
     pthread_mutex_t mu;
@@ -231,12 +240,29 @@ void nvshare_capture_ended(CUstream stream);
 void nvshare_primary_ctx_retained(CUdevice dev, CUcontext ctx);
 CUcontext nvshare_primary_ctx_gone(CUdevice dev);
 
+/* ---- bursts among co-runners (burst.c) ------------------------------------------------------ */
+/* One page per GPU, shared by the jobs co-running on it; nothing in it is trusted. */
+struct nvshare_burst_page {
+    _Atomic uint32_t owner;       /* the token of the job whose burst runs, 0: none */
+    _Atomic uint32_t seq;         /* futex word: bumped at every burst's end */
+    _Atomic uint32_t waiters;     /* a hint: jobs waiting on seq */
+    uint32_t pad;
+};
+int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
+void nvshare_burst_begin(struct nvshare_gpu *g);
+void nvshare_burst_end(struct nvshare_gpu *g);
+void nvshare_burst_after_fork(void);
+
 /* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
  * Both sides use sequentially consistent atomics, so one of them always sees the other. */
 static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
 {
     if (!g)
         return NULL;
+    if (atomic_load_explicit(&g->burst_armed, memory_order_relaxed) &&
+        !atomic_load_explicit(&g->in_burst, memory_order_relaxed) &&
+        !atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+        nvshare_burst_begin(g);
     for (;;) {
         atomic_fetch_add(&g->inside, 1);
         if (atomic_load(&g->open) && !atomic_load(&g->closing)) {

@@ -45,6 +45,9 @@ enum nvshare_msg_type {
     NVSHARE_MSG_DRAIN_STUCK = 13,           /* c->d  struct nvshare_gpu_event: asked to release, its work there did not finish
                                                within the drain deadline (bytes: ms waited); it still holds the lock */
     NVSHARE_MSG_DEMAND = 14,                /* c->d  struct nvshare_demand: what this process asks of the GPU lately */
+    NVSHARE_MSG_BURST_PAGE = 15,            /* d->c  struct nvshare_gpu_event, with one file descriptor (SCM_RIGHTS): the
+                                               GPU's burst page, a sealed memfd (csrc/burst.c); sent before a grant with
+                                               NVSHARE_GRANT_BURSTS when this connection has not had it */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -71,6 +74,8 @@ enum nvshare_status {
 /* nvshare_gpu_event.flags in LOCK_GRANT */
 #define NVSHARE_GRANT_EXCLUSIVE 0
 #define NVSHARE_GRANT_SHARED 1      /* co-running with other holders (auto mode, memory fits) */
+#define NVSHARE_GRANT_BURSTS 2      /* with SHARED: take turns burst by burst with the other co-runners, through the
+                                       GPU's burst page (if it came) */
 /* nvshare_gpu_event.flags in LOCK_RELEASED */
 #define NVSHARE_RELEASE_DROPPED 0   /* answer to DROP_LOCK */
 #define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */

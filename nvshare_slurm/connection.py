@@ -104,6 +104,8 @@ class Connection(asyncio.Protocol):
         self._eof = False
         self._held = False
         self.accepted_boottime = time.clock_gettime(time.CLOCK_BOOTTIME)
+        self.sock: socket.socket | None = None      # the accepted socket, for send_with_fd
+        self.burst_pages: set[str] = set()          # GPUs whose burst page this peer has
 
     def who(self) -> str:
         if self.info is not None:
@@ -271,6 +273,26 @@ class Connection(asyncio.Protocol):
                                    f"connection from {self.who()}: does not read its socket "
                                    f"({self.queued()} bytes queued); cutting it off")
             self.abort()
+
+    def send_with_fd(self, msg_type: int, fields: dict[str, Any], fd: int) -> bool:
+        """Send one frame with a file descriptor (SCM_RIGHTS) straight on the socket. Only while
+        nothing waits in the transport's buffer, so that frames keep their order; False when it
+        could not go now (the caller tries again later)."""
+        if self.closed or self.transport is None or self.sock is None or self.queued():
+            return False
+        data = proto.encode(msg_type, fields)
+        try:
+            sent = socket.send_fds(self.sock, [data], [fd])
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            self.listener.throttle(("send_fds", self.uid), logging.WARNING,
+                                   f"connection from {self.who()}: cannot pass a file "
+                                   f"descriptor ({exc})")
+            return False
+        if sent < len(data):      # the socket took part of it (and the descriptor): queue the rest
+            self.transport.write(data[sent:])
+        return True
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -448,6 +470,7 @@ class Listener:
         self.loop.create_task(self._attach(conn, sock))
 
     async def _attach(self, conn: Connection, sock: socket.socket) -> None:
+        conn.sock = sock
         try:
             await self.loop.connect_accepted_socket(lambda: conn, sock)
         except Exception as exc:  # noqa: BLE001 - the peer may be gone already

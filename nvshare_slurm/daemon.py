@@ -23,6 +23,7 @@ from typing import Any
 
 from . import __version__, config, log, proto, slurm
 from .accounting import UsageLedger, usage_line
+from .burstpage import BurstPages
 from .gang import GangPolicy
 from .gpustate import (
     CONTENDED,
@@ -98,6 +99,7 @@ class Daemon:
         self._in_gang_pass = False
         self.rogues = RogueTracker()
         self.ledger = UsageLedger()
+        self.burst_pages = BurstPages()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._sharing: dict[str, tuple[str, str]] = {}   # GPU -> (sharing, reason) last logged
@@ -253,11 +255,15 @@ class Daemon:
             conn = client.connection if client is not None else None
             where = f"gpu {gpu.uuid}: {action.client.label()}"
             if action.kind == GRANT:
+                flags = action.flags
+                if conn is not None and action.bursts and self._give_burst_page(conn, gpu.uuid):
+                    flags |= C.NVSHARE_GRANT_BURSTS
                 if conn is not None:
                     conn.send(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": gpu.uuid,
-                                                         "flags": action.flags,
+                                                         "flags": flags,
                                                          "switch_ms": action.value})
-                kind = "shared" if action.flags == C.NVSHARE_GRANT_SHARED else "exclusive"
+                kind = "exclusive" if action.flags == C.NVSHARE_GRANT_EXCLUSIVE else \
+                    "shared, bursts take turns" if flags & C.NVSHARE_GRANT_BURSTS else "shared"
                 self.logger.debug(f"{where}: lock granted ({kind})")
                 if action.bytes:
                     self._warn_now_and_then(
@@ -300,6 +306,22 @@ class Daemon:
         self._gang_pass()
         self._log_sharing(gpu)
         self._arm(gpu)
+
+    def _give_burst_page(self, conn: Connection, uuid: str) -> bool:
+        """Has this connection the GPU's burst page, or can it have it now? Without it the client
+        co-runs as before, and the next such grant tries again."""
+        if uuid in conn.burst_pages:
+            return True
+        try:
+            fd = self.burst_pages.fd(uuid)
+        except OSError as exc:
+            self._warn_now_and_then((uuid, 0, "burst page"), f"gpu {uuid}: cannot make its burst "
+                                    f"page ({log.escape(exc)}): co-runners' bursts overlap")
+            return False
+        if not conn.send_with_fd(C.NVSHARE_MSG_BURST_PAGE, {"gpu_uuid": uuid}, fd):
+            return False
+        conn.burst_pages.add(uuid)
+        return True
 
     def _gang_pass(self) -> None:
         """After every event: gang turns across GPUs (gang.py), then each GPU's timer again."""
@@ -901,6 +923,7 @@ class Daemon:
         if metrics is not None:
             metrics.close()
         self.listener.close()
+        self.burst_pages.close()
         for handle in self._timers.values():
             handle.cancel()
         if self._save_task is not None:

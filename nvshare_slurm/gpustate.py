@@ -116,6 +116,7 @@ class GpuSettings:
     memory_reserve_percent: int = Config.memory_reserve_percent
     max_runtime_sec: int = Config.max_runtime_sec
     drop_grace_sec: float = Config.drop_grace_sec
+    burst_turns: bool = Config.burst_turns
 
     OVERRIDABLE = ("mode", "switch_time_mode", "switch_time_fixed", "memory_reserve_percent",
                    "max_runtime_sec")
@@ -128,7 +129,8 @@ class GpuSettings:
                    switch_time_multiplier=cfg.switch_time_multiplier,
                    switch_time_min=cfg.switch_time_min, swap_bandwidth=cfg.swap_bandwidth,
                    memory_reserve_percent=cfg.memory_reserve_percent,
-                   max_runtime_sec=cfg.max_runtime_sec, drop_grace_sec=cfg.drop_grace_sec)
+                   max_runtime_sec=cfg.max_runtime_sec, drop_grace_sec=cfg.drop_grace_sec,
+                   burst_turns=cfg.burst_turns)
         return replace(base, **{k: v for k, v in (overrides or {}).items()
                                 if k in cls.OVERRIDABLE})
 
@@ -193,6 +195,7 @@ class Action:
     #                           do not fit (granted anyway: nothing more could move)
     reply: MemDecision | None = None   # MEM_REPLY
     token: int = 0            # MEM_REPLY: the seq of the request it answers
+    bursts: bool = False      # GRANT, shared: co-runners take turns burst by burst (burst_turns)
 
 
 @dataclass
@@ -214,6 +217,7 @@ class _Holder:
     client: ClientInfo
     since: float
     shared: bool
+    bursts: bool = False              # shared, and its bursts take turns with the other co-runners'
     contended: bool = False
     drop_at: float | None = None      # when DROP_LOCK was sent
     drop_reason: int = 0
@@ -425,7 +429,8 @@ class GpuState:
         if holder is not None:
             if holder.drop_at is None:   # it lost track of its grant: say it again
                 return [Action(GRANT, client, C.NVSHARE_GRANT_SHARED if holder.shared
-                               else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms())]
+                               else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(),
+                               bursts=holder.bursts)]
             return []
         waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
         if cid not in waiting:
@@ -496,10 +501,16 @@ class GpuState:
 
     def _update_group(self) -> float:
         """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis (kept
-        in group_turns, updated by each adaptive pass). Returns the sum."""
+        in group_turns, updated by each adaptive pass). Returns the sum. With burst_turns they
+        never need to: their bursts take turns among themselves (burst.c)."""
         total = self._bursty_busy()
-        self.group_turns = total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
+        self.group_turns = not self.settings.burst_turns and \
+            total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
         return total
+
+    def _bursts_note(self, corunners: set[int]) -> str:
+        return ", their bursts take turns" if self.settings.burst_turns and len(corunners) >= 2 else ""
+
 
     def update_settings(self, settings: GpuSettings, now: float) -> list[Action]:
         self.settings = settings
@@ -551,13 +562,14 @@ class GpuState:
             and self.fits()
 
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
-               no_room: int = 0) -> None:
+               no_room: int = 0, bursts: bool = False) -> None:
         self.queue.pop(client.client_id, None)
         self.gang_queue.pop(client.client_id, None)
-        self.holders[client.client_id] = _Holder(client, now, shared)
+        bursts = bursts and shared and self.settings.burst_turns
+        self.holders[client.client_id] = _Holder(client, now, shared, bursts)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
-                          else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room))
+                          else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room, bursts=bursts))
 
     def _try_grant(self, client: ClientInfo, now: float, shared: bool,
                    out: list[Action]) -> bool:
@@ -699,11 +711,14 @@ class GpuState:
         holder.unresponsive_reported = False
         return True
 
-    def _corun(self, now: float, out: list[Action], skip: set[int] | None = None) -> None:
+    def _corun(self, now: float, out: list[Action], skip: set[int] | None = None,
+               takers: set[int] | None = None) -> None:
+        """Grant every waiter SHARED. With `takers` (adaptive), the others' bursts take turns."""
         # Everything fits, swapped memory included: each grantee brings its own back.
         for client, _ in list(self.queue.values()):
             if not skip or client.client_id not in skip:
-                self._grant(client, now, True, out)
+                self._grant(client, now, True, out,
+                            bursts=takers is not None and client.client_id not in takers)
         self.contention_since = None
 
     def _share(self, sharing: str, reason: str) -> None:
@@ -733,27 +748,31 @@ class GpuState:
         takers -= outranked
         wait_note = f", {len(outranked)} of a lower class wait" if outranked else ""
         if len(takers) <= 1:
-            self._corun(now, out, skip=outranked)
+            self._corun(now, out, skip=outranked, takers=takers)
+            self._regrant_co_runners(takers, out)
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
             if running and outranked & set(self.queue) and self._leaves_idle_time(running[0], now):
                 self._contend(running[0], out)   # it gives the GPU back once idle
-            self._share("corun", ("at most one busy client" if wanting else "idle") + wait_note)
+            self._share("corun", ("at most one busy client" if wanting else "idle")
+                        + self._bursts_note(wanting - takers - outranked) + wait_note)
             return
         light = len(wanting - takers - outranked)
         overlap = (f", bursts busy {bursty_busy:.0%} together" if self.group_turns
                    and any(self.demand[c].bursty for c in takers if c in self.demand) else "")
         self._share("turns", f"{len(takers)} busy clients take turns" + overlap
-                             + (f", {light} light co-run" if light else "") + wait_note)
+                             + (f", {light} light co-run" if light else "")
+                             + self._bursts_note(wanting - takers - outranked) + wait_note)
         turn_began = self.contention_since    # a co-runner's grant does not restart the turn
         for cid, (client, _) in list(self.queue.items()):
             if cid not in takers and cid not in outranked:
-                self._grant(client, now, True, out)
+                self._grant(client, now, True, out, bursts=True)
         self.contention_since = turn_began
         turn_holders = [h for cid, h in self.holders.items() if cid in takers]
         running = [h for h in turn_holders if h.drop_at is None]
         for holder in running[1:]:
             # A co-runner that became busy while another busy one holds: the oldest keeps its turn.
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+        self._regrant_co_runners(takers, out)
         rivals = [cid for cid in self.queue if cid in takers]
         if not turn_holders and rivals:
             self._try_grant(self.queue[rivals[0]][0], now, False, out)
@@ -774,6 +793,22 @@ class GpuState:
             self.contention_since = now
         if now >= self.contention_since + self.switch_interval():
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+
+    def _regrant_co_runners(self, takers: set[int], out: list[Action]) -> None:
+        """The co-runners (holders that are not turn-takers) take turns burst by burst; the
+        turn-takers do not (a compute-bound job's bursts never end: a light client beside it would
+        wait for them). A holder whose grant says otherwise hears it again with the right flags: one
+        granted while it had not reported yet, one that turned busy or light, one that holds an
+        exclusive grant from turns that are over. Its hook just re-arms."""
+        if not self.settings.burst_turns:
+            return
+        for cid, holder in self.holders.items():
+            bursts = cid not in takers
+            if holder.drop_at is not None or holder.bursts == bursts or (not holder.shared and not bursts):
+                continue
+            holder.shared, holder.bursts = True, bursts
+            out.append(Action(GRANT, holder.client, C.NVSHARE_GRANT_SHARED, self._switch_ms(),
+                              bursts=bursts))
 
     def _light_beside_better(self, client_id: int) -> bool:
         """May this light client of a worse class co-run beside a busy better one?"""

@@ -22,6 +22,11 @@ def gpu(**settings) -> GpuState:
     return GpuState("GPU-adapt", 0, 16 * G, GpuSettings(memory_reserve_percent=0, **settings))
 
 
+def gpu_lock_turns(**settings) -> GpuState:
+    """burst_turns off: bursty co-runners whose bursts overlap take turns of the lock instead."""
+    return gpu(burst_turns=False, **settings)
+
+
 def client(n: int) -> ClientInfo:
     return ClientInfo(n, n, 0, 1000 + n, "user", 0)
 
@@ -118,23 +123,82 @@ def sharing_of(*demands: Demand, g: GpuState | None = None) -> str:
 
 
 def test_short_bursts_co_run_while_they_fit_in_each_others_pauses():
-    """Two 35 %-busy clients with 12 ms bursts (70 % together) co-run; three take turns (105 %:
-    their bursts must overlap). Long bursts take turns by themselves."""
-    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS) == "corun"
-    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS, SHORT_BURSTS) == "turns"
+    """burst_turns off: two 35 %-busy clients with 12 ms bursts (70 % together) co-run; three take
+    turns (105 %: their bursts must overlap). Long bursts take turns by themselves."""
+    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS, g=gpu_lock_turns()) == "corun"
+    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS, SHORT_BURSTS, g=gpu_lock_turns()) == "turns"
+    assert sharing_of(LONG_BURSTS, LONG_BURSTS, g=gpu_lock_turns()) == "turns"
+
+
+def test_bursty_co_runners_take_turns_burst_by_burst_instead_of_the_lock():
+    """The default (burst_turns): three 35 %-busy clients, or a 60 %-busy pair, 105-120 %
+    together, keep co-running, and every grant tells them to take turns burst by burst (the hook
+    does that through the GPU's page, microseconds a hand-over instead of a daemon round trip).
+    Long bursts with long pauses still take turns of the lock by themselves."""
+    g = gpu()
+    assert sharing_of(SHORT_BURSTS, SHORT_BURSTS, SHORT_BURSTS, g=g) == "corun"
+    assert g.status(0.0, [], [])["sharing_reason"] == "at most one busy client, their bursts take turns"
+    assert all(h.shared and h.bursts for h in g.holders.values()) and len(g.holders) == 3
+    g = gpu()
+    heavy = Demand(0.6, 0.005, 0.0033)
+    for n in (1, 2):
+        g.report_demand(client(n), heavy, 0.0)
+        actions = g.request(client(n), 0.0)
+        assert [(a.kind, a.flags, a.bursts) for a in actions] == [(GRANT, SHARED, True)]
+        assert not g.takes_turns(n)
+    assert not [a for a in g.tick(1.0) if a.kind in (DROP, CONTENDED)]
     assert sharing_of(LONG_BURSTS, LONG_BURSTS) == "turns"
+
+
+def test_only_adaptive_co_runners_take_turns_by_burst():
+    """Exclusive turns need no page (the lock is theirs); a light client beside them co-runs
+    with it. auto_share corun and burst_turns off keep plain co-running."""
+    g = gpu()
+    a, b, light = client(1), client(2), client(3)
+    for c in (a, b):
+        g.report_demand(c, BUSY, 0.0)
+    g.report_demand(light, LIGHT, 0.0)
+    first = g.request(a, 0.0)
+    assert [(x.flags, x.bursts) for x in first if x.kind == GRANT] == [(EXCLUSIVE, False)]
+    g.request(b, 0.0)
+    assert [(x.flags, x.bursts) for x in g.request(light, 0.0) if x.kind == GRANT] == [(SHARED, True)]
+    for other in (gpu(auto_share="corun"), gpu_lock_turns()):
+        other.report_demand(light, LIGHT, 0.0)
+        assert [(x.flags, x.bursts) for x in other.request(light, 0.0)] == [(SHARED, False)]
+
+
+def test_holders_hear_their_grant_again_when_their_share_changes():
+    """Granted before its first report, a client holds the grant of a turn-taker; once it reports
+    bursts it hears SHARED | BURSTS (on the H100 without this, the holder of the exclusive grant
+    never took part and a 30 %-busy pair ran in step at 0.92x serial). A co-runner that turns
+    compute-bound hears SHARED alone: its bursts never end, and a light client would wait for them."""
+    g = gpu()
+    a, b = client(1), client(2)
+    g.request(a, 0.0)
+    g.request(b, 0.0)                            # neither has reported: turns, a holds
+    assert not g.holders[1].bursts
+    actions = g.report_demand(a, SHORT_BURSTS, 0.05)   # b, not reported, co-runs beside a
+    assert sorted((x.client.client_id, x.flags, x.bursts) for x in actions if x.kind == GRANT) == \
+        [(1, SHARED, True), (2, SHARED, False)]
+    actions = g.report_demand(b, SHORT_BURSTS, 0.06)
+    assert [(x.client.client_id, x.flags, x.bursts) for x in actions if x.kind == GRANT] == \
+        [(2, SHARED, True)]
+    actions = g.report_demand(a, BUSY, 1.0)
+    assert [(x.client.client_id, x.flags, x.bursts) for x in actions if x.kind == GRANT] == \
+        [(1, SHARED, False)]
+    assert not g.report_demand(b, SHORT_BURSTS, 1.5)   # nothing changed: nothing said again
 
 
 def test_tiny_bursts_are_not_counted_towards_overlap():
     """2 ms bursts cost about what a hand-over costs: four of them, 120 % together, still co-run."""
-    assert sharing_of(TINY_BURSTS, TINY_BURSTS, TINY_BURSTS, TINY_BURSTS) == "corun"
+    assert sharing_of(TINY_BURSTS, TINY_BURSTS, TINY_BURSTS, TINY_BURSTS, g=gpu_lock_turns()) == "corun"
 
 
 def test_overlapping_bursty_pair_takes_turns_with_hysteresis_and_the_reason_says_so():
-    """A 60 %-busy pair with 5 ms bursts (120 % together) takes turns. In turns a job whose pause
-    follows its step's length reads less busy (the wait lengthens the step); the pair goes back to
-    co-running only below 60 % together, not at once below 100 %."""
-    g = gpu()
+    """burst_turns off: a 60 %-busy pair with 5 ms bursts (120 % together) takes turns. In turns
+    a job whose pause follows its step's length reads less busy (the wait lengthens the step); the
+    pair goes back to co-running only below 60 % together, not at once below 100 %."""
+    g = gpu_lock_turns()
     a, b = client(1), client(2)
     heavy = Demand(0.6, 0.005, 0.0033)
     assert sharing_of(heavy, heavy, g=g) == "turns"
@@ -156,7 +220,7 @@ def test_overlapping_bursty_pair_takes_turns_with_hysteresis_and_the_reason_says
 
 
 def test_one_leaving_ends_the_overlap():
-    g = gpu()
+    g = gpu_lock_turns()
     heavy = Demand(0.6, 0.005, 0.0033)
     assert sharing_of(heavy, heavy, g=g) == "turns"
     g.remove_client(2, 1.0)
@@ -232,7 +296,7 @@ def test_daemon_grants_a_light_client_beside_a_busy_holder_and_shows_why(schedul
         sent = time.monotonic()
         step.send(f"request {gpu0}")
         grant = step.expect("grant", gpu=gpu0)
-        assert grant["flags"] == C.NVSHARE_GRANT_SHARED
+        assert grant["flags"] == C.NVSHARE_GRANT_SHARED | C.NVSHARE_GRANT_BURSTS
         assert time.monotonic() - sent < 1.0        # not a turn later: at once
         gpus = scheduler.client().status()["gpus"]
         status = next(g for g in gpus if g["uuid"] == gpu0)

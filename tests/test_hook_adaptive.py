@@ -44,21 +44,16 @@ def test_an_interactive_client_beside_busy_ones_is_not_held_back(hook_lib, sched
     assert f"job 3 step 0 pid {light_pid}: co-runs (busy " in log, log[-3000:]
 
 
-def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib, scheduler,  # noqa: F811
-                                                                         tmp_path, procs):  # noqa: F811
+def overlapping_pair(hook_lib, scheduler, tmp_path, procs):  # noqa: F811
     """Two equal bursty jobs (8 ms of kernels, then 4 ms on the host: 67 % busy each, 133 %
-    together) started together cannot both fit in each other's pauses: they take turns, and the
-    holder gives the GPU back early in each pause (an eighth of its pauses), so each burst runs in
-    the other's pause. Their bursts never overlap, both finish within 15 % of each other, and the
-    pair takes about the GPU time it needs. With the adaptive threshold alone it doubled past the
-    pauses (each early release was followed by a request soon after), holders kept 100 ms turns and
-    the pair took about twice its time alone."""
+    together) started together: they cannot both fit in each other's pauses. Returns the trace
+    rows, each job's span and GPU time needed."""
     trace = tmp_path / "trace"
     steps, burst_ms, pause_ms = 80, 8, 4
     jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2)]
     for job in jobs:
         procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"burst:{burst_ms * 1000}:{steps}:{pause_ms}"],
-                                  job.env))
+                                  dict(job.env, NVSHARE_LOG_LEVEL="debug")))
     for proc in procs:
         finish(proc, timeout=90)
     rows = read_trace(trace)
@@ -71,6 +66,35 @@ def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib
     makespan = (max(lasts) - min(firsts)) / 1e9
     needed = max(steps * (burst_ms + pause_ms), 2 * steps * burst_ms) / 1000
     print(f"spans {spans[0]:.2f} s and {spans[1]:.2f} s, together {makespan:.2f} s, GPU time {needed:.2f} s")
+    return rows, spans, makespan, needed
+
+
+def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, scheduler,  # noqa: F811
+                                                                  tmp_path, procs):  # noqa: F811
+    """The default (burst_turns): the pair co-runs, and each burst waits for the other's to end
+    through the GPU's page (a futex, no daemon round trip): no two bursts overlap after the first
+    few (before the first DEMAND reports they take turns of the lock), both finish within 15 % of
+    each other, and the pair takes within 10 % of the GPU time it needs."""
+    rows, spans, makespan, needed = overlapping_pair(hook_lib, scheduler, tmp_path, procs)
+    assert len(overlaps(rows, GPU0)) <= 4, overlaps(rows, GPU0)[:8]
+    assert max(spans) / min(spans) <= 1.15, spans
+    assert makespan <= 1.10 * needed, (makespan, needed)
+    for proc in procs:
+        assert "lock granted (shared, bursts take turns" in proc.stderr_text, proc.stderr_text[-2000:]
+    status = next(g for g in scheduler.client().status()["gpus"] if g["uuid"] == GPU0)
+    assert status["sharing"] == "corun"
+
+
+def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib, scheduler_factory,  # noqa: F811
+                                                                         tmp_path, procs):  # noqa: F811
+    """burst_turns off: the pair takes turns of the lock, and the holder gives the GPU back early
+    in each pause (an eighth of its pauses), so each burst runs in the other's pause. Their bursts
+    never overlap, both finish within 15 % of each other, and the pair takes about the GPU time it
+    needs. With the adaptive threshold alone it doubled past the pauses (each early release was
+    followed by a request soon after), holders kept 100 ms turns and the pair took about twice its
+    time alone."""
+    scheduler = scheduler_factory(burst_turns=False)
+    rows, spans, makespan, needed = overlapping_pair(hook_lib, scheduler, tmp_path, procs)
     assert overlaps(rows, GPU0) == []
     assert max(spans) / min(spans) <= 1.15, spans
     assert makespan <= 1.25 * needed, (makespan, needed)
