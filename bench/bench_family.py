@@ -14,7 +14,9 @@ every SM busy) calibrated to GPU_MS alone, a cuCtxSynchronize, then a host pause
 Arms, one member after the other and every arm of a member back to back: serial (the jobs one after
 the other, no hook: the reference; interactive: one batch job, then the probe, each alone), colocate
 (no hook), mps (a private MPS control daemon), nvshare (libnvshare.so and a real nvshare-scheduler,
-every setting default) and, on a few members, nvshare-corun (`auto_share: corun`).
+every setting default) and, on a few members, nvshare-corun (`auto_share: corun`). Named with
+--arms: nvshare-turns (`auto_share: turns`) and nvshare-lockturns (`burst_turns: false`: bursty
+co-runners take turns of the lock instead of burst by burst).
 
 Reported per member, as ratios against arms of the same run: the training phase (first step to last
 step) over serial; nvshare against 1.05 x the best of colocate and MPS; compute-bound nvshare against
@@ -58,8 +60,10 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 BEGIN, END = "<!-- bench_family:begin -->", "<!-- bench_family:end -->"
 SMOKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns"]
-OPTIONAL_ARMS = {"nvshare-corun": "corun", "nvshare-turns": "turns"}   # arm: its auto_share
+ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns", "nvshare-lockturns"]
+OPTIONAL_ARMS = {"nvshare-corun": {"auto_share": "corun"},     # arm: its config beside the defaults
+                 "nvshare-turns": {"auto_share": "turns"},
+                 "nvshare-lockturns": {"burst_turns": False}}
 PROBE_EVERY_MS = 100.0
 PROBE_GPU_MS = 1.0
 MIN_STEPS = 10
@@ -129,8 +133,8 @@ TIMELINE_OF = {"pair": "pair-b30-g20-fixed", "multi": "bursty4-b30-g20-fixed", "
 
 def arms_of(m: Member) -> list[str]:
     """The member's arms when --arms does not name them: nvshare-corun only on the members flagged
-    for it, nvshare-turns on none."""
-    return [a for a in ARMS if a != "nvshare-turns" and (a != "nvshare-corun" or m.corun)]
+    for it, nvshare-turns and nvshare-lockturns (burst_turns: false) on none."""
+    return [a for a in ARMS if a not in ("nvshare-turns", "nvshare-lockturns") and (a != "nvshare-corun" or m.corun)]
 
 
 # --- the workload program -------------------------------------------------------------------------
@@ -252,7 +256,7 @@ class Family(Harness):
                 mps = Mps(self.work / f"mps-{m.name}")
                 envs = [mps.client_env(base) for _ in cmds]
             else:
-                extra = {"auto_share": OPTIONAL_ARMS[arm]} if arm in OPTIONAL_ARMS else {}
+                extra = OPTIONAL_ARMS.get(arm, {})
                 sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log",
                                   self.gpus_yaml, extra)
                 registered = [sched.job_env(base) for _ in cmds]
@@ -398,9 +402,14 @@ def table(results: dict) -> list[str]:
     ordered = [n for n in MEMBERS if n in mem]
     bursty = [n for n in ordered if MEMBERS[n].kind in ("pair", "multi", "compute")]
     if bursty:
-        lines += ["| member | jobs | GPU ms alone | busy alone | max/min serial | colocate | MPS | nvshare | "
-                  "corun | nvshare / best | max/min nvshare | nvshare chose | targets |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        # nvshare-lockturns (burst_turns: false) gets a column only where a run has it.
+        shown = ["colocate", "mps", "nvshare", "nvshare-corun"] + (
+            ["nvshare-lockturns"] if any("nvshare-lockturns" in mem[n] for n in bursty) else [])
+        heads = {"nvshare-corun": "corun", "nvshare-lockturns": "lock turns", "mps": "MPS"}
+        lines += ["| member | jobs | GPU ms alone | busy alone | max/min serial | "
+                  + " | ".join(heads.get(a, a) for a in shown)
+                  + " | nvshare / best | max/min nvshare | nvshare chose | targets |",
+                  "|---" * (9 + len(shown)) + "|"]
         for n in bursty:
             arms, m = mem[n], MEMBERS[n]
             ref = arms.get("serial", {})
@@ -408,10 +417,10 @@ def table(results: dict) -> list[str]:
             lines.append("| " + " | ".join([
                 n, str(m.jobs), fmt(ref.get("gpu_ms_alone"), ".1f"), fmt(ref.get("busy_alone"), ".2f"),
                 fmt(ref.get("max_min"), ".3f") if ref.get("status") == "ok" else ref.get("status", "–"),
-                *[cell(arms.get(a)) for a in ("colocate", "mps", "nvshare", "nvshare-corun")],
+                *[cell(arms.get(a)) for a in shown],
                 fmt(nv.get("vs_best"), ".3f"), fmt(nv.get("max_min"), ".3f"), chose(nv),
                 verdict(results.get("targets", {}).get(n, {}))]) + " |")
-        lines += ["", "Columns colocate … corun: the training phase (first step to last) over serial's "
+        lines += ["", f"Columns colocate … {heads[shown[-1]]}: the training phase (first step to last) over serial's "
                   "(the jobs' training phases one after the other, start-ups not counted); below 1 is "
                   "faster than one job after the other. nvshare / best: nvshare over the better of "
                   "colocate and MPS (target ≤ 1.05). max/min serial: the same jobs alone, how far equal "
@@ -614,7 +623,7 @@ def main() -> int:
     ap.add_argument("--part", default="all")
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
     ap.add_argument("--arms", help="comma-separated; these arms on every member (default: every arm "
-                    "but nvshare-turns, nvshare-corun only on the members flagged for it)")
+                    "but nvshare-turns and nvshare-lockturns, nvshare-corun only on the members flagged for it)")
     ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
                     "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)
