@@ -511,7 +511,6 @@ class GpuState:
     def _bursts_note(self, corunners: set[int]) -> str:
         return ", their bursts take turns" if self.settings.burst_turns and len(corunners) >= 2 else ""
 
-
     def update_settings(self, settings: GpuSettings, now: float) -> list[Action]:
         self.settings = settings
         if settings.mode != "serial":
