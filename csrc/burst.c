@@ -13,15 +13,12 @@
  * at most about its own mean burst (BURST_WAIT_FACTOR, at least BURST_WAIT_MIN_NS, at most
  * BURST_WAIT_MAX_NS), then runs beside it as plain co-location would. A job that died or that
  * writes nonsense into the page can so cost another job at most its own burst length per step,
- * what co-running with it would cost anyway. Hot path: one relaxed load in the gate (in_burst).
+ * what co-running with it would cost anyway. Hot path: a relaxed load of burst_armed in the gate
+ * (and of in_burst when armed).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>

@@ -47,21 +47,6 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-static int read_all(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-    while (len) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* Descriptors that came with the daemon's frames (SCM_RIGHTS: only BURST_PAGE carries one), in
  * order, until the frame they came with is read. Reader thread only. */
 #define MAX_PASSED_FDS 8
@@ -99,8 +84,8 @@ static void drop_passed_fds(void)
         close(passed_fds[--n_passed_fds]);
 }
 
-/* read_all for the reader: keeps the descriptors that come along (closed on exec). */
-static int recv_all(int fd, void *buf, size_t len)
+/* Reads len bytes, keeping the descriptors that come along (closed on exec). */
+static int read_all(int fd, void *buf, size_t len)
 {
     char *p = buf;
     while (len) {
@@ -316,14 +301,14 @@ static void read_frames(int fd)
         }
         struct nvshare_hdr hdr;
         char payload[4096];
-        if (recv_all(fd, &hdr, sizeof hdr) != 0)
+        if (read_all(fd, &hdr, sizeof hdr) != 0)
             return;
         if (hdr.magic != NVSHARE_MAGIC || hdr.version != NVSHARE_PROTO_VERSION || hdr.length > sizeof payload) {
             nvshare_log("malformed frame from nvshare-scheduler (type %u, %u bytes); reconnecting",
                         hdr.type, hdr.length);
             return;
         }
-        if (recv_all(fd, payload, hdr.length) != 0)
+        if (read_all(fd, payload, hdr.length) != 0)
             return;
         last_heard = nvshare_now_ns();
         heartbeat_sent = 0;
