@@ -746,6 +746,7 @@ class GpuState:
                 self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
         takers -= outranked
         wait_note = f", {len(outranked)} of a lower class wait" if outranked else ""
+        co_runners = wanting - takers - outranked
         if len(takers) <= 1:
             self._corun(now, out, skip=outranked, takers=takers)
             self._regrant_co_runners(takers, out)
@@ -753,14 +754,14 @@ class GpuState:
             if running and outranked & set(self.queue) and self._leaves_idle_time(running[0], now):
                 self._contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle")
-                        + self._bursts_note(wanting - takers - outranked) + wait_note)
+                        + self._bursts_note(co_runners) + wait_note)
             return
-        light = len(wanting - takers - outranked)
+        light = len(co_runners)
         overlap = (f", bursts busy {bursty_busy:.0%} together" if self.group_turns
                    and any(self.demand[c].bursty for c in takers if c in self.demand) else "")
         self._share("turns", f"{len(takers)} busy clients take turns" + overlap
                              + (f", {light} light co-run" if light else "")
-                             + self._bursts_note(wanting - takers - outranked) + wait_note)
+                             + self._bursts_note(co_runners) + wait_note)
         turn_began = self.contention_since    # a co-runner's grant does not restart the turn
         for cid, (client, _) in list(self.queue.items()):
             if cid not in takers and cid not in outranked:
