@@ -48,6 +48,10 @@ enum nvshare_msg_type {
     NVSHARE_MSG_BURST_PAGE = 15,            /* d->c  struct nvshare_gpu_event, with one file descriptor (SCM_RIGHTS): the
                                                GPU's burst page, a sealed memfd (csrc/burst.c); sent before a grant with
                                                NVSHARE_GRANT_BURSTS when this connection has not had it */
+    NVSHARE_MSG_HANDOFF = 16,               /* d->c  struct nvshare_gpu_event (flags: NVSHARE_HANDOFF_*), with one file
+                                               descriptor (SCM_RIGHTS): an eventfd that the holder told DROP_LOCK writes
+                                               once drained and the next holder waits on (docs/protocol.md "Hand-over");
+                                               advisory: the next holder's LOCK_GRANT follows as always */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -81,6 +85,9 @@ enum nvshare_status {
 #define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */
 #define NVSHARE_RELEASE_SWAPPED 2   /* memory was swapped out (bytes says how much) */
 #define NVSHARE_RELEASE_NO_ROOM 4   /* granted, but its swapped memory could not be brought back */
+/* nvshare_gpu_event.flags in HANDOFF */
+#define NVSHARE_HANDOFF_FROM 1      /* to the holder, before its DROP_LOCK: write the eventfd once drained */
+#define NVSHARE_HANDOFF_TO 2        /* to the next holder: the eventfd written means the GPU is free for it */
 /* nvshare_gpu_event.switch_ms in DROP_LOCK: why */
 #define NVSHARE_DROP_TIMESLICE 1
 #define NVSHARE_DROP_MAX_RUNTIME 2

@@ -68,6 +68,7 @@ class Config:
     scheduling_mode: str = "auto"
     auto_share: str = "adaptive"           # auto while memory fits: adaptive | turns | corun
     burst_turns: bool = True               # adaptive: co-runners' bursts take turns (shared page)
+    turn_handoff: bool = True              # an exclusive turn passes holder to holder by an eventfd
     switch_time_mode: str = "auto"
     switch_time_fixed: float = 10.0        # seconds, with switch_time_mode: fixed
     switch_time_multiplier: float = 20.0   # auto: interval = multiplier x time to move a switch's bytes

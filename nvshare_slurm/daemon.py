@@ -29,6 +29,7 @@ from .gpustate import (
     CONTENDED,
     DROP,
     GRANT,
+    HANDOFF,
     MEM_REPLY,
     SWAP_OUT,
     SWAP_UNANSWERED,
@@ -300,12 +301,40 @@ class Daemon:
                                         f"{self.cfg.drop_grace_sec:g}s); the driver decides")
                 else:
                     self.logger.debug(f"{where}: allocation answered after waiting for room")
+            elif action.kind == HANDOFF and action.source is not None:
+                self._hand_over(gpu, action.source, action.client, conn)
             elif action.kind == UNRESPONSIVE:
                 self._unresponsive(gpu, action.client)
         self.ledger.observe(gpu, self.now())
         self._gang_pass()
         self._log_sharing(gpu)
         self._arm(gpu)
+
+    def _hand_over(self, gpu: GpuState, holder: ClientInfo, successor: ClientInfo,
+                   successor_conn: Connection | None) -> None:
+        """HANDOFF: one new eventfd to the holder (before its DROP_LOCK) and to its successor, and
+        to nobody else. The holder's hook writes it once its work is drained; the successor's
+        hook, waiting for the lock, starts on it. Both messages are advice: where one cannot go
+        (a peer's output is queued, it has gone), the successor waits for its grant as before."""
+        entry = self.registry.clients.get(holder.client_id)
+        holder_conn = entry.connection if entry is not None else None
+        if holder_conn is None or successor_conn is None:
+            return
+        try:
+            fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except OSError as exc:
+            self._warn_now_and_then((gpu.uuid, 0, "eventfd"), f"gpu {gpu.uuid}: cannot make an "
+                                    f"eventfd ({log.escape(exc)}): turns pass through grants")
+            return
+        try:
+            sent = holder_conn.send_with_fd(C.NVSHARE_MSG_HANDOFF, {
+                "gpu_uuid": gpu.uuid, "flags": C.NVSHARE_HANDOFF_FROM}, fd) and \
+                successor_conn.send_with_fd(C.NVSHARE_MSG_HANDOFF, {
+                    "gpu_uuid": gpu.uuid, "flags": C.NVSHARE_HANDOFF_TO}, fd)
+        finally:
+            os.close(fd)
+        self.logger.debug(f"gpu {gpu.uuid}: {holder.label()}: its turn passes to "
+                          f"{successor.label()} {'by hand-over' if sent else 'by grant'}")
 
     def _give_burst_page(self, conn: Connection, uuid: str) -> bool:
         """Has this connection the GPU's burst page, or can it have it now? Without it the client

@@ -50,6 +50,7 @@ MSG_STRUCT: dict[int, str] = {
     C.NVSHARE_MSG_DRAIN_STUCK: "struct nvshare_gpu_event",
     C.NVSHARE_MSG_DEMAND: "struct nvshare_demand",
     C.NVSHARE_MSG_BURST_PAGE: "struct nvshare_gpu_event",   # with the page's fd (SCM_RIGHTS)
+    C.NVSHARE_MSG_HANDOFF: "struct nvshare_gpu_event",      # with an eventfd (SCM_RIGHTS)
     C.NVSHARE_MSG_JOB_REGISTER: "struct nvshare_job_register",
     C.NVSHARE_MSG_JOB_UNREGISTER: "struct nvshare_job_id",
     C.NVSHARE_MSG_JOB_QUERY: "struct nvshare_job_id",

@@ -16,8 +16,8 @@ import re
 DEFAULT_PATH = "/etc/nvshare/nvshare.yaml"      # config.DEFAULT_PATH
 # config.Config's fields; a test keeps the two equal. A key missing here only costs the slow path.
 KEYS = frozenset((
-    "scheduling_mode", "auto_share", "burst_turns", "switch_time_mode", "switch_time_fixed",
-    "switch_time_multiplier", "switch_time_min", "swap_bandwidth", "swap",
+    "scheduling_mode", "auto_share", "burst_turns", "turn_handoff", "switch_time_mode",
+    "switch_time_fixed", "switch_time_multiplier", "switch_time_min", "swap_bandwidth", "swap",
     "memory_reserve_percent", "max_runtime_sec", "idle_release_ms", "drop_grace_sec",
     "unresponsive_holder", "socket", "state_dir", "slurm_user", "slurm_bin_dir", "on_daemon_loss",
     "rogue_process", "rogue_check_sec", "max_connections_per_uid", "node_name", "log_level",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, ClientInfo, Demand, GpuSettings,
-                                    GpuState)
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, Demand,
+                                    GpuSettings, GpuState)
 from nvshare_slurm.proto import C
 
 G = 1 << 30
@@ -47,7 +47,7 @@ def test_defaults_are_adaptive_with_turns_of_tens_of_milliseconds():
     g.request(busy_b, 0.0)
     assert g.switch_interval() <= 0.1            # memory fits: a turn is never seconds
     assert g.next_deadline() == pytest.approx(0.1)   # switch_time_min, the shipped config's
-    assert kinds(g.tick(0.1)) == [(DROP, 1)]
+    assert kinds(g.tick(0.1)) == [(HANDOFF, 2), (DROP, 1)]   # b starts once a is drained
 
 
 def test_an_interactive_client_beside_a_busy_holder_is_granted_at_once():
@@ -78,7 +78,7 @@ def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
     assert status["sharing"] == "turns"
     assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
     drop = g.tick(0.1 + g.switch_interval())
-    assert kinds(drop) == [(DROP, 1)] and drop[0].value == C.NVSHARE_DROP_TIMESLICE
+    assert kinds(drop) == [(HANDOFF, 2), (DROP, 1)] and drop[1].value == C.NVSHARE_DROP_TIMESLICE
     assert grants(g.release(1, 0.16)) == [(2, EXCLUSIVE)]    # busy b: the next turn
     actions = g.request(a, 0.17)                             # a wants its next turn
     assert grants(actions) == [] and (CONTENDED, 2) in kinds(actions)
@@ -96,7 +96,7 @@ def test_a_co_runner_that_becomes_busy_gets_its_turn_after_the_current_one():
     assert kinds(actions) == [(DROP, 2)]                     # the newer busy one gives way
     assert grants(g.release(2, 2.01)) == []
     assert grants(g.request(b, 2.02)) == [] and 2 in g.queue
-    assert kinds(g.tick(g.next_deadline()))[0] == (DROP, 1)  # then a's turn ends: b's turn
+    assert kinds(g.tick(g.next_deadline())) == [(HANDOFF, 2), (DROP, 1)]   # then b's turn
 
 
 def test_a_waiter_whose_demand_turns_light_is_granted_at_once():

@@ -93,6 +93,7 @@ KEYS = {
     "scheduling_mode": ("Serial", "serial", ["fast", 1, "", None]),
     "auto_share": ("CoRun", "corun", ["both", 1, "", None]),
     "burst_turns": (False, False, ["sometimes", 2, 0.0, "", ["off"], None]),
+    "turn_handoff": ("off", False, ["later", 2, 1.0, "", ["on"], None]),
     "switch_time_mode": ("fixed", "fixed", ["sometimes", True]),
     "switch_time_fixed": ("2.5", 2.5, [0, -1, 86401, "ten", "nan", [1]]),
     "switch_time_multiplier": (5, 5.0, [0.5, 10001, "x"]),

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, SWAP_OUT, UNRESPONSIVE, ClientInfo,
-                                    GpuSettings, GpuState)
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
+                                    ClientInfo, GpuSettings, GpuState)
 
 G = 1 << 30
 
@@ -321,7 +321,7 @@ def test_a_stuck_single_gpu_holder_keeps_its_turn_and_is_not_unresponsive_while_
     node = Node()
     node.client(30, 3, 0), node.client(31, 5, 0)
     node.request(30, 0.0), node.request(31, 0.1)
-    assert node.tick(1.1) == [(DROP, 30)]
+    assert node.tick(1.1) == [(HANDOFF, 31), (DROP, 30)]
     note = node.stuck(30, 2.0)
     assert "keeps the GPU" in note
     assert node.tick(5.1) == []                                # grace runs from the report

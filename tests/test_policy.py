@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED,
-                                    UNRESPONSIVE, ClientInfo, GpuSettings, GpuState)
+from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
+                                    SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo, GpuSettings,
+                                    GpuState)
 from nvshare_slurm.proto import C
 
 G = 1 << 30
@@ -41,7 +42,8 @@ def test_concurrent_fifo_contention_and_timeslice():
     assert g.next_deadline() == 11.0                           # one interval from the first wait
     assert g.tick(10.9) == []
     drop = g.tick(11.0)
-    assert kinds(drop) == [(DROP, 1)] and drop[0].value == C.NVSHARE_DROP_TIMESLICE
+    assert kinds(drop) == [(HANDOFF, 2), (DROP, 1)] and drop[1].value == C.NVSHARE_DROP_TIMESLICE
+    assert drop[0].source is a                                 # b starts when a is drained
     grant = g.release(1, 11.5)
     assert kinds(grant) == [(GRANT, 2), (CONTENDED, 2)]        # FIFO: b before c; c still waits
     assert grant[0].flags == C.NVSHARE_GRANT_EXCLUSIVE and grant[0].value == 10_000
@@ -473,3 +475,71 @@ def test_disconnect_ends_asks_and_frees_the_room():
     # the asked client exits, taking its memory with it: the head fits now
     assert moves(g.remove_client(1, 1)) == [(GRANT, 2, 0)]
     assert g.swap_asked == {} and g.job_allocated == {} and g.job_swapped == {2: 10 * G}
+
+
+# --- hand-over between exclusive turns (HANDOFF) -------------------------------------------------
+
+def test_a_turn_that_moves_no_memory_passes_by_hand_over_and_the_successor_holds_next():
+    g = gpu()
+    a, b, c = client(1), client(2), client(3)
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    g.request(c, 2.0)
+    actions = g.tick(11.0)
+    assert kinds(actions) == [(HANDOFF, 2), (DROP, 1)]       # told before the holder's DROP_LOCK
+    assert actions[0].source is a and g.handoff == (1, 2)
+    assert kinds(g.release(1, 11.001)) == [(GRANT, 2), (CONTENDED, 2)]
+    assert g.handoff is None and g.next_deadline() == pytest.approx(21.001)
+
+
+def test_the_successor_holds_next_even_when_a_better_class_came_meanwhile():
+    # b may run already (a's hook signalled it when drained): the daemon's view must say so, and
+    # the better class then takes the GPU from b as from any holder.
+    g = gpu()
+    a, b = client(1), client(2)
+    high = ClientInfo(3, 3, 0, 1003, "user", 0, "high")
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    assert kinds(g.tick(11.0)) == [(HANDOFF, 2), (DROP, 1)]
+    g.request(high, 11.0005)
+    assert next(iter(g.queue)) == 3                          # queued ahead of b
+    actions = g.release(1, 11.001)
+    assert kinds(actions)[0] == (GRANT, 2) and actions[0].flags == C.NVSHARE_GRANT_EXCLUSIVE
+    assert (DROP, 2) in kinds(actions) and (HANDOFF, 3) in kinds(actions)
+
+
+def test_a_holder_that_dies_after_its_hand_over_still_passes_the_turn():
+    g = gpu()
+    a, b, c = client(1), client(2), client(3)
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    g.request(c, 1.5)
+    g.tick(11.0)
+    assert kinds(g.remove_client(1, 11.001)) == [(GRANT, 2), (CONTENDED, 2)]
+    assert g.handoff is None
+
+
+def test_a_successor_that_leaves_cancels_the_hand_over():
+    g = gpu()
+    a, b, c = client(1), client(2), client(3)
+    g.request(a, 0.0)
+    g.request(b, 1.0)
+    g.tick(11.0)
+    g.request(c, 11.0)
+    assert g.remove_client(2, 11.0005) == [] and g.handoff is None
+    assert kinds(g.release(1, 11.001)) == [(GRANT, 3)]
+
+
+def test_no_hand_over_when_the_switch_moves_memory_or_it_is_off():
+    g = gpu()                                                 # a must move 4G out for b
+    a, b = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 10 * G, 2 * G, 0)
+    g.mem_update(b, 0, 0, 0, 10 * G)
+    g.request(b, 1)
+    assert kinds(g.tick(11.0)) == [(DROP, 1)] and g.handoff is None
+    g = gpu(turn_handoff=False)
+    g.request(a, 0)
+    g.request(b, 1)
+    assert kinds(g.tick(11.0)) == [(DROP, 1)] and g.handoff is None
+    assert kinds(g.release(1, 11.001)) == [(GRANT, 2)]
