@@ -47,8 +47,8 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-/* Descriptors that came with the daemon's frames (SCM_RIGHTS: only BURST_PAGE carries one), in
- * order, until the frame they came with is read. Reader thread only. */
+/* Descriptors that came with the daemon's frames (SCM_RIGHTS: BURST_PAGE and HANDOFF carry one), in
+ * order, until the frame they came with is dispatched. Reader thread only. */
 #define MAX_PASSED_FDS 8
 static int passed_fds[MAX_PASSED_FDS];
 static int n_passed_fds;
@@ -187,6 +187,21 @@ static int register_client(int fd)
 
 static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
 {
+    if (hdr->type == NVSHARE_MSG_HANDOFF) {
+        int fd = take_passed_fd();
+        struct nvshare_gpu_event ev;
+        struct nvshare_gpu *g = NULL;
+        if (hdr->length == sizeof ev) {
+            memcpy(&ev, payload, sizeof ev);
+            ev.gpu_uuid[sizeof ev.gpu_uuid - 1] = '\0';
+            g = nvshare_gpu_by_uuid(ev.gpu_uuid);
+        }
+        if (fd >= 0 && g)
+            nvshare_on_handoff(g, ev.flags, fd);   /* takes the descriptor */
+        else if (fd >= 0)
+            close(fd);
+        return;
+    }
     if (hdr->type == NVSHARE_MSG_BURST_PAGE) {
         int fd = take_passed_fd();
         struct nvshare_gpu_event ev;
@@ -313,6 +328,7 @@ static void read_frames(int fd)
         last_heard = nvshare_now_ns();
         heartbeat_sent = 0;
         dispatch(&hdr, payload);
+        drop_passed_fds();   /* a frame's descriptors are its own: none outlives its dispatch */
     }
 }
 

@@ -12,11 +12,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nvshare_hook.h"
 
@@ -25,6 +28,98 @@
  * 100 ms threshold for good and never gave the GPU up in its 91 ms pauses. A hand-over without swap
  * costs well under a millisecond, so erring towards giving back early is cheap. */
 #define IDLE_MAX_NS 20000000ull      /* 20 ms */
+
+/* ---- hand-over between exclusive turns ------------------------------------------------------ */
+/* When an exclusive turn ends and the switch moves no memory, the daemon gives the holder and its
+ * successor one eventfd (HANDOFF) before the holder's DROP_LOCK. The holder's drainer writes it the
+ * moment its work is done; the successor, waiting for the lock, starts on it rather than after the
+ * daemon's round trip (LOCK_RELEASED, then LOCK_GRANT, which still comes and then changes nothing).
+ * Only those two processes and the daemon have the eventfd. A holder that wrote it early would have
+ * its successor run beside its drain: no worse than that holder bypassing the hook. */
+#define HANDOFF_POLL_MS 50    /* a waiting thread looks at the lock's state again after this */
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+static void signal_fd(int fd)
+{
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+}
+
+/* With g->mu held: the GPU is free for the successor (the holder's work drained). */
+static void handoff_signal(struct nvshare_gpu *g)
+{
+    if (g->handoff_out_fd < 0)
+        return;
+    signal_fd(g->handoff_out_fd);
+    close_fd(&g->handoff_out_fd);
+    nvshare_debug("gpu %s: drained; the next holder may start (hand-over)", g->uuid);
+}
+
+/* With g->mu held: forget the hand-over we wait for; a thread polling a copy of it wakes up. */
+static void handoff_forget(struct nvshare_gpu *g)
+{
+    if (g->handoff_in_fd < 0)
+        return;
+    if (g->handoff_polling)
+        signal_fd(g->handoff_in_fd);
+    close_fd(&g->handoff_in_fd);
+}
+
+static void open_gate(struct nvshare_gpu *g);
+static void ensure_keeper(struct nvshare_gpu *g);
+
+/* With g->mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
+ * memory must come back first, which the grant arranges: then we wait for it. */
+static void handoff_take(struct nvshare_gpu *g)
+{
+    struct nvshare_mem_numbers numbers;
+    nvshare_mem_numbers(g, &numbers);
+    if (g->held || !g->requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->swap_busy ||
+        !nvshare_outbox_connected())
+        return;
+    ensure_keeper(g);
+    atomic_store(&g->mode, GPU_GATED);
+    g->held = 1;
+    g->contended = 0;
+    g->drop_pending = 0;
+    g->granted_ns = nvshare_now_ns();
+    g->no_room_until = 0;
+    atomic_store(&g->burst_armed, 0);
+    open_gate(g);
+    nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
+}
+
+/* With g->mu held; returns with it held. Polls a copy of handoff_in_fd, so that the reader thread
+ * may forget it meanwhile (and write it to wake us). */
+static void wait_for_handoff(struct nvshare_gpu *g)
+{
+    unsigned gen = g->handoff_gen;
+    int fd = fcntl(g->handoff_in_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        close_fd(&g->handoff_in_fd);
+        return;
+    }
+    g->handoff_polling = 1;
+    pthread_mutex_unlock(&g->mu);
+    struct pollfd p = {fd, POLLIN, 0};
+    uint64_t value;
+    int fired = poll(&p, 1, HANDOFF_POLL_MS) > 0 && read(fd, &value, sizeof value) == (ssize_t)sizeof value;
+    close(fd);
+    pthread_mutex_lock(&g->mu);
+    g->handoff_polling = 0;
+    if (fired && gen == g->handoff_gen && g->handoff_in_fd >= 0) {
+        close_fd(&g->handoff_in_fd);
+        handoff_take(g);
+    }
+}
 
 /* ---- waiting for the lock ------------------------------------------------------------------- */
 static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
@@ -93,6 +188,10 @@ void nvshare_gate_wait(struct nvshare_gpu *g)
                 g->request_seq = seq;
                 nvshare_debug("gpu %s: lock requested", g->uuid);
             }
+        }
+        if (g->handoff_in_fd >= 0 && !g->handoff_polling && !g->held) {
+            wait_for_handoff(g);
+            continue;
         }
         pthread_cond_wait(&g->waiters_cv, &g->mu);
     }
@@ -187,6 +286,8 @@ static void *drainer_main(void *arg)
         pthread_mutex_unlock(&g->mu);
         CUresult rc = drain_now(g);
         pthread_mutex_lock(&g->mu);
+        if (rc == CUDA_SUCCESS && g->handoff_on_drain)
+            handoff_signal(g);   /* here, not in the keeper: one thread wake-up less at the switch */
         g->drain_rc = rc;
         g->drain_state = DRAIN_DONE;
         pthread_cond_broadcast(&g->keeper_cv);
@@ -296,10 +397,13 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
     atomic_store(&g->closing, 1);
     uint64_t want = g->swap_out_bytes;
     g->swap_out_bytes = 0;
+    g->handoff_on_drain = want == 0;
     int drained = drain_with_deadline(g) == 0;
+    g->handoff_on_drain = 0;
     atomic_store(&g->swap_abort, 0);  /* still holding: no grant can overtake this one */
     uint64_t moved = drained ? swap_out_unlocked(g, want) : 0;
     if (g->held && drained) {
+        handoff_signal(g);   /* after moving memory out, if it had to */
         g->held = 0;
         atomic_store(&g->open, 0);
         atomic_store(&g->burst_armed, 0);
@@ -477,6 +581,7 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
     g->drop_pending = 0;
     g->granted_ns = nvshare_now_ns();
     g->no_room_until = 0;
+    handoff_forget(g);
     /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
     atomic_store(&g->burst_armed, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS) &&
                                       atomic_load(&g->burst_page) != NULL);
@@ -542,6 +647,25 @@ void nvshare_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
     pthread_mutex_unlock(&g->mu);
 }
 
+void nvshare_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd)
+{
+    pthread_mutex_lock(&g->mu);
+    if (role == NVSHARE_HANDOFF_FROM && g->held) {
+        close_fd(&g->handoff_out_fd);
+        g->handoff_out_fd = fd;
+        fd = -1;
+    } else if (role == NVSHARE_HANDOFF_TO && !g->held && g->requested) {
+        handoff_forget(g);
+        g->handoff_in_fd = fd;
+        g->handoff_gen++;
+        fd = -1;
+        pthread_cond_broadcast(&g->waiters_cv);   /* a waiting thread starts to poll it */
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (fd >= 0)
+        close(fd);   /* not for us now (released meanwhile, or granted already) */
+}
+
 /* A REPLY to LOCK_REQUEST: this GPU is not the daemon's, or not this job's. Never block on it. */
 void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *message)
 {
@@ -582,6 +706,8 @@ void nvshare_on_connection_change(int connected)
             atomic_store(&g->open, 0);
             atomic_store(&g->burst_armed, 0);
             nvshare_burst_end(g);
+            handoff_forget(g);
+            close_fd(&g->handoff_out_fd);
             if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN)
                 open_gate(g);
         }
@@ -620,6 +746,10 @@ void nvshare_gate_after_fork(void)
         g->swap_out_bytes = g->swap_now_bytes = g->no_room_until = 0;
         g->keeper_running = 0;
         g->drainer_running = 0;
+        /* Copies of the parent's hand-over eventfds: not this process's to write or wait on. */
+        close_fd(&g->handoff_in_fd);
+        close_fd(&g->handoff_out_fd);
+        g->handoff_polling = g->handoff_on_drain = 0;
         g->drain_state = DRAIN_IDLE;
         atomic_store(&g->captures, 0);
         g->last_release_idle = 0;

@@ -91,6 +91,7 @@ static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
         g->device = dev;
         g->vmm = -1;
         nvshare_gpu_init_sync(g);
+        g->handoff_out_fd = g->handoff_in_fd = -1;
         uint32_t us = nvshare_outbox_idle_release_us();
         g->idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(uuid);

@@ -188,6 +188,12 @@ struct nvshare_gpu {
     uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */
     int swap_in_pending;          /* granted with memory in host memory: bring it back, then open */
     uint64_t no_room_until;       /* swap-in failed for lack of GPU memory: ask again after this */
+    /* Hand-over between exclusive turns (HANDOFF, gate.c): eventfds shared with one other process. */
+    int handoff_out_fd;           /* holding: write it once drained (-1: none) */
+    int handoff_in_fd;            /* waiting: the holder writes it when the GPU is ours (-1: none) */
+    unsigned handoff_gen;         /* bumped with every new handoff_in_fd */
+    int handoff_polling;          /* a waiting thread polls (a copy of) handoff_in_fd */
+    int handoff_on_drain;         /* this release moves nothing: the drainer writes handoff_out_fd */
     /* memory, under memory.c's mutex */
     uint64_t allocated;           /* every byte this process allocated here: resident + swapped */
     CUmemoryPool pools[NVSHARE_MAX_POOLS];  /* stream-ordered pools on this GPU */
@@ -290,6 +296,8 @@ void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
 void nvshare_on_contended(struct nvshare_gpu *g, uint64_t bytes);
 void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
 void nvshare_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+/* HANDOFF (NVSHARE_HANDOFF_FROM or _TO) with its eventfd, which the gate then owns. */
+void nvshare_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd);
 void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *message);
 void nvshare_on_connection_change(int connected);
 void nvshare_gates_open_all(const char *why);
