@@ -14,11 +14,16 @@
  *
  *   burst --calibrate [--kernel-ms 1]
  *   burst --ipm N --gpu-ms G [--kernel-ms 1] (--host-ms H | --host-ratio R) (--steps S | --seconds T)
- *         [--start-delay SECONDS]
+ *         [--start-delay SECONDS] [--gpu-times]
  *
  * Prints one JSON line: each step's start and end (epoch seconds, as time.time()), its burst's
  * latency in ms (issue to synchronise, what an interactive user waits), and the start-up time.
- * Build: cc -O2 -std=gnu11 -I csrc -o burst tests/gpu/burst.c -ldl
+ * --gpu-times adds "gpu_kernels": [[start_ns, end_ns], ...], each measured-step kernel's first block
+ * start and last block end in %globaltimer, one clock for every context on the GPU, so two jobs'
+ * kernels show how long the GPU sat idle when it passed from one to the other. The first
+ * MAX_TIMED_LAUNCHES launches are recorded; "gpu_kernels_unrecorded" counts the rest, and those a
+ * driver did not run as PTX (the fake driver of tests/c: no kernel times there).
+ * Build: cc -O2 -std=gnu11 -I csrc -o burst tests/gpu/burst.c -ldl -lm
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -31,14 +36,20 @@
 
 #include "cuda_subset.h"
 
-/* FMA-bound: four independent chains per thread, so the SMs' FMA pipes, not latency, set the pace. */
+/* FMA-bound: four independent chains per thread, so the SMs' FMA pipes, not latency, set the pace.
+ * times: 0, or this launch's {start, end} slot; thread 0 of each block folds its block's start and
+ * end into it (min, max), so the slot ends up as the kernel's first start and last end. times is the
+ * same for the whole grid, so the branch around the barrier never diverges. */
 static const char PTX[] =
     ".version 7.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry sleep(.param .u64 iters, .param .u64 out)\n{\n"
-    "  .reg .pred p;\n  .reg .f32 a<4>, b, c;\n  .reg .u64 i, n, addr, off;\n"
+    ".visible .entry sleep(.param .u64 iters, .param .u64 out, .param .u64 times)\n{\n"
+    "  .reg .pred p, timed, lead;\n  .reg .f32 a<4>, b, c;\n  .reg .u64 i, n, addr, off, slot, t;\n"
     "  .reg .u32 tid, ntid, ctaid, gid;\n"
+    "  mov.u32 tid, %tid.x;\n  ld.param.u64 slot, [times];\n  setp.ne.u64 timed, slot, 0;\n"
+    "  setp.eq.and.u32 lead, tid, 0, timed;\n  @lead mov.u64 t, %globaltimer;\n"
+    "  cvta.to.global.u64 slot, slot;\n  @lead red.global.min.u64 [slot], t;\n"
     "  ld.param.u64 n, [iters];\n  ld.param.u64 addr, [out];\n  cvta.to.global.u64 addr, addr;\n"
-    "  mov.u32 tid, %tid.x;\n  mov.u32 ntid, %ntid.x;\n  mov.u32 ctaid, %ctaid.x;\n"
+    "  mov.u32 ntid, %ntid.x;\n  mov.u32 ctaid, %ctaid.x;\n"
     "  mad.lo.u32 gid, ctaid, ntid, tid;\n"
     "  cvt.rn.f32.u32 a0, gid;\n  add.f32 a1, a0, 0f3F800000;\n  add.f32 a2, a0, 0f40000000;\n"
     "  add.f32 a3, a0, 0f40400000;\n  mov.f32 b, 0f3F7FFFFE;\n  mov.f32 c, 0f3A83126F;\n"
@@ -47,11 +58,15 @@ static const char PTX[] =
     "  fma.rn.f32 a0, a0, b, c;\n  fma.rn.f32 a1, a1, b, c;\n  fma.rn.f32 a2, a2, b, c;\n"
     "  fma.rn.f32 a3, a3, b, c;\n  add.u64 i, i, 1;\n  bra LOOP;\n"
     "DONE:\n  add.f32 a0, a0, a1;\n  add.f32 a2, a2, a3;\n  add.f32 a0, a0, a2;\n"
-    "  mul.wide.u32 off, gid, 4;\n  add.u64 addr, addr, off;\n  st.global.f32 [addr], a0;\n  ret;\n}\n";
+    "  mul.wide.u32 off, gid, 4;\n  add.u64 addr, addr, off;\n  st.global.f32 [addr], a0;\n"
+    "  @!timed bra.uni EXIT;\n  bar.sync 0;\n"   /* the block's end: its last thread is done */
+    "  @lead mov.u64 t, %globaltimer;\n  @lead red.global.max.u64 [slot+8], t;\n"
+    "EXIT:\n  ret;\n}\n";
 
 #define BLOCK 256
 #define BLOCKS_PER_SM 4
 #define ATTR_SM_COUNT 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+#define MAX_TIMED_LAUNCHES 65536   /* 1 MiB of slots; a 3 s compute-bound job launches ~3000 */
 
 static struct {
     CUresult (*init)(unsigned);
@@ -62,6 +77,8 @@ static struct {
     CUresult (*load)(CUmodule *, const void *);
     CUresult (*function)(CUfunction *, CUmodule, const char *);
     CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*copy_in)(CUdeviceptr, const void *, size_t);
+    CUresult (*copy_out)(void *, CUdeviceptr, size_t);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                        unsigned, CUstream, void **, void **);
     CUresult (*sync)(void);
@@ -69,6 +86,11 @@ static struct {
 static CUfunction kernel;
 static CUdeviceptr out;
 static unsigned grid;
+
+struct kernel_time { unsigned long long start, end; };   /* a slot of the kernel's times parameter */
+static CUdeviceptr timed_slots;
+static struct kernel_time *kernel_times;
+static long timed_slot_count;
 
 static void die(const char *what, CUresult rc)
 {
@@ -125,6 +147,8 @@ static void setup(void)
     cu.load = sym(h, "cuModuleLoadData");
     cu.function = sym(h, "cuModuleGetFunction");
     cu.alloc = sym(h, "cuMemAlloc_v2");
+    cu.copy_in = sym(h, "cuMemcpyHtoD_v2");
+    cu.copy_out = sym(h, "cuMemcpyDtoH_v2");
     cu.launch = sym(h, "cuLaunchKernel");
     cu.sync = sym(h, "cuCtxSynchronize");
     CUdevice dev;
@@ -143,9 +167,29 @@ static void setup(void)
     CHECK(cu.alloc(&out, (size_t)grid * BLOCK * sizeof(float)), "cuMemAlloc");
 }
 
-static void launch(unsigned long long iters)
+/* Slots for the first `launches` measured launches, each {UINT64_MAX, 0}: what min and max fold into. */
+static void setup_kernel_times(long launches)
 {
-    void *params[] = {&iters, &out};
+    timed_slot_count = launches < MAX_TIMED_LAUNCHES ? launches : MAX_TIMED_LAUNCHES;
+    size_t bytes = sizeof(struct kernel_time) * (size_t)timed_slot_count;
+    kernel_times = malloc(bytes);
+    if (!kernel_times) {
+        fprintf(stderr, "burst: no memory for %ld kernel times\n", timed_slot_count);
+        exit(1);
+    }
+    for (long i = 0; i < timed_slot_count; i++)
+        kernel_times[i] = (struct kernel_time){~0ull, 0};
+    CHECK(cu.alloc(&timed_slots, bytes), "cuMemAlloc (kernel times)");
+    CHECK(cu.copy_in(timed_slots, kernel_times, bytes), "cuMemcpyHtoD (kernel times)");
+}
+
+/* slot: the measured launch's index, or -1 (warm-up, calibration): not recorded. */
+static void launch(unsigned long long iters, long slot)
+{
+    CUdeviceptr times = 0;
+    if (slot >= 0 && slot < timed_slot_count)
+        times = timed_slots + (CUdeviceptr)slot * sizeof(struct kernel_time);
+    void *params[] = {&iters, &out, &times};
     CHECK(cu.launch(kernel, grid, 1, 1, BLOCK, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel");
 }
 
@@ -156,7 +200,7 @@ static double calibrate(double kernel_ms)
     double ms = 0;
     for (int tries = 0; tries < 30; tries++) {
         double t0 = now_mono();
-        launch(iters);
+        launch(iters, -1);
         CHECK(cu.sync(), "cuCtxSynchronize");
         ms = (now_mono() - t0) * 1000;
         if (ms >= kernel_ms * 0.8)
@@ -164,13 +208,13 @@ static double calibrate(double kernel_ms)
         iters = (unsigned long long)(iters * (ms > 0.05 ? fmin(8.0, kernel_ms / ms) : 8.0)) + 1;
     }
     for (int k = 0; k < 100; k++)  /* ~0.1 s of work first: the clocks settle before the timing */
-        launch(iters);
+        launch(iters, -1);
     CHECK(cu.sync(), "cuCtxSynchronize");
     double best[5];
     for (int r = 0; r < 5; r++) {  /* 10 kernels back to back: launch gaps stay out of the rate */
         double t0 = now_mono();
         for (int k = 0; k < 10; k++)
-            launch(iters);
+            launch(iters, -1);
         CHECK(cu.sync(), "cuCtxSynchronize");
         best[r] = iters * 10 / ((now_mono() - t0) * 1000);
     }
@@ -178,6 +222,24 @@ static double calibrate(double kernel_ms)
         for (int j = i + 1; j < 5; j++)
             if (best[j] < best[i]) { double t = best[i]; best[i] = best[j]; best[j] = t; }
     return best[2];
+}
+
+/* Each recorded kernel's [start_ns, end_ns]; a slot still at its initial values was not run as
+ * PTX (the fake driver runs none) and counts as unrecorded, as do launches past the slots. */
+static void print_kernel_times(long launches)
+{
+    size_t bytes = sizeof(struct kernel_time) * (size_t)timed_slot_count;
+    CHECK(cu.copy_out(kernel_times, timed_slots, bytes), "cuMemcpyDtoH (kernel times)");
+    long shown = 0;
+    printf(", \"gpu_kernels\": [");
+    for (long i = 0; i < launches && i < timed_slot_count; i++) {
+        struct kernel_time t = kernel_times[i];
+        if (t.start == ~0ull || t.end == 0)
+            continue;
+        printf("%s[%llu, %llu]", shown ? ", " : "", t.start, t.end);
+        shown++;
+    }
+    printf("], \"gpu_kernels_unrecorded\": %ld", launches - shown);
 }
 
 static double arg_num(int argc, char **argv, int *i)
@@ -199,7 +261,7 @@ int main(int argc, char **argv)
 {
     double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
     long steps = 0;
-    int do_calibrate = 0;
+    int do_calibrate = 0, gpu_times = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--calibrate")) do_calibrate = 1;
         else if (!strcmp(argv[i], "--ipm")) ipm = arg_num(argc, argv, &i);
@@ -210,6 +272,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps")) steps = (long)arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--seconds")) seconds = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--start-delay")) delay = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--gpu-times")) gpu_times = 1;
         else {
             fprintf(stderr, "burst: unknown argument %s (see the comment at the top of burst.c)\n", argv[i]);
             return 2;
@@ -241,7 +304,9 @@ int main(int argc, char **argv)
     unsigned long long iters = (unsigned long long)llround(ipm * gpu_ms / k);
     if (iters < 1)
         iters = 1;
-    launch(iters);  /* warm-up: the module's first launch, outside the measured steps */
+    if (gpu_times)
+        setup_kernel_times(steps > 0 ? steps * k : MAX_TIMED_LAUNCHES);
+    launch(iters, -1);  /* warm-up: the module's first launch, outside the measured steps */
     CHECK(cu.sync(), "cuCtxSynchronize");
     double startup = now_epoch() - t_start;
     sleep_s(delay);
@@ -256,7 +321,7 @@ int main(int argc, char **argv)
         double m0 = now_mono();
         starts[n] = now_epoch();
         for (long j = 0; j < k; j++)
-            launch(iters);
+            launch(iters, n * k + j);
         CHECK(cu.sync(), "cuCtxSynchronize");
         double wall = now_mono() - m0;
         ends[n] = starts[n] + wall;
@@ -273,6 +338,9 @@ int main(int argc, char **argv)
     printf("], \"latencies_ms\": [");
     for (long i = 0; i < n; i++)
         printf("%s%.3f", i ? ", " : "", (ends[i] - starts[i]) * 1000);
-    printf("]}\n");
+    printf("]");
+    if (gpu_times)
+        print_kernel_times(n * k);
+    printf("}\n");
     return 0;
 }
