@@ -22,7 +22,9 @@ Reported per member, as ratios against arms of the same run: the training phase 
 step) over serial; nvshare against 1.05 x the best of colocate and MPS; compute-bound nvshare against
 1.01x serial; max/min training time of the equal jobs (<= 1.15); interactive p50/p90/max latency of the
 burst (p90 <= 10 ms) and the batch jobs' steps/s while the probe runs against one batch job alone
-(loss <= 2 %). Every member stays in the table, met or not.
+(loss <= 2 %). Every member stays in the table, met or not. Every job records its kernels' start and
+end on the GPU's clock (burst --gpu-times), so each arm but serial reports the GPU's idle time where
+it passed from one job to another (switch_gaps; a table for the compute-bound members).
 
   python3 bench/bench_family.py --out DIR --part 1|2|all [--members NAME,...] [--arms ...]
                                 [--seconds 3] [--time-budget S] [--resume RESULTS_JSON]
@@ -137,6 +139,34 @@ def arms_of(m: Member) -> list[str]:
     return [a for a in ARMS if a not in ("nvshare-turns", "nvshare-lockturns") and (a != "nvshare-corun" or m.corun)]
 
 
+def switch_gaps(kernels_by_job: list[list[list[int]]], phase_s: float | None = None) -> dict | None:
+    """How long the GPU sat idle each time it passed from one job to another, from every job's
+    kernels as [start_ns, end_ns] on the GPU's one clock (burst --gpu-times). The kernels of all jobs
+    by start; where one belongs to another job than the kernel before it, a switch, whose gap is its
+    start minus the latest end so far. A negative gap: it started while another job's kernel was on
+    the GPU (co-location, MPS), so no idle time; those are counted apart. phase_s: the training
+    phase, for the share of it the switches' idle time took."""
+    by_start = sorted((start, end, job) for job, kernels in enumerate(kernels_by_job) for start, end in kernels)
+    if not by_start:
+        return None
+    gaps_ms = []
+    latest_end, prev_job = by_start[0][1], by_start[0][2]
+    for start, end, job in by_start[1:]:
+        if job != prev_job:
+            gaps_ms.append((start - latest_end) / 1e6)
+        latest_end = max(latest_end, end)
+        prev_job = job
+    idle = [g for g in gaps_ms if g >= 0]
+    out: dict = {"kernels": len(by_start), "switches": len(gaps_ms), "overlapping": len(gaps_ms) - len(idle),
+                 "total_ms": round(sum(idle), 4)}
+    if idle:
+        out.update(p50_ms=round(percentile(idle, 50), 4), p90_ms=round(percentile(idle, 90), 4),
+                   mean_ms=round(statistics.fmean(idle), 4))
+    if phase_s:
+        out["phase_share"] = sum(idle) / 1000 / phase_s
+    return out
+
+
 # --- the workload program -------------------------------------------------------------------------
 
 def build_burst() -> None:
@@ -176,15 +206,16 @@ class Family(Harness):
         log(f"calibrated: {res['ipm']:.0f} FMA iterations per ms per thread, grid {res['grid']} x "
             f"{res['block']}, CUDA start-up {res['startup_s']:.2f} s")
 
-    # commands
+    # commands; --gpu-times everywhere: the fake driver runs no PTX, so it records nothing there,
+    # but its buffer's copies still pass through the hook as on the GPU
     def job_cmd(self, m: Member, seconds: float) -> list[str]:
         return [str(BURST), "--ipm", f"{self.results['calibration']['ipm']:.3f}", *m.job_args(),
-                "--steps", str(m.steps(seconds))]
+                "--steps", str(m.steps(seconds)), "--gpu-times"]
 
     def probe_cmd(self, seconds: float, delay: float) -> list[str]:
         return [str(BURST), "--ipm", f"{self.results['calibration']['ipm']:.3f}", "--gpu-ms",
                 str(PROBE_GPU_MS), "--host-ms", str(PROBE_EVERY_MS), "--seconds", f"{seconds:.2f}",
-                "--start-delay", f"{delay:.2f}"]
+                "--start-delay", f"{delay:.2f}", "--gpu-times"]
 
     def probe_window(self, m: Member) -> tuple[float, float]:
         """(start delay, seconds) of the probe: it begins once the batch jobs are in their steps and
@@ -228,8 +259,10 @@ class Family(Harness):
             self.results["pending"].remove(name)
         self.save()
         r = done[arm]
+        sw = r.get("switch") or {}
         log(f"{name}: {r['status']}" + (f" ({r.get('error', '')[:200]})" if r["status"] != "ok" else "")
-            + (f", training phase {r['train_phase']:.2f} s" if r.get("train_phase") else ""))
+            + (f", training phase {r['train_phase']:.2f} s" if r.get("train_phase") else "")
+            + (f", {sw['switches']} switches, idle p50 {fmt(sw.get('p50_ms'), '.3f')} ms" if sw else ""))
 
     def run_arm(self, m: Member, arm: str, est: float) -> dict:
         s = self.args.seconds
@@ -311,6 +344,11 @@ class Family(Harness):
                 sum(b - a for a, b in zip(j["step_starts"], j["times"])) / t for j, t in zip(batch, trains))
         else:
             res["train_phase"] = max(j["times"][-1] for j in batch) - min(j["step_starts"][0] for j in batch)
+            # Not in serial: there a switch is the next job's start-up.
+            switch = switch_gaps([j.get("gpu_kernels") or [] for j in jobs], res["train_phase"])
+            if switch:
+                switch["unrecorded"] = sum(j.get("gpu_kernels_unrecorded", 0) for j in jobs)
+                res["switch"] = switch
         if probe is not None:
             lat = probe["latencies_ms"]
             res["probe"] = {"p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90), "max_ms": max(lat),
@@ -443,7 +481,33 @@ def table(results: dict) -> list[str]:
                     chose(r) if arm.startswith("nvshare") else "",
                     verdict(results.get("targets", {}).get(n, {})) if arm == "nvshare" else ""]) + " |")
         lines.append("")
-    return lines
+    return lines + switch_table(results)
+
+
+def switch_table(results: dict) -> list[str]:
+    """The compute-bound members' idle GPU at hand-overs, per arm that has kernel times."""
+    mem = results["members"]
+    names = [n for n in MEMBERS if n in mem and MEMBERS[n].kind == "compute"]
+    shown = [a for a in ARMS if a != "serial" and any((mem[n].get(a) or {}).get("switch") for n in names)]
+    if not shown:
+        return []
+    lines = ["| member | " + " | ".join(shown) + " |", "|---" * (1 + len(shown)) + "|"]
+    for n in names:
+        lines.append("| " + " | ".join([n, *[switch_cell((mem[n].get(a) or {}).get("switch")) for a in shown]])
+                     + " |")
+    return lines + ["", "Switch idle ms p50/p90 (per cent of the phase), switches (overlapping): the GPU's "
+                    "idle time each time it passed from one job's kernel to another's, from the kernels' "
+                    "start and end on the GPU's clock (%globaltimer); the per cent is all those gaps over "
+                    "the training phase. An overlapping switch started while another job's kernel was "
+                    "still on the GPU (time slices, MPS): no idle time, not in the percentiles.", ""]
+
+
+def switch_cell(sw: dict | None) -> str:
+    if not sw:
+        return "–"
+    share = f"{sw['phase_share'] * 100:.1f} %" if sw.get("phase_share") is not None else "–"
+    return (f"{fmt(sw.get('p50_ms'), '.3f')}/{fmt(sw.get('p90_ms'), '.3f')} ({share}), "
+            f"{sw['switches']} ({sw['overlapping']})")
 
 
 def cell(r: dict | None) -> str:

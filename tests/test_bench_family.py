@@ -90,6 +90,57 @@ def test_burst_rejects_what_it_cannot_run(built):
     assert bad.returncode == 2 and "not a non-negative number: -5" in bad.stderr
 
 
+def test_burst_gpu_times_on_the_fake_driver_says_it_recorded_nothing(built):
+    """The fake driver runs no PTX: every measured launch is unrecorded, none shows as a kernel."""
+    env = {"LD_LIBRARY_PATH": str(REPO / "tests" / "c" / "build"), "PATH": "/usr/bin:/bin"}
+    cmd = [str(bench_family.BURST), "--ipm", "100", "--gpu-ms", "2", "--host-ms", "1", "--steps", "3"]
+    timed = subprocess.run([*cmd, "--gpu-times"], capture_output=True, text=True, env=env, timeout=30)
+    assert timed.returncode == 0, timed.stderr
+    res = json.loads(timed.stdout)
+    assert res["gpu_kernels"] == [] and res["gpu_kernels_unrecorded"] == 3 * res["kernels_per_step"]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30)
+    assert plain.returncode == 0 and "gpu_kernels" not in plain.stdout
+
+
+def ms(x: float) -> int:
+    return round(x * 1_000_000)
+
+
+def test_switch_gaps_are_the_idle_gpu_between_two_jobs_kernels():
+    # Job 0 runs 0-10 ms and 25-30 ms, job 1 runs 12-20 ms then 20.5-24 ms: two switches idle
+    # 2 ms and 1 ms; the gap of 0.5 ms inside job 1 is its own, not a switch.
+    a = [[ms(0), ms(10)], [ms(25), ms(30)]]
+    b = [[ms(12), ms(20)], [ms(20.5), ms(24)]]
+    sw = bench_family.switch_gaps([b, a], phase_s=0.030)    # the order of the jobs does not matter
+    assert sw["kernels"] == 4 and sw["switches"] == 2 and sw["overlapping"] == 0
+    assert sw["p50_ms"] == pytest.approx(1.0) and sw["p90_ms"] == pytest.approx(2.0)
+    assert sw["mean_ms"] == pytest.approx(1.5) and sw["total_ms"] == pytest.approx(3.0)
+    assert sw["phase_share"] == pytest.approx(0.1)
+
+
+def test_switch_gaps_count_overlaps_apart_and_measure_from_the_latest_end():
+    # Time slices: job 1's kernel starts inside job 0's long one (an overlap, not idle); job 0's next
+    # kernel starts 1 ms after the long one ended, which ended after job 1's short one.
+    a = [[ms(0), ms(10)], [ms(11), ms(12)]]
+    b = [[ms(2), ms(4)]]
+    sw = bench_family.switch_gaps([a, b])
+    assert sw["switches"] == 2 and sw["overlapping"] == 1
+    assert sw["p50_ms"] == pytest.approx(1.0) and "phase_share" not in sw
+    assert bench_family.switch_gaps([[], []]) is None              # no kernel times (fake driver)
+    alone = bench_family.switch_gaps([a, []])
+    assert alone["switches"] == 0 and "p50_ms" not in alone
+
+
+def test_report_shows_switch_idle_for_compute_bound_members():
+    res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
+    res["members"]["compute2-g20"] = res["members"].pop("pair-b30-g20-fixed")
+    res["members"]["compute2-g20"]["nvshare"]["switch"] = {
+        "kernels": 4000, "switches": 200, "overlapping": 3, "total_ms": 126.0, "p50_ms": 0.412, "p90_ms": 0.95,
+        "mean_ms": 0.63, "phase_share": 0.01}
+    bench_family.derive(res)
+    assert "| compute2-g20 | 0.412/0.950 (1.0 %), 200 (3) |" in bench_family.table(res)
+
+
 def fake_results(nvshare_times: list[float], colocate: float, mps: float) -> dict:
     """A pair member whose jobs take 10 s each alone (20 s serial): the arms' training phases."""
     def arm(phase, times=None):
