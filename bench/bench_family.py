@@ -15,8 +15,9 @@ Arms, one member after the other and every arm of a member back to back: serial 
 the other, no hook: the reference; interactive: one batch job, then the probe, each alone), colocate
 (no hook), mps (a private MPS control daemon), nvshare (libnvshare.so and a real nvshare-scheduler,
 every setting default) and, on a few members, nvshare-corun (`auto_share: corun`). Named with
---arms: nvshare-turns (`auto_share: turns`) and nvshare-lockturns (`burst_turns: false`: bursty
-co-runners take turns of the lock instead of burst by burst).
+--arms: nvshare-turns (`auto_share: turns`), nvshare-lockturns (`burst_turns: false`: bursty
+co-runners take turns of the lock instead of burst by burst) and nvshare-nohandoff (`turn_handoff:
+false`: the exclusive turn passes through the daemon's round trip, not from holder to next holder).
 
 Reported per member, as ratios against arms of the same run: the training phase (first step to last
 step) over serial; nvshare against 1.05 x the best of colocate and MPS; compute-bound nvshare against
@@ -62,10 +63,13 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 BEGIN, END = "<!-- bench_family:begin -->", "<!-- bench_family:end -->"
 SMOKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns", "nvshare-lockturns"]
+ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns", "nvshare-lockturns",
+        "nvshare-nohandoff"]
 OPTIONAL_ARMS = {"nvshare-corun": {"auto_share": "corun"},     # arm: its config beside the defaults
                  "nvshare-turns": {"auto_share": "turns"},
-                 "nvshare-lockturns": {"burst_turns": False}}
+                 "nvshare-lockturns": {"burst_turns": False},
+                 "nvshare-nohandoff": {"turn_handoff": False}}
+NAMED_ONLY_ARMS = ("nvshare-turns", "nvshare-lockturns", "nvshare-nohandoff")   # run where --arms names them
 PROBE_EVERY_MS = 100.0
 PROBE_GPU_MS = 1.0
 MIN_STEPS = 10
@@ -135,8 +139,8 @@ TIMELINE_OF = {"pair": "pair-b30-g20-fixed", "multi": "bursty4-b30-g20-fixed", "
 
 def arms_of(m: Member) -> list[str]:
     """The member's arms when --arms does not name them: nvshare-corun only on the members flagged
-    for it, nvshare-turns and nvshare-lockturns (burst_turns: false) on none."""
-    return [a for a in ARMS if a not in ("nvshare-turns", "nvshare-lockturns") and (a != "nvshare-corun" or m.corun)]
+    for it, NAMED_ONLY_ARMS on none."""
+    return [a for a in ARMS if a not in NAMED_ONLY_ARMS and (a != "nvshare-corun" or m.corun)]
 
 
 def switch_gaps(kernels_by_job: list[list[list[int]]], phase_s: float | None = None) -> dict | None:
@@ -440,10 +444,11 @@ def table(results: dict) -> list[str]:
     ordered = [n for n in MEMBERS if n in mem]
     bursty = [n for n in ordered if MEMBERS[n].kind in ("pair", "multi", "compute")]
     if bursty:
-        # nvshare-lockturns (burst_turns: false) gets a column only where a run has it.
-        shown = ["colocate", "mps", "nvshare", "nvshare-corun"] + (
-            ["nvshare-lockturns"] if any("nvshare-lockturns" in mem[n] for n in bursty) else [])
-        heads = {"nvshare-corun": "corun", "nvshare-lockturns": "lock turns", "mps": "MPS"}
+        # nvshare-lockturns and nvshare-nohandoff get a column only where a run has them.
+        shown = ["colocate", "mps", "nvshare", "nvshare-corun"] + [
+            a for a in ("nvshare-lockturns", "nvshare-nohandoff") if any(a in mem[n] for n in bursty)]
+        heads = {"nvshare-corun": "corun", "nvshare-lockturns": "lock turns", "nvshare-nohandoff": "no hand-off",
+                 "mps": "MPS"}
         lines += ["| member | jobs | GPU ms alone | busy alone | max/min serial | "
                   + " | ".join(heads.get(a, a) for a in shown)
                   + " | nvshare / best | max/min nvshare | nvshare chose | targets |",
@@ -687,7 +692,7 @@ def main() -> int:
     ap.add_argument("--part", default="all")
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
     ap.add_argument("--arms", help="comma-separated; these arms on every member (default: every arm "
-                    "but nvshare-turns and nvshare-lockturns, nvshare-corun only on the members flagged for it)")
+                    f"but {', '.join(NAMED_ONLY_ARMS)}, nvshare-corun only on the members flagged for it)")
     ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
                     "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)

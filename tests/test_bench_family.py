@@ -131,6 +131,12 @@ def test_switch_gaps_count_overlaps_apart_and_measure_from_the_latest_end():
     assert alone["switches"] == 0 and "p50_ms" not in alone
 
 
+def test_named_only_arms_run_where_arms_names_them():
+    assert bench_family.OPTIONAL_ARMS["nvshare-nohandoff"] == {"turn_handoff": False}
+    for m in bench_family.MEMBERS.values():
+        assert not set(bench_family.arms_of(m)) & {"nvshare-turns", "nvshare-lockturns", "nvshare-nohandoff"}
+
+
 def test_report_shows_switch_idle_for_compute_bound_members():
     res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
     res["members"]["compute2-g20"] = res["members"].pop("pair-b30-g20-fixed")
