@@ -18,6 +18,8 @@ every setting default) and, on a few members, nvshare-corun (`auto_share: corun`
 --arms: nvshare-turns (`auto_share: turns`), nvshare-lockturns (`burst_turns: false`: bursty
 co-runners take turns of the lock instead of burst by burst) and nvshare-nohandoff (`turn_handoff:
 false`: the exclusive turn passes through the daemon's round trip, not from holder to next holder).
+--repeat N runs each member's arms N times, each round's order rotated by one (serial once: the
+reference of every round), and reports how far each arm's ratio moves and the jobs' first-step offsets.
 
 Reported per member, as ratios against arms of the same run: the training phase (first step to last
 step) over serial; nvshare against 1.05 x the best of colocate and MPS; compute-bound nvshare against
@@ -28,7 +30,7 @@ end on the GPU's clock (burst --gpu-times), so each arm but serial reports the G
 it passed from one job to another (switch_gaps; a table for the compute-bound members).
 
   python3 bench/bench_family.py --out DIR --part 1|2|all [--members NAME,...] [--arms ...]
-                                [--seconds 3] [--time-budget S] [--resume RESULTS_JSON]
+                                [--seconds 3] [--repeat N] [--time-budget S] [--resume RESULTS_JSON]
                                 [--launch-result FILE] [--smoke-cpu]
   python3 bench/bench_family.py --report DIR [DIR ...]    # merge runs into docs/benchmarks.md
   python3 bench/bench_family.py --list
@@ -143,6 +145,29 @@ def arms_of(m: Member) -> list[str]:
     return [a for a in ARMS if a not in NAMED_ONLY_ARMS and (a != "nvshare-corun" or m.corun)]
 
 
+def rounds(arms: list[str], repeat: int) -> list[list[str]]:
+    """The arms of each of `repeat` rounds: serial once, in the first (every round's ratios are to
+    it), the others rotated so that round r starts at the r-th: no arm always runs first on a cold
+    GPU or right after the same neighbour."""
+    rest = [a for a in arms if a != "serial"]
+    out = []
+    for r in range(repeat):
+        k = r % len(rest) if rest else 0
+        out.append((["serial"] if r == 0 and "serial" in arms else []) + rest[k:] + rest[:k])
+    return out
+
+
+def unit_name(member: str, arm: str, rnd: int) -> str:
+    return f"{member}/{arm}" if rnd == 0 else f"{member}/{arm} round {rnd + 1}"
+
+
+def rounds_run(r: dict | None) -> set[int]:
+    """The rounds an arm has a result for; a result from before --repeat is round 0."""
+    if r is None:
+        return set()
+    return {e["round"] for e in r["repeats"]} if "repeats" in r else {0}
+
+
 def switch_gaps(kernels_by_job: list[list[list[int]]], phase_s: float | None = None) -> dict | None:
     """How long the GPU sat idle each time it passed from one job to another, from every job's
     kernels as [start_ns, end_ns] on the GPU's one clock (burst --gpu-times). The kernels of all jobs
@@ -236,11 +261,13 @@ class Family(Harness):
         est = start + one * max(1.0, m.jobs * m.busy) * 1.2
         return est + (3.0 if arm == "mps" else 1.5 if arm.startswith("nvshare") else 0.0)
 
-    def unit(self, m: Member, arm: str) -> None:
+    def unit(self, m: Member, arm: str, rnd: int = 0) -> None:
+        """Runs round rnd of the arm unless it ran before. The arm's first run to finish stays its
+        result in full, as without --repeat; each run's summary goes into its "repeats"."""
         done = self.results["members"].setdefault(m.name, {})
-        if arm in done:
+        if rnd in rounds_run(done.get(arm)):
             return
-        name = f"{m.name}/{arm}"
+        name = unit_name(m.name, arm, rnd)
         est = self.estimate(m, arm)
         slower = self.took / self.estimated if self.estimated else 1.0
         if est * max(1.0, slower) + 5 > self.left():
@@ -252,17 +279,20 @@ class Family(Harness):
         log(f"{name}: running (about {est:.1f} s)")
         t0 = time.time()
         try:
-            done[arm] = self.run_arm(m, arm, est)
+            r = self.run_arm(m, arm, est)
         except Exception as exc:  # noqa: BLE001 - a failed unit is a result, not the end of the run
             if isinstance(exc, subprocess.CalledProcessError):
                 exc = RuntimeError(f"{exc}: {exc.stderr or exc.stdout}")
-            done[arm] = {"status": "failed", "error": str(exc)[-1500:]}
+            r = {"status": "failed", "error": str(exc)[-1500:]}
         self.estimated += est
         self.took += time.time() - t0
         if name in self.results["pending"]:
             self.results["pending"].remove(name)
+        first = done.setdefault(arm, r)
+        if "repeats" not in first:   # r, or a result from before --repeat: round 0, kept
+            first["repeats"] = [] if first is r else [repeat_summary(first, 0)]
+        first["repeats"].append(repeat_summary(r, rnd))
         self.save()
-        r = done[arm]
         sw = r.get("switch") or {}
         log(f"{name}: {r['status']}" + (f" ({r.get('error', '')[:200]})" if r["status"] != "ok" else "")
             + (f", training phase {r['train_phase']:.2f} s" if r.get("train_phase") else "")
@@ -348,6 +378,8 @@ class Family(Harness):
                 sum(b - a for a, b in zip(j["step_starts"], j["times"])) / t for j, t in zip(batch, trains))
         else:
             res["train_phase"] = max(j["times"][-1] for j in batch) - min(j["step_starts"][0] for j in batch)
+            firsts = [j["step_starts"][0] for j in batch]   # co-runners in phase or not, by chance
+            res["first_step_offsets_ms"] = [round((t - min(firsts)) * 1000, 2) for t in firsts]
             # Not in serial: there a switch is the next job's start-up.
             switch = switch_gaps([j.get("gpu_kernels") or [] for j in jobs], res["train_phase"])
             if switch:
@@ -365,6 +397,12 @@ class Family(Harness):
                 res["batch_steps_per_s"] = None if None in rates else sum(rates)
                 res["batch_outlasted_probe"] = all(j["times"][-1] >= w1 for j in batch)
         return res
+
+
+def repeat_summary(r: dict, rnd: int) -> dict:
+    """What the report compares across rounds (derive adds x_serial)."""
+    keep = ("status", "train_phase", "first_step_offsets_ms", "switch")
+    return {"round": rnd, **{k: r[k] for k in keep if k in r}}
 
 
 SHARING_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-scheduler: "
@@ -386,7 +424,8 @@ def sharing_changes(text: str, t0: float) -> list[list]:
 
 def derive(results: dict) -> None:
     """Ratios of every member's arms to its serial arm, and the issue's targets; run after any change."""
-    done = {f"{m}/{a}" for m, arms in results["members"].items() for a in arms}
+    done = {unit_name(m, a, k) for m, arms in results["members"].items() for a, r in arms.items()
+            for k in rounds_run(r)}
     results["pending"] = [u for u in results.get("pending", []) if u not in done]
     for name, arms in results["members"].items():
         m = MEMBERS.get(name)
@@ -400,6 +439,9 @@ def derive(results: dict) -> None:
                 r["x_serial"] = r["train_phase"] / serial
                 if m.kind == "interactive" and ref.get("batch_steps_per_s") and r.get("batch_steps_per_s"):
                     r["batch_vs_alone"] = r["batch_steps_per_s"] / ref["batch_steps_per_s"]
+            for e in r.get("repeats", []) if arm != "serial" else []:
+                if e.get("status") == "ok":
+                    e["x_serial"] = e["train_phase"] / serial
         targets = {}
         nv = arms.get("nvshare", {})
         if m.kind == "interactive":
@@ -486,7 +528,7 @@ def table(results: dict) -> list[str]:
                     chose(r) if arm.startswith("nvshare") else "",
                     verdict(results.get("targets", {}).get(n, {})) if arm == "nvshare" else ""]) + " |")
         lines.append("")
-    return lines + switch_table(results)
+    return lines + switch_table(results) + repeat_table(results)
 
 
 def switch_table(results: dict) -> list[str]:
@@ -513,6 +555,39 @@ def switch_cell(sw: dict | None) -> str:
     share = f"{sw['phase_share'] * 100:.1f} %" if sw.get("phase_share") is not None else "–"
     return (f"{fmt(sw.get('p50_ms'), '.3f')}/{fmt(sw.get('p90_ms'), '.3f')} ({share}), "
             f"{sw['switches']} ({sw['overlapping']})")
+
+
+def repeat_table(results: dict) -> list[str]:
+    """Members whose arms ran more than once: how far an arm's ratio to serial moves between runs,
+    beside each run's first-step offsets (pairs that start in phase may stay so)."""
+    mem = results["members"]
+    names = [n for n in MEMBERS if n in mem and any(len(r.get("repeats", [])) > 1 for r in mem[n].values())]
+    if not names:
+        return []
+    lines = ["| member | arm | runs | × serial mean | min | max | each run: first-step offsets ms (× serial) |",
+             "|---|---|---|---|---|---|---|"]
+    for n in names:
+        first = True
+        for arm in ARMS:
+            r = mem[n].get(arm)
+            if r is None:
+                continue
+            runs = sorted(r.get("repeats", []), key=lambda e: e["round"])
+            if arm == "serial":
+                row = [str(len(runs) or 1), "1 (reference)", "", "", ""]
+            else:
+                xs = [e["x_serial"] for e in runs if e.get("x_serial") is not None]
+                each = "; ".join(
+                    ("/".join(f"{o:.1f}" for o in sorted(e.get("first_step_offsets_ms", []))[1:]) or "–")
+                    + (f" ({e['x_serial']:.3f})" if e.get("x_serial") is not None else f" ({e.get('status')})")
+                    for e in runs)
+                row = [str(len(runs)), fmt(statistics.fmean(xs) if xs else None, ".3f"),
+                       fmt(min(xs) if xs else None, ".3f"), fmt(max(xs) if xs else None, ".3f"), each]
+            lines.append("| " + " | ".join([n if first else "", arm, *row]) + " |")
+            first = False
+    return lines + ["", "Each round ran the member's arms in an order rotated by one; the serial arm ran "
+                    "once per member, the reference every round's ratio is to. Offsets: each job's first "
+                    "step after the first job's.", ""]
 
 
 def cell(r: dict | None) -> str:
@@ -693,6 +768,8 @@ def main() -> int:
     ap.add_argument("--members", help="comma-separated member names (instead of --part)")
     ap.add_argument("--arms", help="comma-separated; these arms on every member (default: every arm "
                     f"but {', '.join(NAMED_ONLY_ARMS)}, nvshare-corun only on the members flagged for it)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N", help="run each member's arms N times, "
+                    "their order rotated each round; serial once (the reference of every round)")
     ap.add_argument("--seconds", type=float, default=3.0, help="steps of one job alone, in seconds "
                     "(interactive members: twice that)")
     ap.add_argument("--time-budget", type=float, default=0.0)
@@ -719,6 +796,8 @@ def main() -> int:
         ap.error(f"unknown arm(s): {', '.join(bad)}; arms are {', '.join(ARMS)}")
     if args.seconds <= 0:
         ap.error("--seconds must be above 0")
+    if args.repeat < 1:
+        ap.error("--repeat must be 1 or more")
     todo = selected(args, ap)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -732,9 +811,16 @@ def main() -> int:
     interrupted = False
     try:
         fam.calibrate()
-        for m in todo:  # the reference first: the budget check of the others needs nothing from it
-            for arm in [a for a in ARMS if a in wanted] if wanted else arms_of(m):
-                fam.unit(m, arm)
+        plan = [(m, rnd, order) for m in todo
+                for rnd, order in enumerate(rounds([a for a in ARMS if a in wanted] if wanted else arms_of(m),
+                                                   args.repeat))]
+        to_run = [(m, a) for m, rnd, order in plan for a in order
+                  if rnd not in rounds_run(results["members"].get(m.name, {}).get(a))]
+        log(f"{len(to_run)} units to run, about {sum(fam.estimate(m, a) for m, a in to_run):.0f} s "
+            f"({len(todo)} members, {args.repeat} round(s))")
+        for m, rnd, order in plan:  # serial first: the budget check of the others needs nothing from it
+            for arm in order:
+                fam.unit(m, arm, rnd)
             derive(results)
             fam.save()
     except KeyboardInterrupt:

@@ -75,6 +75,15 @@ def test_units_past_the_time_budget_are_left_pending(built, tmp_path):
     assert "Not measured (time budget): pair-b10-g5-fixed/serial" in run.stdout
 
 
+def test_rounds_past_the_time_budget_are_left_pending_by_name(built, tmp_path):
+    run = family("--out", str(tmp_path), "--smoke-cpu", "--seconds", "0.3", "--time-budget", "1",
+                 "--members", "pair-b10-g5-fixed", "--arms", "serial,colocate", "--repeat", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["pending"] == ["pair-b10-g5-fixed/serial", "pair-b10-g5-fixed/colocate",
+                              "pair-b10-g5-fixed/colocate round 2"]
+
+
 def test_bad_selections_are_clear_errors(tmp_path):
     run = family("--out", str(tmp_path), "--members", "pair-b99-g5-fixed")
     assert run.returncode == 2 and "unknown member(s): pair-b99-g5-fixed" in run.stderr
@@ -131,10 +140,44 @@ def test_switch_gaps_count_overlaps_apart_and_measure_from_the_latest_end():
     assert alone["switches"] == 0 and "p50_ms" not in alone
 
 
+def test_repeated_rounds_run_serial_once_and_rotate_the_other_arms():
+    assert bench_family.rounds(["serial", "colocate", "mps", "nvshare"], 4) == [
+        ["serial", "colocate", "mps", "nvshare"], ["mps", "nvshare", "colocate"],
+        ["nvshare", "colocate", "mps"], ["colocate", "mps", "nvshare"]]
+    assert bench_family.rounds(["nvshare"], 2) == [["nvshare"], ["nvshare"]]
+
+
 def test_named_only_arms_run_where_arms_names_them():
     assert bench_family.OPTIONAL_ARMS["nvshare-nohandoff"] == {"turn_handoff": False}
     for m in bench_family.MEMBERS.values():
         assert not set(bench_family.arms_of(m)) & {"nvshare-turns", "nvshare-lockturns", "nvshare-nohandoff"}
+
+
+def test_smoke_repeat_keeps_every_round_and_resumes_the_missing_ones(built, tmp_path):
+    args = ("--smoke-cpu", "--seconds", "0.2", "--members", "compute2-g20", "--arms", "serial,colocate,nvshare")
+    first = family("--out", str(tmp_path / "a"), *args, "--repeat", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    order = [line.split(": ")[1] for line in first.stdout.splitlines() if ": running" in line]
+    assert order == ["compute2-g20/serial", "compute2-g20/colocate", "compute2-g20/nvshare",
+                     "compute2-g20/nvshare round 2", "compute2-g20/colocate round 2"]
+    arms = json.loads((tmp_path / "a" / "results.json").read_text())["members"]["compute2-g20"]
+    assert [e["round"] for e in arms["serial"]["repeats"]] == [0]
+    for arm in ("colocate", "nvshare"):
+        runs = arms[arm]["repeats"]
+        assert [e["round"] for e in runs] == [0, 1] and all(e["status"] == "ok" for e in runs)
+        assert runs[0]["train_phase"] == arms[arm]["train_phase"]        # the first run, kept in full
+        assert all(e["x_serial"] == pytest.approx(e["train_phase"] / arms["serial"]["train_phase"]) for e in runs)
+        assert len(runs[1]["first_step_offsets_ms"]) == 2 and min(runs[1]["first_step_offsets_ms"]) == 0
+    assert "| compute2-g20 | serial | 1 | 1 (reference) |" in first.stdout
+    assert "|  | nvshare | 2 |" in first.stdout
+
+    more = family("--out", str(tmp_path / "b"), *args, "--repeat", "3", "--resume",
+                  str(tmp_path / "a" / "results.json"))
+    assert more.returncode == 0, more.stdout + more.stderr
+    ran = [line for line in more.stdout.splitlines() if ": running" in line]
+    assert len(ran) == 2 and all("round 3" in line for line in ran)
+    arms = json.loads((tmp_path / "b" / "results.json").read_text())["members"]["compute2-g20"]
+    assert [e["round"] for e in arms["nvshare"]["repeats"]] == [0, 1, 2]
 
 
 def test_report_shows_switch_idle_for_compute_bound_members():
@@ -145,6 +188,22 @@ def test_report_shows_switch_idle_for_compute_bound_members():
         "mean_ms": 0.63, "phase_share": 0.01}
     bench_family.derive(res)
     assert "| compute2-g20 | 0.412/0.950 (1.0 %), 200 (3) |" in bench_family.table(res)
+
+
+def test_report_shows_each_arms_ratio_over_the_rounds_beside_the_start_offsets():
+    res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
+    arms = res["members"]["pair-b30-g20-fixed"]
+    arms["serial"]["repeats"] = [{"round": 0, "status": "ok", "train_phase": 20.0}]
+    arms["nvshare"]["repeats"] = [
+        {"round": 0, "status": "ok", "train_phase": 12.6, "first_step_offsets_ms": [0.0, 12.3]},
+        {"round": 1, "status": "ok", "train_phase": 14.0, "first_step_offsets_ms": [3.5, 0.0]},
+        {"round": 2, "status": "failed"}]
+    bench_family.derive(res)
+    lines = bench_family.table(res)
+    assert "| pair-b30-g20-fixed | serial | 1 | 1 (reference) |  |  |  |" in lines
+    row = next(line for line in lines if line.startswith("|  | nvshare | 3 |"))
+    assert "| 0.665 | 0.630 | 0.700 | 12.3 (0.630); 3.5 (0.700); – (failed) |" in row
+    assert any("serial arm ran once per member" in line for line in lines)
 
 
 def fake_results(nvshare_times: list[float], colocate: float, mps: float) -> dict:
@@ -173,6 +232,16 @@ def test_a_missed_target_stays_in_the_table():
     bench_family.derive(unfair)
     row = next(line for line in bench_family.table(unfair) if line.startswith("| pair-b30-g20-fixed"))
     assert "**missed** max/min<=1.15" in row and "<=1.05x best" not in row
+
+
+def test_interactive_batch_rate_is_set_against_one_batch_job_alone():
+    res = {"members": {"interactive-1batch": {
+        "serial": {"status": "ok", "train_phase": 6.0, "batch_steps_per_s": 50.0},
+        "nvshare": {"status": "ok", "train_phase": 6.1, "batch_steps_per_s": 49.5,
+                    "probe": {"p50_ms": 2.0, "p90_ms": 4.0, "max_ms": 9.0, "commands": 40}}}}, "pending": []}
+    bench_family.derive(res)
+    assert res["members"]["interactive-1batch"]["nvshare"]["batch_vs_alone"] == pytest.approx(0.99)
+    assert res["targets"]["interactive-1batch"] == {"p90<=10ms": True, "batch loss<=2%": True}
 
 
 def test_batch_rate_counts_whole_steps_between_ends():
