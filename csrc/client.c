@@ -185,33 +185,30 @@ static int register_client(int fd)
     return -1;
 }
 
+/* A gpu_event frame that came with a descriptor (BURST_PAGE, HANDOFF): its GPU, or NULL when the
+ * frame is malformed or names a GPU this process does not use. */
+static struct nvshare_gpu *event_gpu(const struct nvshare_hdr *hdr, const char *payload,
+                                     struct nvshare_gpu_event *ev)
+{
+    if (hdr->length != sizeof *ev)
+        return NULL;
+    memcpy(ev, payload, sizeof *ev);
+    ev->gpu_uuid[sizeof ev->gpu_uuid - 1] = '\0';
+    return nvshare_gpu_by_uuid(ev->gpu_uuid);
+}
+
 static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
 {
-    if (hdr->type == NVSHARE_MSG_HANDOFF) {
+    if (hdr->type == NVSHARE_MSG_HANDOFF || hdr->type == NVSHARE_MSG_BURST_PAGE) {
         int fd = take_passed_fd();
         struct nvshare_gpu_event ev;
-        struct nvshare_gpu *g = NULL;
-        if (hdr->length == sizeof ev) {
-            memcpy(&ev, payload, sizeof ev);
-            ev.gpu_uuid[sizeof ev.gpu_uuid - 1] = '\0';
-            g = nvshare_gpu_by_uuid(ev.gpu_uuid);
-        }
-        if (fd >= 0 && g)
-            nvshare_on_handoff(g, ev.flags, fd);   /* takes the descriptor */
-        else if (fd >= 0)
-            close(fd);
-        return;
-    }
-    if (hdr->type == NVSHARE_MSG_BURST_PAGE) {
-        int fd = take_passed_fd();
-        struct nvshare_gpu_event ev;
-        struct nvshare_gpu *g = NULL;
-        if (hdr->length == sizeof ev) {
-            memcpy(&ev, payload, sizeof ev);
-            ev.gpu_uuid[sizeof ev.gpu_uuid - 1] = '\0';
-            g = nvshare_gpu_by_uuid(ev.gpu_uuid);
-        }
-        if (fd < 0 || !g || nvshare_burst_attach(g, fd) != 0) {
+        struct nvshare_gpu *g = event_gpu(hdr, payload, &ev);
+        if (hdr->type == NVSHARE_MSG_HANDOFF) {
+            if (fd >= 0 && g)
+                nvshare_on_handoff(g, ev.flags, fd);   /* takes the descriptor */
+            else if (fd >= 0)
+                close(fd);
+        } else if (fd < 0 || !g || nvshare_burst_attach(g, fd) != 0) {
             if (fd >= 0 && !g)
                 close(fd);
             nvshare_debug("burst page for %s not used (%s)", g ? g->uuid : "another GPU",
