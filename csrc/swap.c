@@ -38,7 +38,8 @@ struct nvshare_swap_entry {
     void *host;                           /* pinned copy, kept between swaps */
     int resident;
     int has_data;                         /* host holds the contents; else born swapped */
-    int fixed;                            /* exported for CUDA IPC: another process maps it, so it stays */
+    int fixed;                            /* stays on the GPU: exported for CUDA IPC (another process maps
+                                           * it), or the driver would not unmap it for a swap-out */
 };
 
 /* The counters memory.c reports: swap.c alone moves bytes between them. */
@@ -599,8 +600,11 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
             break;
         }
         if (unmap_chunk(g, e) != CUDA_SUCCESS) {
-            g->swap_blocked = 1;
-            break;
+            /* That chunk stays where it is, from now on reported fixed; the next one may still go
+             * (stopping here left the next job waiting for room that was never made). */
+            e->fixed = 1;
+            counted(g, -(int64_t)e->size, 0);
+            continue;
         }
         e->has_data = 1;
         moved += e->size;

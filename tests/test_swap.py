@@ -255,11 +255,26 @@ def test_a_swap_out_the_driver_cannot_unmap_keeps_the_data(hook_lib, small_gpu, 
     a = Job(sched, 341, trace, gpu_index=[0], FAKE_CUDA_UNMAP_FAIL="1", **sched.fake_env)
     b = Job(sched, 342, trace, gpu_index=[0], **sched.fake_env)
     actions = ["init", "ctx:0", f"pattern:{JOB_BYTES}:3:50000"]
-    procs.append(start_nvtest(hook_lib, actions, a.env))
-    time.sleep(0.3)
+    # a keeps its memory until b has finished: b can only run once a's memory went out, so the
+    # failing unmap is the swap-out's, never a's own cuMemFree (a fast a once finished first).
+    released = tmp_path / "b-finished"
+    procs.append(start_nvtest(hook_lib, actions[:2] + [f"{actions[2]}:{released}"], a.env))
+    deadline = time.monotonic() + 60
+    while not (trace.exists() and f"{procs[0].pid} " in trace.read_text()):
+        assert time.monotonic() < deadline and procs[0].poll() is None, "job a never ran on the GPU"
+        time.sleep(0.02)
     procs.append(start_nvtest(hook_lib, actions, b.env))
-    outs = [finish(p, timeout=120) for p in procs]
-    for out, p in zip(outs, procs):
+    try:
+        out_b = finish(procs[1], timeout=60)
+    except AssertionError:
+        procs[0].kill()
+        raise AssertionError(procs[0].communicate()[1])
+    released.touch()
+    out_a = finish(procs[0], timeout=120)
+    assert "pattern held ok" in out_a, out_a + procs[0].stderr_text
+    for out, p in ((out_a, procs[0]), (out_b, procs[1])):
         assert "pattern ok rounds=3" in out, out + p.stderr_text
-    assert "unmapping" in procs[0].stderr_text and "they stay on the GPU" in procs[0].stderr_text
+    err_a = procs[0].stderr_text
+    assert "they stay on the GPU" in err_a and "would not unmap" not in err_a, err_a
+    assert err_a.index("drop requested") < err_a.index("they stay on the GPU"), err_a
     assert overlaps(read_trace(trace), GPU0) == []

@@ -884,6 +884,10 @@ static void run(char *action)
     } else if (strcmp(action, "pattern") == 0) {
         char *r = strchr(arg, ':');
         char *us = r ? strchr(r + 1, ':') : NULL;
+        /* pattern:BYTES:ROUNDS:KERNEL_US:PATH holds the memory until PATH exists, then checks the last
+         * round's data once more before freeing it: a test can make sure the allocation lived
+         * through what it was waiting for (another job's turn, a swap-out). */
+        char *hold = us ? strchr(us + 1, ':') : NULL;
         size_t size = strtoull(arg, NULL, 10);
         int rounds = r ? atoi(r + 1) : 1;
         unsigned long long kernel_us = us ? strtoull(us + 1, NULL, 10) : 1000;
@@ -916,6 +920,20 @@ static void run(char *action)
                 pattern_fill(want, off, n, seed, round);
                 check("cuMemcpyHtoD", api.cuMemcpyHtoD_v2(p + off, want, n));
             }
+        }
+        if (hold) {
+            for (int waited = 0; access(hold + 1, F_OK) != 0 && waited < 120000; waited += 20)
+                usleep(20000);
+            for (size_t off = 0; off < size; off += PIECE) {
+                size_t n = size - off < PIECE ? size - off : PIECE;
+                pattern_fill(want, off, n, seed, rounds);
+                check("cuMemcpyDtoH", api.cuMemcpyDtoH_v2(got, p + off, n));
+                if (memcmp(got, want, n) != 0) {
+                    printf("pattern mismatch after hold at byte %zu of %zu\n", off, size);
+                    return;
+                }
+            }
+            printf("pattern held %s\n", access(hold + 1, F_OK) == 0 ? "ok" : "timeout");
         }
         printf("pattern ok rounds=%d at 0x%llx\n", rounds, (unsigned long long)p);
         check("cuMemFree", api.cuMemFree_v2(p));
