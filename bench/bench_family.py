@@ -65,13 +65,18 @@ DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 BEGIN, END = "<!-- bench_family:begin -->", "<!-- bench_family:end -->"
 SMOKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-ARMS = ["serial", "colocate", "mps", "nvshare", "nvshare-corun", "nvshare-turns", "nvshare-lockturns",
-        "nvshare-nohandoff"]
+ARMS = ["serial", "colocate", "colocate-hook", "mps", "nvshare", "nvshare-corun", "nvshare-corun-noswap",
+        "nvshare-turns", "nvshare-lockturns", "nvshare-nohandoff"]
 OPTIONAL_ARMS = {"nvshare-corun": {"auto_share": "corun"},     # arm: its config beside the defaults
                  "nvshare-turns": {"auto_share": "turns"},
                  "nvshare-lockturns": {"burst_turns": False},
-                 "nvshare-nohandoff": {"turn_handoff": False}}
-NAMED_ONLY_ARMS = ("nvshare-turns", "nvshare-lockturns", "nvshare-nohandoff")   # run where --arms names them
+                 "nvshare-nohandoff": {"turn_handoff": False},
+                 "nvshare-corun-noswap": {"auto_share": "corun"}}
+OPTIONAL_ARM_ENV = {"nvshare-corun-noswap": {"NVSHARE_SWAP": "off"}}   # arm: its jobs' environment beside
+# Run where --arms names them. colocate-hook: co-location with libnvshare.so preloaded but no daemon (the
+# hook passes every call through): what loading the hook alone costs, beside what its daemon does.
+NAMED_ONLY_ARMS = ("colocate-hook", "nvshare-corun-noswap", "nvshare-turns", "nvshare-lockturns",
+                   "nvshare-nohandoff")
 PROBE_EVERY_MS = 100.0
 PROBE_GPU_MS = 1.0
 MIN_STEPS = 10
@@ -317,6 +322,9 @@ class Family(Harness):
         try:
             if arm == "colocate":
                 envs = [base] * len(cmds)
+            elif arm == "colocate-hook":
+                from nvshare_slurm import libnvshare_path
+                envs = [dict(base, LD_PRELOAD=str(libnvshare_path()))] * len(cmds)
             elif arm == "mps":
                 if self.smoke:
                     return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
@@ -327,9 +335,9 @@ class Family(Harness):
                 sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log",
                                   self.gpus_yaml, extra)
                 registered = [sched.job_env(base) for _ in cmds]
-                envs = [env for _, env in registered]
-                if self.args.hook_debug:   # each hand-over and threshold in the jobs' .err logs
-                    envs = [dict(env, NVSHARE_LOG_LEVEL="debug") for env in envs]
+                envs = [dict(env, **OPTIONAL_ARM_ENV.get(arm, {})) for _, env in registered]
+                if self.args.hook_debug:   # each hand-over and threshold in the jobs' .err logs, timed
+                    envs = [dict(env, NVSHARE_LOG_LEVEL="debug", NVSHARE_LOG_TIME="1") for env in envs]
             jobs = [Job(f"{tag}-{i}", c, e, self.logs) for i, (c, e) in enumerate(zip(cmds, envs))]
             results = run_jobs(jobs, together=True, timeout=timeout)
         finally:
@@ -361,6 +369,10 @@ class Family(Harness):
             if j["status"] == "ok" and j["times"]:
                 e.update(train_s=j["times"][-1] - j["step_starts"][0], steps=len(j["times"]),
                          startup_s=j["startup_s"],
+                         # burst's start-up phases, each one's end: where one job's start waited on another's
+                         phases={k: round((v - t0) * 1000, 2) for k, v in
+                                 ({"exec": j.get("start", j["proc_start"])} | j.get("phase_ends", {})
+                                  | {"first_step": j["step_starts"][0]}).items()},
                          spans=[[round(a - t0, 4), round(b - t0, 4)] for a, b in zip(j["step_starts"], j["times"])])
             else:
                 e["error"] = j.get("error", "")[-600:]
@@ -402,7 +414,8 @@ class Family(Harness):
 def repeat_summary(r: dict, rnd: int) -> dict:
     """What the report compares across rounds (derive adds x_serial)."""
     keep = ("status", "train_phase", "first_step_offsets_ms", "switch")
-    return {"round": rnd, **{k: r[k] for k in keep if k in r}}
+    return {"round": rnd, **{k: r[k] for k in keep if k in r},
+            "phases_ms": [j.get("phases") for j in r.get("jobs", [])]}
 
 
 SHARING_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d+) nvshare-scheduler: "

@@ -6,6 +6,7 @@
 #                                             # pair and triple, interactive, launch overhead
 # Each takes at most about 8 minutes: 7 of measuring (FAMILY_BUDGET, estimated ~6.5), plus set-up.
 #   bash bench/run_family.sh OUTDIR smoke     # the same harness on the CPU (fake driver), ~1 min
+#   FAMILY_ARGS="--members ... --arms ... --repeat 6" bash bench/run_family.sh OUTDIR custom
 #
 # Each part sets up the machine (scripts/gpu-setup.sh), runs bench/bench_family.py under a time
 # budget that leaves room to write up (members that do not fit stay listed as pending), and leaves
@@ -17,8 +18,8 @@
 # stopped and keeps what it measured).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: run_family.sh OUTDIR part1|part2|smoke}
-PART=${2:?usage: run_family.sh OUTDIR part1|part2|smoke}
+OUT=${1:?usage: run_family.sh OUTDIR part1|part2|custom|smoke}
+PART=${2:?usage: run_family.sh OUTDIR part1|part2|custom|smoke}
 SECONDS_PER_JOB=${FAMILY_SECONDS:-3}
 BUDGET=${FAMILY_BUDGET:-420}
 DEST="$OUT/$PART"
@@ -33,7 +34,8 @@ case $PART in
     part2) ARGS=(--part 2) ;;
     smoke) ARGS=(--smoke-cpu --members pair-b30-g5-fixed,pair-b10-g50-prop,bursty3-b30-g20-fixed,compute2-g20,interactive-2batch)
            SECONDS_PER_JOB=${FAMILY_SECONDS:-0.6} ;;
-    *) echo "run_family.sh: unknown part $PART (part1, part2 or smoke)"; exit 2 ;;
+    custom) read -ra ARGS <<<"${FAMILY_ARGS:?custom: FAMILY_ARGS holds the bench_family.py selection}" ;;
+    *) echo "run_family.sh: unknown part $PART (part1, part2, custom or smoke)"; exit 2 ;;
 esac
 
 if [[ $PART == smoke ]]; then

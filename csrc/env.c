@@ -36,6 +36,15 @@ static void vlog(const char *fmt, va_list ap)
                      nvshare_cfg.step_id, (int)getpid());
     if (n < 0 || n >= (int)sizeof line)
         return;
+    if (nvshare_cfg.log_time) {   /* epoch seconds: lines of several processes set side by side */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int t = snprintf(line + n, sizeof line - (size_t)n, "@%lld.%06ld ", (long long)ts.tv_sec,
+                         ts.tv_nsec / 1000);
+        if (t < 0 || n + t >= (int)sizeof line)
+            return;
+        n += t;
+    }
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     if (m < 0)
         return;
@@ -147,6 +156,8 @@ void nvshare_read_settings(void)
     nvshare_cfg.step_id = NVSHARE_STEP_BATCH;
     const char *level = getenv("NVSHARE_LOG_LEVEL");
     nvshare_cfg.debug = level && strcasecmp(level, "debug") == 0;
+    const char *log_time = getenv("NVSHARE_LOG_TIME");
+    nvshare_cfg.log_time = log_time && strcmp(log_time, "1") == 0;
 
     const char *job = getenv("NVSHARE_JOB_ID");
     if (!job || !*job)

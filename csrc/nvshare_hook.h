@@ -119,6 +119,7 @@ struct nvshare_settings {
     uint32_t drain_timeout_ms;   /* NVSHARE_DRAIN_TIMEOUT_MS: then DRAIN_STUCK, and keep waiting */
     uint32_t daemon_timeout_ms;  /* NVSHARE_DAEMON_TIMEOUT_MS: an unanswered daemon counts as lost */
     int debug;
+    int log_time;                /* NVSHARE_LOG_TIME=1: each line carries its wall-clock time */
 };
 #define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u

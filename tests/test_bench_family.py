@@ -5,6 +5,7 @@ check what a user of the benchmark would notice."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,28 @@ def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path
     res2 = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res2["members"]["pair-b30-g5-fixed"]["nvshare"]["t0"] == arms["nvshare"]["t0"]
     assert res2["members"]["compute2-g20"]["colocate"]["status"] == "ok"
+
+
+def test_diagnostic_arms_and_each_jobs_start_up_phases(built, tmp_path):
+    """colocate-hook preloads the hook with no daemon (it passes through), nvshare-corun-noswap runs
+    corun with NVSHARE_SWAP=off; every job's start-up phases are kept, in order, per round."""
+    run = family("--out", str(tmp_path), "--smoke-cpu", "--seconds", "0.3", "--hook-debug",
+                 "--members", "pair-b30-g5-fixed", "--arms", "serial,colocate-hook,nvshare-corun-noswap")
+    assert run.returncode == 0, run.stdout + run.stderr
+    arms = json.loads((tmp_path / "results.json").read_text())["members"]["pair-b30-g5-fixed"]
+    for arm in ("colocate-hook", "nvshare-corun-noswap"):
+        assert arms[arm]["status"] == "ok", arms[arm]
+        for job in arms[arm]["jobs"]:
+            ph = job["phases"]
+            order = ["exec", "init", "context", "module", "alloc", "slots", "warm", "first_step"]
+            assert list(ph) == order and all(ph[a] <= ph[b] for a, b in zip(order, order[1:])), ph
+        assert arms[arm]["repeats"][0]["phases_ms"] == [j["phases"] for j in arms[arm]["jobs"]]
+    logs = tmp_path / "logs"
+    hook_err = (logs / "pair-b30-g5-fixed-colocate-hook-0.err").read_text()
+    assert "connected to nvshare-scheduler" not in hook_err    # no daemon: the hook only passed through
+    corun_err = (logs / "pair-b30-g5-fixed-nvshare-corun-noswap-0.err").read_text()
+    assert re.search(r"pid \d+: @\d+\.\d{6} gpu \S+: lock granted \(shared", corun_err), corun_err
+    assert "lock granted (shared" in corun_err and "NVSHARE_SWAP" not in corun_err
 
 
 def test_units_past_the_time_budget_are_left_pending(built, tmp_path):

@@ -132,6 +132,11 @@ static void *sym(void *h, const char *name)
     return fn;
 }
 
+/* When each start-up phase ended (epoch seconds): where one job's start-up waited for another's. */
+static const char *const PHASES[] = {"init", "context", "module", "alloc", "slots", "warm"};
+enum { N_PHASES = sizeof PHASES / sizeof PHASES[0] };
+static double phase_end[N_PHASES];
+
 static void setup(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -156,15 +161,19 @@ static void setup(void)
     CUmodule mod;
     int sms = 0;
     CHECK(cu.init(0), "cuInit");
+    phase_end[0] = now_epoch();
     CHECK(cu.device_get(&dev, 0), "cuDeviceGet");
     CHECK(cu.retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
     CHECK(cu.set_current(ctx), "cuCtxSetCurrent");
+    phase_end[1] = now_epoch();
     if (cu.attribute(&sms, ATTR_SM_COUNT, dev) != CUDA_SUCCESS || sms <= 0)
         sms = 1;
     grid = (unsigned)sms * BLOCKS_PER_SM;
     CHECK(cu.load(&mod, PTX), "cuModuleLoadData");
     CHECK(cu.function(&kernel, mod, "sleep"), "cuModuleGetFunction");
+    phase_end[2] = now_epoch();
     CHECK(cu.alloc(&out, (size_t)grid * BLOCK * sizeof(float)), "cuMemAlloc");
+    phase_end[3] = now_epoch();
 }
 
 /* Slots for the first `launches` measured launches, each {UINT64_MAX, 0}: what min and max fold into. */
@@ -306,8 +315,10 @@ int main(int argc, char **argv)
         iters = 1;
     if (gpu_times)
         setup_kernel_times(steps > 0 ? steps * k : MAX_TIMED_LAUNCHES);
+    phase_end[4] = now_epoch();
     launch(iters, -1);  /* warm-up: the module's first launch, outside the measured steps */
     CHECK(cu.sync(), "cuCtxSynchronize");
+    phase_end[5] = now_epoch();
     double startup = now_epoch() - t_start;
     sleep_s(delay);
     long cap = steps > 0 ? steps : 10000000;
@@ -328,8 +339,10 @@ int main(int argc, char **argv)
         n++;
         sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
     }
-    printf("{\"startup_s\": %.4f, \"kernels_per_step\": %ld, \"iters\": %llu, \"step_starts\": [", startup,
-           k, iters);
+    printf("{\"startup_s\": %.4f, \"start\": %.6f, \"phase_ends\": {", startup, t_start);
+    for (int i = 0; i < N_PHASES; i++)
+        printf("%s\"%s\": %.6f", i ? ", " : "", PHASES[i], phase_end[i]);
+    printf("}, \"kernels_per_step\": %ld, \"iters\": %llu, \"step_starts\": [", k, iters);
     for (long i = 0; i < n; i++)
         printf("%s%.6f", i ? ", " : "", starts[i]);
     printf("], \"times\": [");
