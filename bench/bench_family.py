@@ -284,7 +284,7 @@ class Family(Harness):
         log(f"{name}: running (about {est:.1f} s)")
         t0 = time.time()
         try:
-            r = self.run_arm(m, arm, est)
+            r = self.run_arm(m, arm, est, rnd)
         except Exception as exc:  # noqa: BLE001 - a failed unit is a result, not the end of the run
             if isinstance(exc, subprocess.CalledProcessError):
                 exc = RuntimeError(f"{exc}: {exc.stderr or exc.stdout}")
@@ -303,7 +303,12 @@ class Family(Harness):
             + (f", training phase {r['train_phase']:.2f} s" if r.get("train_phase") else "")
             + (f", {sw['switches']} switches, idle p50 {fmt(sw.get('p50_ms'), '.3f')} ms" if sw else ""))
 
-    def run_arm(self, m: Member, arm: str, est: float) -> dict:
+    def start_phase(self, m: Member, rnd: int) -> float | None:
+        """--phases: the start phase of round rnd (interactive members keep their probe's delay)."""
+        phases = getattr(self.args, "phase_list", [])
+        return phases[rnd % len(phases)] if phases and m.kind != "interactive" else None
+
+    def run_arm(self, m: Member, arm: str, est: float, rnd: int = 0) -> dict:
         s = self.args.seconds
         base = self.base_env()
         timeout = 3 * est + 30
@@ -316,6 +321,14 @@ class Family(Harness):
             jobs = [Job(f"{tag}-{i}", c, base, self.logs) for i, c in enumerate(cmds)]
             return self.summarize(m, arm, run_jobs(jobs, together=False, timeout=timeout))
         cmds = [self.job_cmd(m, s) for _ in range(m.jobs)]
+        phase = self.start_phase(m, rnd)
+        if phase is not None:
+            # Past every arm's start-up (MPS's and the hook's included): job i's first step at
+            # i x phase of a step (its period alone) after job 0's.
+            first = time.time() + 3 * self.results["calibration"]["startup_s"] + 1.0
+            period = m.gpu_ms / m.busy / 1000
+            cmds = [c + ["--start-at", f"{first + i * phase * period:.6f}"] for i, c in enumerate(cmds)]
+            timeout += 3 * self.results["calibration"]["startup_s"] + 1.0
         if m.kind == "interactive":
             cmds.append(self.probe_cmd(probe_s, delay))
         sched = mps = None
@@ -346,6 +359,9 @@ class Family(Harness):
             if mps is not None:
                 mps.stop()
         res = self.summarize(m, arm, results)
+        if phase is not None:
+            res["start_phase"] = phase
+            res["start_at_late_ms"] = [j.get("start_at_late_ms") for j in results]
         if sched is not None:
             text = sched.log_path.read_text(errors="replace")
             lock = lock_analysis(parse_scheduler_log(text))
@@ -413,7 +429,7 @@ class Family(Harness):
 
 def repeat_summary(r: dict, rnd: int) -> dict:
     """What the report compares across rounds (derive adds x_serial)."""
-    keep = ("status", "train_phase", "first_step_offsets_ms", "switch")
+    keep = ("status", "train_phase", "first_step_offsets_ms", "switch", "start_phase", "start_at_late_ms")
     return {"round": rnd, **{k: r[k] for k in keep if k in r},
             "phases_ms": [j.get("phases") for j in r.get("jobs", [])]}
 
@@ -591,7 +607,8 @@ def repeat_table(results: dict) -> list[str]:
             else:
                 xs = [e["x_serial"] for e in runs if e.get("x_serial") is not None]
                 each = "; ".join(
-                    ("/".join(f"{o:.1f}" for o in sorted(e.get("first_step_offsets_ms", []))[1:]) or "–")
+                    (f"φ{e['start_phase']:g}: " if e.get("start_phase") is not None else "")
+                    + ("/".join(f"{o:.1f}" for o in sorted(e.get("first_step_offsets_ms", []))[1:]) or "–")
                     + (f" ({e['x_serial']:.3f})" if e.get("x_serial") is not None else f" ({e.get('status')})")
                     for e in runs)
                 row = [str(len(runs)), fmt(statistics.fmean(xs) if xs else None, ".3f"),
@@ -600,7 +617,8 @@ def repeat_table(results: dict) -> list[str]:
             first = False
     return lines + ["", "Each round ran the member's arms in an order rotated by one; the serial arm ran "
                     "once per member, the reference every round's ratio is to. Offsets: each job's first "
-                    "step after the first job's.", ""]
+                    "step after the first job's; φ: the start phase the round set (--phases, a fraction "
+                    "of a step: job i's first step i × φ of a step after job 0's).", ""]
 
 
 def cell(r: dict | None) -> str:
@@ -611,16 +629,30 @@ def cell(r: dict | None) -> str:
     return fmt(r.get("x_serial"), ".3f")
 
 
+def paired_ratio(a: dict, b: dict) -> tuple[float, int]:
+    """a over b: the mean of their ratios round by round where both ran more than one round (each
+    round's arms started alike, at one --phases phase), else their first runs'; and how many rounds."""
+    xa = {e["round"]: e["x_serial"] for e in a.get("repeats", []) if e.get("x_serial")}
+    xb = {e["round"]: e["x_serial"] for e in b.get("repeats", []) if e.get("x_serial")}
+    both = sorted(set(xa) & set(xb))
+    if len(both) > 1:
+        return statistics.fmean(xa[k] / xb[k] for k in both), len(both)
+    return a["x_serial"] / b["x_serial"], 1
+
+
 def summary(results: dict) -> list[str]:
     t = results.get("targets", {})
     met = sum(1 for v in t.values() if v and all(v.values()))
     lines = [f"Members with every target met: {met} of {len(t)}."]
-    corun = [(n, a["nvshare-corun"]["x_serial"] / a["colocate"]["x_serial"])
+    corun = [(n, *paired_ratio(a["nvshare-corun"], a["colocate"]))
              for n, a in results["members"].items()
              if a.get("nvshare-corun", {}).get("x_serial") and a.get("colocate", {}).get("x_serial")]
     if corun:
-        lines.append("`auto_share: corun` against plain co-location (same jobs, same run): "
-                     + ", ".join(f"{n} {v:.3f}" for n, v in corun) + ".")
+        lines.append("`auto_share: corun` against plain co-location (same jobs, same run"
+                     + ("; the mean over rounds, each round's two arms at the same start phase"
+                        if any(k > 1 for _, _, k in corun) else "") + "): "
+                     + ", ".join(f"{n} {v:.3f}" + (f" ({k} rounds)" if k > 1 else "") for n, v, k in corun)
+                     + ".")
     la = results.get("launch")
     if la:
         lines.append(f"Kernel launch with the demand sampler on (bench/bench_launch.sh, {la['rounds']} rounds "
@@ -788,6 +820,9 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=0.0)
     ap.add_argument("--resume", metavar="RESULTS_JSON")
     ap.add_argument("--launch-result", metavar="FILE", help="bench/bench_launch.sh output to include")
+    ap.add_argument("--phases", metavar="LIST", help="comma-separated fractions of a step (e.g. 0,0.25,0.5): "
+                    "round r starts job i's first step i x phases[r mod n] of a step after job 0's, in "
+                    "every arm but serial (burst --start-at), so arms meet equal start phases")
     ap.add_argument("--hook-debug", action="store_true", help="the hook's debug log in the nvshare arms")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     args = ap.parse_args()
@@ -811,6 +846,12 @@ def main() -> int:
         ap.error("--seconds must be above 0")
     if args.repeat < 1:
         ap.error("--repeat must be 1 or more")
+    try:
+        args.phase_list = [float(x) for x in args.phases.split(",")] if args.phases else []
+    except ValueError:
+        ap.error(f"--phases: not a list of numbers: {args.phases}")
+    if any(not 0 <= x < 1 for x in args.phase_list):
+        ap.error("--phases: each phase is a fraction of a step, from 0 up to (not including) 1")
     todo = selected(args, ap)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

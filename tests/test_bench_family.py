@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,11 +108,45 @@ def test_rounds_past_the_time_budget_are_left_pending_by_name(built, tmp_path):
                               "pair-b10-g5-fixed/colocate round 2"]
 
 
+def test_phases_set_every_arms_start_offsets_alike(built, tmp_path):
+    """--phases 0,0.5: round 1 starts both jobs' steps together, round 2 half a step (8.3 ms of
+    pair-b30-g5's 16.7) apart, in each arm alike; the corun summary pairs the arms round by round."""
+    run = family("--out", str(tmp_path), "--smoke-cpu", "--seconds", "0.3", "--repeat", "2",
+                 "--phases", "0,0.5", "--members", "pair-b30-g5-fixed",
+                 "--arms", "serial,colocate,nvshare-corun")
+    assert run.returncode == 0, run.stdout + run.stderr
+    arms = json.loads((tmp_path / "results.json").read_text())["members"]["pair-b30-g5-fixed"]
+    for arm in ("colocate", "nvshare-corun"):
+        runs = sorted(arms[arm]["repeats"], key=lambda e: e["round"])
+        assert [e["start_phase"] for e in runs] == [0.0, 0.5]
+        for e, want in zip(runs, (0.0, 5 / 0.3 / 2)):
+            assert e["start_at_late_ms"] == [0.0, 0.0], e     # start-ups ended before the set time
+            assert max(e["first_step_offsets_ms"]) == pytest.approx(want, abs=2.0), e
+    assert "φ0.5: " in run.stdout
+    assert re.search(r"`auto_share: corun` against plain co-location .*pair-b30-g5-fixed \d\.\d{3} \(2 rounds\)",
+                     run.stdout), run.stdout
+    assert "start_phase" not in arms["serial"]
+
+
+def test_burst_start_at_in_the_past_starts_at_once_and_says_how_late(built):
+    cmd = [str(bench_family.BURST), "--ipm", "100", "--gpu-ms", "2", "--host-ms", "1", "--steps", "2",
+           "--start-at", f"{time.time() - 5:.6f}"]
+    env = {"LD_LIBRARY_PATH": str(REPO / "tests" / "c" / "build"), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["start_at_late_ms"] >= 5000 and len(out["step_starts"]) == 2
+
+
 def test_bad_selections_are_clear_errors(tmp_path):
     run = family("--out", str(tmp_path), "--members", "pair-b99-g5-fixed")
     assert run.returncode == 2 and "unknown member(s): pair-b99-g5-fixed" in run.stderr
     run = family("--out", str(tmp_path), "--arms", "serial,turns")
     assert run.returncode == 2 and "unknown arm(s): turns" in run.stderr
+    run = family("--out", str(tmp_path), "--phases", "0,1.5")
+    assert run.returncode == 2 and "--phases: each phase is a fraction of a step" in run.stderr
+    run = family("--out", str(tmp_path), "--phases", "0,half")
+    assert run.returncode == 2 and "--phases: not a list of numbers: 0,half" in run.stderr
 
 
 def test_burst_rejects_what_it_cannot_run(built):

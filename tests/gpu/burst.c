@@ -14,8 +14,12 @@
  *
  *   burst --calibrate [--kernel-ms 1]
  *   burst --ipm N --gpu-ms G [--kernel-ms 1] (--host-ms H | --host-ratio R) (--steps S | --seconds T)
- *         [--start-delay SECONDS] [--gpu-times]
+ *         [--start-delay SECONDS] [--start-at EPOCH_SECONDS] [--gpu-times]
  *
+ * --start-at holds the first step until that wall-clock time: jobs started together begin their
+ * steps at offsets the caller chose, whatever their start-ups did (bursty jobs with fixed pauses keep
+ * the phase they start in, so a comparison of arms must start them in the same one). A start-up
+ * that ends past it starts at once and reports "start_at_late_ms".
  * Prints one JSON line: each step's start and end (epoch seconds, as time.time()), its burst's
  * latency in ms (issue to synchronise, what an interactive user waits), and the start-up time.
  * --gpu-times adds "gpu_kernels": [[start_ns, end_ns], ...], each measured-step kernel's first block
@@ -269,6 +273,7 @@ static double arg_num(int argc, char **argv, int *i)
 int main(int argc, char **argv)
 {
     double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
+    double start_at = 0;
     long steps = 0;
     int do_calibrate = 0, gpu_times = 0;
     for (int i = 1; i < argc; i++) {
@@ -281,6 +286,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps")) steps = (long)arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--seconds")) seconds = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--start-delay")) delay = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--start-at")) start_at = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--gpu-times")) gpu_times = 1;
         else {
             fprintf(stderr, "burst: unknown argument %s (see the comment at the top of burst.c)\n", argv[i]);
@@ -321,6 +327,14 @@ int main(int argc, char **argv)
     phase_end[5] = now_epoch();
     double startup = now_epoch() - t_start;
     sleep_s(delay);
+    double late_ms = 0;
+    if (start_at > 0) {
+        double wait = start_at - now_epoch();
+        if (wait > 0)
+            sleep_s(wait);
+        else
+            late_ms = -wait * 1000;
+    }
     long cap = steps > 0 ? steps : 10000000;
     double *starts = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
     double *ends = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
@@ -339,7 +353,10 @@ int main(int argc, char **argv)
         n++;
         sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
     }
-    printf("{\"startup_s\": %.4f, \"start\": %.6f, \"phase_ends\": {", startup, t_start);
+    printf("{\"startup_s\": %.4f, \"start\": %.6f, ", startup, t_start);
+    if (start_at > 0)
+        printf("\"start_at_late_ms\": %.3f, ", late_ms);
+    printf("\"phase_ends\": {");
     for (int i = 0; i < N_PHASES; i++)
         printf("%s\"%s\": %.6f", i ? ", " : "", PHASES[i], phase_end[i]);
     printf("}, \"kernels_per_step\": %ld, \"iters\": %llu, \"step_starts\": [", k, iters);
