@@ -76,6 +76,20 @@ static void handoff_forget(struct nvshare_gpu *g)
 static void open_gate(struct nvshare_gpu *g);
 static void ensure_keeper(struct nvshare_gpu *g);
 
+/* With g->mu held: this process holds the lock from now on, by grant or by hand-over (the gate
+ * opens after). bursts: co-running with the other holders, bursts taking turns (shared page). */
+static void hold_lock(struct nvshare_gpu *g, int bursts)
+{
+    ensure_keeper(g);
+    atomic_store(&g->mode, GPU_GATED);
+    g->held = 1;
+    g->contended = 0;
+    g->drop_pending = 0;
+    g->granted_ns = nvshare_now_ns();
+    g->no_room_until = 0;
+    atomic_store(&g->burst_armed, bursts && atomic_load(&g->burst_page) != NULL);
+}
+
 /* With g->mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
  * memory must come back first, which the grant arranges: then we wait for it. */
 static void handoff_take(struct nvshare_gpu *g)
@@ -85,14 +99,7 @@ static void handoff_take(struct nvshare_gpu *g)
     if (g->held || !g->requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->swap_busy ||
         !nvshare_outbox_connected())
         return;
-    ensure_keeper(g);
-    atomic_store(&g->mode, GPU_GATED);
-    g->held = 1;
-    g->contended = 0;
-    g->drop_pending = 0;
-    g->granted_ns = nvshare_now_ns();
-    g->no_room_until = 0;
-    atomic_store(&g->burst_armed, 0);
+    hold_lock(g, 0);   /* g->requested stays: the grant that follows answers the request */
     open_gate(g);
     nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
 }
@@ -573,18 +580,10 @@ static void ensure_keeper(struct nvshare_gpu *g)
 void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
 {
     pthread_mutex_lock(&g->mu);
-    ensure_keeper(g);
-    atomic_store(&g->mode, GPU_GATED);
-    g->held = 1;
-    g->requested = 0;
-    g->contended = 0;
-    g->drop_pending = 0;
-    g->granted_ns = nvshare_now_ns();
-    g->no_room_until = 0;
-    handoff_forget(g);
     /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
-    atomic_store(&g->burst_armed, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS) &&
-                                      atomic_load(&g->burst_page) != NULL);
+    hold_lock(g, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS));
+    g->requested = 0;
+    handoff_forget(g);
     /* A PREPARE_SWAP_OUT not yet done, or being done, is overtaken by the grant: moving memory
      * out only to bring it back would stall this job (measured: 11 s for 22 GiB, pinning first). */
     int unanswered_ask = g->swap_now_bytes != 0 && !g->swap_busy;
