@@ -172,6 +172,32 @@ static int ask_daemon(struct nvshare_gpu *g, uint64_t request, uint32_t flags,
     return status == NVSHARE_ERR_NOMEM ? 1 : 0;
 }
 
+/* Small allocations, which the daemon answers at once and never defers nor holds for room
+ * (gpustate.SMALL_REQUEST), are admitted here after an answer, up to a sixteenth of the headroom
+ * that answer left (at most SMALL_BUDGET_MAX); each is reported as every allocation is, and the
+ * first one past that asks again. Asking is a round trip to the daemon, which programs allocating
+ * small buffers often paid on every call (tens to hundreds of microseconds). One process cannot
+ * pass its job's limit this way; the processes of one job at once, past sixteen of them, by at
+ * most SMALL_BUDGET_MAX each. */
+#define SMALL_REQUEST_BYTES (2ull << 20)
+#define SMALL_BUDGET_MAX (16ull << 20)
+
+static int take_small_budget(struct nvshare_gpu *g, uint64_t bytes)
+{
+    uint64_t have = atomic_load(&g->small_budget);
+    while (have >= bytes)
+        if (atomic_compare_exchange_weak(&g->small_budget, &have, have - bytes))
+            return 1;
+    return 0;
+}
+
+static void set_small_budget(struct nvshare_gpu *g, int refused, const struct nvshare_mem_reply *reply,
+                             uint64_t bytes)
+{
+    uint64_t left = !refused && reply->available > bytes ? (reply->available - bytes) / 16 : 0;
+    atomic_store(&g->small_budget, left < SMALL_BUDGET_MAX ? left : SMALL_BUDGET_MAX);
+}
+
 static int accounted(struct nvshare_gpu *g)
 {
     return g && nvshare_cfg.active && atomic_load(&g->mode) != GPU_PASS;
@@ -192,9 +218,14 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
                     (unsigned long long)(allocated + bytes), (unsigned long long)nvshare_cfg.mem_limit);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (bytes < SMALL_REQUEST_BYTES && !flags && take_small_budget(g, bytes))
+        return CUDA_SUCCESS;
     struct nvshare_mem_reply reply;
     int answered;
-    if (ask_daemon(g, bytes, flags, &reply, &answered)) {
+    int refused = ask_daemon(g, bytes, flags, &reply, &answered);
+    if (answered)
+        set_small_budget(g, refused, &reply, bytes);
+    if (refused) {
         nvshare_log("gpu %s: allocation of %llu bytes refused by nvshare-scheduler: the job may still "
                     "allocate %llu of %llu bytes here", g->uuid, (unsigned long long)bytes,
                     (unsigned long long)reply.available, (unsigned long long)reply.total);
@@ -231,6 +262,7 @@ void nvshare_memory_resend(void)
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
+        atomic_store(&g->small_budget, 0);   /* a new daemon: its first answer sets it */
         if (allocated_on(g) && atomic_load(&g->mode) != GPU_PASS)
             nvshare_memory_report(g);
     }
@@ -252,6 +284,7 @@ void nvshare_memory_after_fork(void)
     for (int i = 0; i < n; i++) {
         nvshare_gpus[i].allocated = 0;
         atomic_store(&nvshare_gpus[i].pool_bytes, 0);
+        atomic_store(&nvshare_gpus[i].small_budget, 0);
         nvshare_gpus[i].n_pools = 0;
     }
 }

@@ -200,6 +200,7 @@ struct nvshare_gpu {
     CUmemoryPool pools[NVSHARE_MAX_POOLS];  /* stream-ordered pools on this GPU */
     int n_pools;
     _Atomic uint64_t pool_bytes;  /* their reserved memory (and graph memory), last sampled */
+    _Atomic uint64_t small_budget;  /* small allocations admitted without asking (memory.c) */
     /* swap.c's counters, read by memory.c */
     _Atomic uint64_t swappable;   /* resident bytes that can move (swap.c backing) */
     _Atomic uint64_t swapped;     /* bytes not on the GPU now (in host memory, or not yet created) */

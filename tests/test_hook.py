@@ -318,6 +318,27 @@ def test_mem_limit_and_the_jobs_view_of_memory(hook_lib, scheduler, tmp_path):
     assert "NVSHARE_MEM_LIMIT" in out.stderr  # the refusal is explained on stderr
 
 
+def test_small_allocations_up_to_the_jobs_limit_exactly(hook_lib, scheduler, tmp_path):
+    """Small allocations are admitted from a budget each answer of the daemon leaves (a sixteenth
+    of the headroom): the job's limit, 8 MiB, still lets exactly 32 of 40 256-KiB allocations
+    through, freeing some lets as many more through, and refusals are the daemon's."""
+    kib = 1 << 10
+    scheduler.client().register_job(143, uid=os.getuid(), gid=os.getgid(), gpu_index=[0],
+                                     mem_limit=8 << 20)
+    job = Job.__new__(Job)
+    job.env = {"NVSHARE_SOCKET": scheduler.socket, "NVSHARE_JOB_ID": "143", "SLURM_STEP_ID": "0",
+               "CUDA_VISIBLE_DEVICES": GPU0, "NVSHARE_MANAGED_GPUS": GPU0,
+               "FAKE_CUDA_TRACE": str(tmp_path / "trace")}
+    steps = ["init", "ctx:0"] + [f"alloc:{256 * kib}"] * 40 + ["free:0", "free:0", "free:0"] \
+        + [f"alloc:{256 * kib}"] * 5
+    out = run_nvtest(hook_lib, steps, env=job.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rcs = [line.split("rc=")[1] for line in out.stdout.splitlines() if line.startswith("alloc ")]
+    assert rcs[:40] == ["0"] * 32 + ["2"] * 8, rcs
+    assert rcs[40:] == ["0"] * 3 + ["2"] * 2, rcs
+    assert "refused by nvshare-scheduler" in out.stderr
+
+
 def test_memory_is_reported_to_the_daemon(hook_lib, scheduler, tmp_path, procs):
     job = Job(scheduler, 142, tmp_path / "trace", gpu_index=[1])
     proc = start_nvtest(hook_lib, ["init", "ctx:1", f"alloc:{3 << 20}", "vm:4194304", "launch:1000",

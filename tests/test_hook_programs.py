@@ -214,6 +214,24 @@ def scripted_env(sock: Path, trace: Path, **extra: str) -> dict:
             **extra}
 
 
+def test_small_allocations_ask_the_daemon_once_per_budget(hook_lib, tmp_path, procs):
+    """With 8 GiB of headroom, 100 allocations of 256 KiB (25 MiB) ask the daemon twice: the
+    first, then once each time the 16 MiB budget an answer leaves is spent; every one of them is
+    still reported, so the daemon's last word on this process is all 25 MiB."""
+    daemon = ScriptedDaemon(tmp_path / "d.sock")
+    proc = start_nvtest(hook_lib, ["init", "ctx:0"] + [f"alloc:{256 << 10}"] * 100 + ["sleep:300"],
+                        scripted_env(tmp_path / "d.sock", tmp_path / "trace"))
+    procs.append(proc)
+    out = finish(proc)
+    assert out.count("rc=0") == 100, out
+    updates = [body for _, kind, body in daemon.received if kind == C.NVSHARE_MSG_MEM_UPDATE]
+    asks = [body for body in updates if body.request]
+    assert len(asks) == 2, [(b.request, b.allocated) for b in asks]
+    # The second ask comes once 16 MiB were admitted without asking after the first one.
+    assert asks[1].allocated == (1 + 64) * (256 << 10)
+    assert updates[-1].allocated == 100 * (256 << 10) and not updates[-1].request
+
+
 def test_a_stuck_drain_on_one_gpu_does_not_hold_up_another(hook_lib, tmp_path, procs):
     """GPU0's drain waits for a 2 s kernel; GPU1, asked to release meanwhile, must not wait for it
     (the context table's lock was held across GPU0's synchronise)."""
