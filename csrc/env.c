@@ -150,6 +150,20 @@ int nvshare_gpu_is_managed(const char *uuid)
     return 0;
 }
 
+/* A setting that is on unless set to off, 0, false or no; anything else but on, 1, true, yes is
+ * said once and taken as on. */
+static int on_off(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 1;
+    if (!strcasecmp(v, "off") || !strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no"))
+        return 0;
+    if (strcasecmp(v, "on") && strcmp(v, "1") && strcasecmp(v, "true") && strcasecmp(v, "yes"))
+        nvshare_log("%s=%s is neither 'on' nor 'off'; using 'on'", name, v);
+    return 1;
+}
+
 void nvshare_read_settings(void)
 {
     memset(&nvshare_cfg, 0, sizeof nvshare_cfg);
@@ -198,16 +212,8 @@ void nvshare_read_settings(void)
         nvshare_cfg.mem_limit = 0;
     }
 
-    const char *swap = getenv("NVSHARE_SWAP");
-    nvshare_cfg.swap = 1;
-    if (swap && *swap) {
-        if (!strcasecmp(swap, "off") || !strcmp(swap, "0") || !strcasecmp(swap, "false") ||
-            !strcasecmp(swap, "no"))
-            nvshare_cfg.swap = 0;
-        else if (strcasecmp(swap, "on") && strcmp(swap, "1") && strcasecmp(swap, "true") &&
-                 strcasecmp(swap, "yes"))
-            nvshare_log("NVSHARE_SWAP=%s is neither 'on' nor 'off'; using 'on'", swap);
-    }
+    nvshare_cfg.swap = on_off("NVSHARE_SWAP");
+    nvshare_cfg.alloc_budget = on_off("NVSHARE_ALLOC_BUDGET");
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

@@ -194,7 +194,8 @@ static int take_small_budget(struct nvshare_gpu *g, uint64_t bytes)
 static void set_small_budget(struct nvshare_gpu *g, int refused, const struct nvshare_mem_reply *reply,
                              uint64_t bytes)
 {
-    uint64_t left = !refused && reply->available > bytes ? (reply->available - bytes) / 16 : 0;
+    uint64_t left = nvshare_cfg.alloc_budget && !refused && reply->available > bytes
+                  ? (reply->available - bytes) / 16 : 0;
     atomic_store(&g->small_budget, left < SMALL_BUDGET_MAX ? left : SMALL_BUDGET_MAX);
 }
 

@@ -113,6 +113,7 @@ struct nvshare_settings {
     int loss_policy;
     uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
     int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
+    int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

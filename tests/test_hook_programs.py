@@ -232,6 +232,21 @@ def test_small_allocations_ask_the_daemon_once_per_budget(hook_lib, tmp_path, pr
     assert updates[-1].allocated == 100 * (256 << 10) and not updates[-1].request
 
 
+@pytest.mark.parametrize("setting, asks", [("off", 20), ("maybe", 1)])
+def test_alloc_budget_off_asks_for_every_allocation(hook_lib, tmp_path, procs, setting, asks):
+    """NVSHARE_ALLOC_BUDGET=off: a question for each small allocation; a value that is neither on
+    nor off is said and taken as on."""
+    daemon = ScriptedDaemon(tmp_path / "d.sock")
+    proc = start_nvtest(hook_lib, ["init", "ctx:0"] + [f"alloc:{256 << 10}"] * 20 + ["sleep:200"],
+                        scripted_env(tmp_path / "d.sock", tmp_path / "trace", NVSHARE_ALLOC_BUDGET=setting))
+    procs.append(proc)
+    assert finish(proc).count("rc=0") == 20
+    got = [b for _, kind, b in daemon.received if kind == C.NVSHARE_MSG_MEM_UPDATE and b.request]
+    assert len(got) == asks
+    assert ("NVSHARE_ALLOC_BUDGET=maybe is neither 'on' nor 'off'; using 'on'" in proc.stderr_text) \
+        == (setting == "maybe")
+
+
 def test_a_stuck_drain_on_one_gpu_does_not_hold_up_another(hook_lib, tmp_path, procs):
     """GPU0's drain waits for a 2 s kernel; GPU1, asked to release meanwhile, must not wait for it
     (the context table's lock was held across GPU0's synchronise)."""
