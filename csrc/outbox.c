@@ -22,9 +22,16 @@
 _Static_assert(sizeof(struct nvshare_demand) <= OUTBOX_PAYLOAD, "a DEMAND frame fits the outbox");
 #define MAX_PENDING 64
 
-struct queued {
+/* A memory report alone in the outbox waits this long for newer numbers to merge into it: a
+ * program allocating and freeing every 100 us sent the daemon two reports each time, and the
+ * daemon's pass over each (tens of microseconds of Python) delayed the next question behind them.
+ * Any other frame queued behind it sends it at once; a question carries its own numbers. */
+#define REPORT_HOLD_NS 1000000ull
+
+struct queued {                    /* hdr and payload go out as they lie: one frame */
     struct nvshare_hdr hdr;
     char payload[OUTBOX_PAYLOAD];
+    uint64_t queued_ns;
 };
 
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -126,6 +133,7 @@ static uint32_t enqueue(uint16_t type, const void *payload, uint32_t length)
     }
     struct queued *q = &ring[(head + count) % OUTBOX_FRAMES];
     uint32_t seq = nvshare_fill_header(&q->hdr, type, length);
+    q->queued_ns = nvshare_now_ns();
     memcpy(q->payload, payload, length);
     count++;
     pthread_cond_signal(&writer_cv);
@@ -277,8 +285,19 @@ void nvshare_outbox_link(int fd)
 int nvshare_outbox_take(void *frame, size_t cap, size_t *len, int *fd)
 {
     lock_outbox();
-    while (!(count && link_fd >= 0))
-        pthread_cond_wait(&writer_cv, &out_mu);
+    for (;;) {
+        while (!(count && link_fd >= 0))
+            pthread_cond_wait(&writer_cv, &out_mu);
+        const struct queued *first = &ring[head];
+        uint64_t now = nvshare_now_ns();
+        if (count > 1 || first->hdr.type != NVSHARE_MSG_MEM_UPDATE ||
+            ((const struct nvshare_mem_update *)first->payload)->request != 0 ||
+            now >= first->queued_ns + REPORT_HOLD_NS)
+            break;
+        struct timespec until;
+        deadline_in(&until, first->queued_ns + REPORT_HOLD_NS - now);
+        pthread_cond_timedwait(&writer_cv, &out_mu, &until);
+    }
     struct queued *q = &ring[head];
     size_t n = sizeof q->hdr + q->hdr.length;
     if (n <= cap) {

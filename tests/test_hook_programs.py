@@ -232,6 +232,20 @@ def test_small_allocations_ask_the_daemon_once_per_budget(hook_lib, tmp_path, pr
     assert updates[-1].allocated == 100 * (256 << 10) and not updates[-1].request
 
 
+def test_memory_reports_are_merged_not_sent_per_allocation(hook_lib, tmp_path, procs):
+    """300 alloc/free pairs of 4 KiB back to back: the reports wait a moment for newer numbers
+    (docs/design-hook.md, "Memory"), so the daemon reads fewer of them than there were pairs, and
+    the last one, 0 bytes held, still arrives while the program sleeps."""
+    daemon = ScriptedDaemon(tmp_path / "d.sock")
+    steps = ["init", "ctx:0"] + ["alloc:4096", "free:0"] * 300 + ["sleep:300"]
+    proc = start_nvtest(hook_lib, steps, scripted_env(tmp_path / "d.sock", tmp_path / "trace"))
+    procs.append(proc)
+    assert finish(proc).count("free rc=0") == 300
+    reports = [b for _, kind, b in daemon.received if kind == C.NVSHARE_MSG_MEM_UPDATE and not b.request]
+    assert 1 <= len(reports) < 300, len(reports)
+    assert reports[-1].allocated == 0
+
+
 @pytest.mark.parametrize("setting, asks", [("off", 20), ("maybe", 1)])
 def test_alloc_budget_off_asks_for_every_allocation(hook_lib, tmp_path, procs, setting, asks):
     """NVSHARE_ALLOC_BUDGET=off: a question for each small allocation; a value that is neither on
