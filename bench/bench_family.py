@@ -325,10 +325,11 @@ class Family(Harness):
         if phase is not None:
             # Past every arm's start-up (MPS's and the hook's included): job i's first step at
             # i x phase of a step (its period alone) after job 0's.
-            first = time.time() + 3 * self.results["calibration"]["startup_s"] + 1.0
+            lead = 3 * self.results["calibration"]["startup_s"] + 1.0
+            first = time.time() + lead
             period = m.gpu_ms / m.busy / 1000
             cmds = [c + ["--start-at", f"{first + i * phase * period:.6f}"] for i, c in enumerate(cmds)]
-            timeout += 3 * self.results["calibration"]["startup_s"] + 1.0
+            timeout += lead
         if m.kind == "interactive":
             cmds.append(self.probe_cmd(probe_s, delay))
         sched = mps = None

@@ -903,8 +903,7 @@ class GpuState:
             holder = next(iter(self.holders.values()))
             if holder.drop_at is None:
                 head = next(iter(self.queue.values()))[0]
-                head_rank = head.rank
-                if head_rank > holder.client.rank:
+                if head.rank > holder.client.rank:
                     # Only worse classes wait: they get the time it leaves idle, never a timeslice
                     # (nor that time when it would cost a swap each way).
                     if not self._switch_needs_swap() and self._leaves_idle_time(holder, now):
@@ -914,7 +913,7 @@ class GpuState:
                 if not holder.contended and not self._switch_needs_swap():
                     holder.contended = True
                     out.append(Action(CONTENDED, holder.client))
-                if head_rank < holder.client.rank \
+                if head.rank < holder.client.rank \
                         or now >= self.contention_since + self.switch_interval():
                     self._end_turn(holder, head, now, out, self._holder_must_move())
 
