@@ -61,6 +61,11 @@ class GpuSpec:
     uuid: str
     memory: int
     index: int
+    device: str = ""    # the GPU's device file; "" = /dev/nvidia<index>
+
+    @property
+    def device_path(self) -> str:
+        return self.device or f"/dev/nvidia{self.index}"
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["gpus"] = [{"uuid": g.uuid, "memory": g.memory, "index": g.index} for g in self.gpus]
+        out["gpus"] = [{"uuid": g.uuid, "memory": g.memory, "index": g.index,
+                        "device": g.device_path} for g in self.gpus]
         out["priority_classes"] = self.priority_classes.as_dict()
         return out
 
@@ -131,6 +137,7 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 _NODE_RE = re.compile(r"^(-|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+_DEVICE_RE = re.compile(r"^/[A-Za-z0-9_./-]{1,254}$")
 
 
 def _convert(key: str, value: Any, source: str) -> Any:
@@ -200,18 +207,25 @@ def _convert_gpus(value: Any, where: str) -> tuple[GpuSpec, ...]:
         raise ConfigError(f"{where}: expected a list of {{uuid, memory}}, got {value!r}")
     specs = []
     for index, item in enumerate(value):
-        if not isinstance(item, dict) or set(item) - {"uuid", "memory"} or "uuid" not in item \
-                or "memory" not in item:
-            raise ConfigError(f"{where}[{index}]: expected {{uuid: ..., memory: ...}}, got {item!r}")
+        if not isinstance(item, dict) or set(item) - {"uuid", "memory", "device"} \
+                or "uuid" not in item or "memory" not in item:
+            raise ConfigError(f"{where}[{index}]: expected {{uuid: ..., memory: ..., device: ...}} "
+                              f"(device optional), got {item!r}")
         uuid = str(item["uuid"])
         if not _UUID_RE.match(uuid):
             raise ConfigError(f"{where}[{index}].uuid: {uuid!r} is not a usable GPU UUID")
         memory = parse_size(item["memory"], f"{where}[{index}].memory")
         if memory <= 0:
             raise ConfigError(f"{where}[{index}].memory: must be positive")
-        specs.append(GpuSpec(uuid=uuid, memory=memory, index=index))
+        device = str(item.get("device") or "")
+        if device and (not device.startswith("/") or not _DEVICE_RE.match(device)):
+            raise ConfigError(f"{where}[{index}].device: {device!r} is not an absolute path of "
+                              f"plain characters (letters, digits, / . _ -)")
+        specs.append(GpuSpec(uuid=uuid, memory=memory, index=index, device=device))
     if len({s.uuid for s in specs}) != len(specs):
         raise ConfigError(f"{where}: the same uuid is listed twice")
+    if len({s.device_path for s in specs}) != len(specs):
+        raise ConfigError(f"{where}: the same device file is listed twice")
     return tuple(specs)
 
 

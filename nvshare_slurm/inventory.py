@@ -21,6 +21,7 @@ class GpuInfo:
     index: int
     name: str
     memory_total: int
+    device: str = ""    # the GPU's device file (/dev/nvidia<minor>); what a job opens to reach it
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class ConfiguredInventory:
     """GPUs named in the config (machines without NVIDIA GPUs); they never show processes."""
 
     def __init__(self, specs: Any):
-        self._gpus = [GpuInfo(s.uuid, s.index, "configured", s.memory) for s in specs]
+        self._gpus = [GpuInfo(s.uuid, s.index, "configured", s.memory, s.device_path)
+                      for s in specs]
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
@@ -80,8 +82,9 @@ class NvmlInventory:
                 uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
                 name = name.decode() if isinstance(name, bytes) else name
                 memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+                device = f"/dev/nvidia{int(nv.nvmlDeviceGetMinorNumber(handle))}"
                 self._handles[uuid] = handle
-                out.append(GpuInfo(uuid, index, name, memory))
+                out.append(GpuInfo(uuid, index, name, memory, device))
         except nv.NVMLError as exc:
             raise _nvml_error(exc, "listing the GPUs") from None
         return out

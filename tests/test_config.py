@@ -209,8 +209,15 @@ def test_gpus_list_gets_indices_and_sizes(tmp_path):
     cfg = load_text(tmp_path,
                     "gpus:\n - {uuid: GPU-a, memory: 16G}\n - {uuid: GPU-b, memory: 1024}\n")
     assert cfg.gpus == (config.GpuSpec("GPU-a", 16 << 30, 0), config.GpuSpec("GPU-b", 1024, 1))
-    assert cfg.as_dict()["gpus"] == [{"uuid": "GPU-a", "memory": 16 << 30, "index": 0},
-                                     {"uuid": "GPU-b", "memory": 1024, "index": 1}]
+    assert cfg.as_dict()["gpus"] == [
+        {"uuid": "GPU-a", "memory": 16 << 30, "index": 0, "device": "/dev/nvidia0"},
+        {"uuid": "GPU-b", "memory": 1024, "index": 1, "device": "/dev/nvidia1"}]
+
+
+def test_a_gpu_names_its_device_file(tmp_path):
+    cfg = load_text(tmp_path, "gpus:\n - {uuid: GPU-a, memory: 1G, device: /tmp/fake/nvidia7}\n"
+                              " - {uuid: GPU-b, memory: 1G}\n")
+    assert [g.device_path for g in cfg.gpus] == ["/tmp/fake/nvidia7", "/dev/nvidia1"]
 
 
 @pytest.mark.parametrize("gpus,message", [
@@ -222,6 +229,10 @@ def test_gpus_list_gets_indices_and_sizes(tmp_path):
     ("[{uuid: GPU-a, memory: 0}]", r"\[0\]\.memory: must be positive"),
     ("[{uuid: GPU-a, memory: lots}]", r"\[0\]\.memory.*'lots'"),
     ("[{uuid: GPU-a, memory: 1G}, {uuid: GPU-a, memory: 2G}]", "listed twice"),
+    ("[{uuid: GPU-a, memory: 1G, device: dev/nvidia0}]", r"\[0\]\.device: 'dev/nvidia0' is not"),
+    ("[{uuid: GPU-a, memory: 1G, device: '/dev/nv idia0'}]", r"\[0\]\.device: .* not an absolute"),
+    ("[{uuid: GPU-a, memory: 1G}, {uuid: GPU-b, memory: 1G, device: /dev/nvidia0}]",
+     "the same device file is listed twice"),
 ])
 def test_bad_gpus_are_refused(tmp_path, gpus, message):
     with pytest.raises(ConfigError, match=message):
