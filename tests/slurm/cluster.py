@@ -1,4 +1,4 @@
-"""A real Slurm 22.05 cluster in a temp dir: its own munged, slurmctld and one slurmd per node.
+"""A real Slurm cluster (22.05 to 24.11) in a temp dir: its own munged, slurmctld, slurmd per node.
 
 Every node runs on this machine (`slurmd -N <node>`, one port each). Each node gets its own
 nvshare-scheduler config (socket, state dir, fake GPUs); Slurm's Prolog/Epilog/TaskProlog point at
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import yaml
 
-SBIN = Path("/usr/sbin")
-BIN = Path("/usr/bin")
+# Where Slurm's daemons and commands are; a Slurm built into another prefix names its own.
+SBIN = Path(os.environ.get("NVSHARE_TEST_SLURM_SBIN", "/usr/sbin"))
+BIN = Path(os.environ.get("NVSHARE_TEST_SLURM_BIN", "/usr/bin"))
 FAKE_GPUS = [
     {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000000", "memory": "16G"},
     {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000001", "memory": "16G"},

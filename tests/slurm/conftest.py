@@ -1,4 +1,4 @@
-"""A real Slurm 22.05 cluster for the whole session: two nodes on this machine, each with its own
+"""A real Slurm cluster for the whole session: two nodes on this machine, each with its own
 nvshare-scheduler. n1: count-only `Gres=nvshare:64`; n2: typed `Gres=nvshare:gpu0:4,nvshare:gpu1:4`.
 (Slurm 22.05.8 with count-only and typed nvshare GRES in one cluster refused a count-only node's
 fifth nvshare unit of the session with 4 slots, all freed: `gres_sched_create_sock_gres_list` failed
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import SBIN, SlurmCluster
+from .cluster import BIN, SBIN, SlurmCluster
 
 NODES = [
     ("n1", "nvshare:64", ["NodeName=n1 Name=nvshare Count=64"]),
@@ -59,7 +59,7 @@ def healthy(cluster):
             cluster.start_scheduler(node)
     cluster.scontrol("update", f"nodename={','.join(cluster.nodes)}", "state=resume")
     yield cluster
-    cluster.run(["/usr/bin/scancel", "-u", "root"], timeout=10)
+    cluster.run([BIN / "scancel", "-u", "root"], timeout=10)
 
 
 @pytest.fixture

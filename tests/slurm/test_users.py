@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .cluster import BIN, FAKE_GPUS, SlurmCluster, entry_point, registered_jobs, wait_until
+from .cluster import BIN, FAKE_GPUS, SBIN, SlurmCluster, entry_point, registered_jobs, wait_until
 
 USERS = ("nvs-alice", "nvs-bob")
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def site():
         pytest.skip("real-Slurm tests need root (slurmd runs jobs as their users)")
     if shutil.which("useradd") is None or shutil.which("runuser") is None:
         pytest.skip("needs useradd and runuser (util-linux, passwd)")
-    if not Path("/usr/sbin/slurmctld").exists() or not Path("/etc/munge/munge.key").exists():
+    if not (SBIN / "slurmctld").exists() or not Path("/etc/munge/munge.key").exists():
         pytest.skip("real-Slurm tests need Slurm and munge installed; run scripts/install-demo-slurm.sh")
     created: list[str] = []
     cluster = None
