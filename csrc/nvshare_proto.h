@@ -61,7 +61,10 @@ enum nvshare_msg_type {
     NVSHARE_MSG_STATUS_REPLY = 25,          /* d->any   struct nvshare_status_reply, then json_length bytes of UTF-8 JSON */
     NVSHARE_MSG_ADMIN_UPDATE = 26,          /* root/SlurmUser->d  struct nvshare_admin_update -> REPLY */
     NVSHARE_MSG_REPLY = 27,                 /* d->any   struct nvshare_reply */
-    NVSHARE_MSG_HEARTBEAT = 28              /* either way  struct nvshare_heartbeat; the daemon echoes it */
+    NVSHARE_MSG_HEARTBEAT = 28,             /* either way  struct nvshare_heartbeat; the daemon echoes it */
+    NVSHARE_MSG_DEVICE_OPEN = 29            /* job process->d  struct nvshare_device_open -> REPLY, with one file
+                                               descriptor (SCM_RIGHTS) when OK: the GPU's device file, opened by the
+                                               daemon for a process that Slurm's device cgroup keeps from it */
 };
 
 enum nvshare_status {
@@ -229,6 +232,15 @@ struct nvshare_reply {
     int32_t status;
     uint32_t reserved;
     char message[256];
+};
+
+struct nvshare_device_open {
+    uint32_t job_id;
+    uint32_t step_id;           /* SLURM_STEP_ID, or NVSHARE_STEP_BATCH (log lines only) */
+    uint32_t dev_major;         /* the device file the process could not open (stat's st_rdev) */
+    uint32_t dev_minor;
+    uint32_t access;            /* O_RDONLY, O_WRONLY or O_RDWR */
+    uint32_t reserved;          /* 0 */
 };
 
 struct nvshare_heartbeat {

@@ -274,13 +274,13 @@ class Connection(asyncio.Protocol):
                                    f"({self.queued()} bytes queued); cutting it off")
             self.abort()
 
-    def send_with_fd(self, msg_type: int, fields: dict[str, Any], fd: int) -> bool:
+    def send_with_fd(self, msg_type: int, fields: dict[str, Any], fd: int, seq: int = 0) -> bool:
         """Send one frame with a file descriptor (SCM_RIGHTS) straight on the socket. Only while
         nothing waits in the transport's buffer, so that frames keep their order; False when it
         could not go now (the caller tries again later)."""
         if self.closed or self.transport is None or self.sock is None or self.queued():
             return False
-        data = proto.encode(msg_type, fields)
+        data = proto.encode(msg_type, fields, seq)
         try:
             sent = socket.send_fds(self.sock, [data], [fd])
         except (BlockingIOError, InterruptedError):

@@ -41,6 +41,7 @@ from .gpustate import (
     GpuState,
     MemDecision,
 )
+from .devices import DeviceRequest, GpuDevices, Refused, open_device
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, PlacementError, place_job
 from .priority import classify
@@ -101,6 +102,8 @@ class Daemon:
         self.rogues = RogueTracker()
         self.ledger = UsageLedger()
         self.burst_pages = BurstPages()
+        self.devices = GpuDevices({g.uuid: g.device for g in self.inventory.gpus() if g.device})
+        self._devices_logged: set[tuple[int, str]] = set()
         self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._sharing: dict[str, tuple[str, str]] = {}   # GPU -> (sharing, reason) last logged
@@ -129,6 +132,7 @@ class Daemon:
             C.NVSHARE_MSG_STATUS_QUERY: self._on_status_query,
             C.NVSHARE_MSG_ADMIN_UPDATE: self._on_admin_update,
             C.NVSHARE_MSG_HEARTBEAT: self._on_heartbeat,
+            C.NVSHARE_MSG_DEVICE_OPEN: self._on_device_open,
         }
 
     # --- time and GPU settings ---------------------------------------------------------------
@@ -725,6 +729,7 @@ class Daemon:
                            {u: self.gpus[u].index for u in job.gpus if u in self.gpus}
                            if job is not None else None)
         self.ledger.forget_job(job_id)
+        self._devices_logged = {k for k in self._devices_logged if k[0] != job_id}
         self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected); "
                          f"GPU usage: {usage}")
         self._reply(conn, frame, C.NVSHARE_OK, "unregistered")
@@ -738,6 +743,53 @@ class Daemon:
             return self._job_reply(conn, frame, C.NVSHARE_ERR_NOJOB,
                                    f"job {job_id} is not registered on this node")
         self._job_reply(conn, frame, C.NVSHARE_OK, "", job)
+
+    def _on_device_open(self, conn: Connection, frame: proto.Frame) -> None:
+        """A job's process that Slurm's device cgroup keeps from its GPU's device file gets the
+        daemon's descriptor of it (devices.py says why and who may)."""
+        body = frame.body()
+        job = self.registry.jobs.get(int(body.job_id))
+        if job is None:
+            if self._park(conn, frame):
+                return None
+            return self._reply(conn, frame, C.NVSHARE_ERR_NOJOB,
+                               f"job {body.job_id} is not registered on this node")
+        request = DeviceRequest(job.job_id, conn.uid, conn.pid, int(body.dev_major),
+                                int(body.dev_minor))
+        try:
+            path = self.devices.path_for(request, job.uid, job.gpus,
+                                         (C.NVSHARE_ERR_PERM, C.NVSHARE_ERR_NOGPU))
+        except Refused as exc:
+            self._throttle(("device", job.job_id, str(exc)[:60]), logging.WARNING,
+                           f"job {job.job_id} pid {conn.pid} uid {conn.uid}: device "
+                           f"{request.major}:{request.minor} refused: {exc}")
+            return self._reply(conn, frame, exc.status, str(exc))
+        conn.hold()      # one request, one answer: nothing more is read meanwhile
+        opening = self.loop.run_in_executor(None, open_device, path, int(body.access))
+        opening.add_done_callback(lambda done: self._device_opened(conn, frame, job, path, done))
+
+    def _device_opened(self, conn: Connection, frame: proto.Frame, job: Job, path: str,
+                       done: asyncio.Future) -> None:
+        try:
+            fd = done.result()
+        except OSError as exc:
+            self._throttle(("device open", job.job_id, path), logging.ERROR,
+                           f"job {job.job_id}: cannot open {path} for pid {conn.pid}: "
+                           f"{log.escape(exc)}")
+            self._reply(conn, frame, C.NVSHARE_ERR_INTERNAL, f"cannot open {path}: {exc}")
+        else:
+            try:
+                passed = conn.send_with_fd(C.NVSHARE_MSG_REPLY, {
+                    "status": C.NVSHARE_OK, "message": _fit(path)}, fd, frame.seq)
+            finally:
+                os.close(fd)
+            if not passed:
+                self._reply(conn, frame, C.NVSHARE_ERR_INTERNAL, "cannot pass the descriptor")
+            elif (job.job_id, path) not in self._devices_logged:
+                self._devices_logged.add((job.job_id, path))
+                self.logger.info(f"job {job.job_id}: {path} opened for its processes (Slurm's "
+                                 f"device cgroup denies it to them)")
+        conn.unhold()
 
     def _on_heartbeat(self, conn: Connection, frame: proto.Frame) -> None:
         conn.send(C.NVSHARE_MSG_HEARTBEAT, {"timestamp_ns": frame.body().timestamp_ns}, frame.seq)

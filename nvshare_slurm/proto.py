@@ -60,6 +60,7 @@ MSG_STRUCT: dict[int, str] = {
     C.NVSHARE_MSG_ADMIN_UPDATE: "struct nvshare_admin_update",
     C.NVSHARE_MSG_REPLY: "struct nvshare_reply",
     C.NVSHARE_MSG_HEARTBEAT: "struct nvshare_heartbeat",
+    C.NVSHARE_MSG_DEVICE_OPEN: "struct nvshare_device_open",   # REPLY carries the device's fd
 }
 VARIABLE_TAIL = {C.NVSHARE_MSG_STATUS_REPLY}
 

@@ -1,7 +1,10 @@
 /* fake_cuda.c: a CUDA driver stand-in for CI, built as tests/c/build/libcuda.so.1.
  *
  * Devices come from FAKE_CUDA_DEVICES ("UUID:16G,UUID:16G"; default: the two GPUs of
- * tests/conftest.py). Memory is host-backed with real bookkeeping; the virtual memory calls map
+ * tests/conftest.py). An entry may name the GPU's device file ("UUID:16G:/path/nvidia0"): like the
+ * real driver, cuInit opens it (and each new context opens it again), and a device whose file cannot
+ * be opened (a device cgroup denies it) is not listed; cuInit fails with CUDA_ERROR_NO_DEVICE when
+ * none is left. FAKE_CUDA_DEVICE_LOG names a file that gets "pid path fd-or-errno" per open. Memory is host-backed with real bookkeeping; the virtual memory calls map
  * memfd pages so data survives unmap/map. A "kernel" is a function named "sleep" (first parameter:
  * unsigned long long microseconds) or "empty": launches are asynchronous per stream, synchronisation
  * sleeps until the stream is done, and every sleep kernel appends "pid uuid start_ns end_ns" to
@@ -58,6 +61,8 @@ struct fdev {
     uint64_t own_used;      /* used bytes when no shared file is named */
     uint64_t *used;         /* &own_used, or this device's word in the shared file */
     struct fctx *primary;
+    char path[256];         /* the device file, "" when the entry names none */
+    int fd;                 /* kept open for the life of the process, as the driver does */
 };
 struct fmod { int unused; };
 struct ffunc { int kind; };  /* 1 sleep, 2 empty */
@@ -125,26 +130,60 @@ static int parse_uuid(const char *text, CUuuid *out)
     return n == 16 ? 0 : -1;
 }
 
-static void setup_devices(void)
+/* Opens a device's file as the real driver does (through open(), which a preload may interpose);
+ * the descriptor, or -1. Each open is logged to FAKE_CUDA_DEVICE_LOG when it is set. */
+static int open_device_file(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int err = errno;
+    const char *log = getenv("FAKE_CUDA_DEVICE_LOG");
+    if (log && *log) {
+        int lfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+        if (lfd >= 0) {
+            char line[400];
+            int n = snprintf(line, sizeof line, "%d %s %d\n", (int)getpid(), path, fd >= 0 ? fd : -err);
+            if (n > 0 && write(lfd, line, (size_t)n) < 0)
+                n = 0;
+            close(lfd);
+        }
+    }
+    errno = err;
+    return fd;
+}
+
+/* 0, or CUDA_ERROR_NO_DEVICE when entries name device files and none of them opens. */
+static CUresult setup_devices(void)
 {
     const char *spec = getenv("FAKE_CUDA_DEVICES");
     if (!spec || !*spec)
         spec = "GPU-fa4e0000-0000-0000-0000-000000000000:16G,GPU-fa4e0000-0000-0000-0000-000000000001:16G";
-    char buf[1024];
+    char buf[2048];
     snprintf(buf, sizeof buf, "%s", spec);
     n_devs = 0;
+    int named = 0;
     for (char *save = NULL, *item = strtok_r(buf, ",", &save); item && n_devs < MAX_DEV;
          item = strtok_r(NULL, ",", &save)) {
-        char *colon = strrchr(item, ':');
+        char *size = strchr(item, ':');
+        char *path = size ? strchr(size + 1, ':') : NULL;
         uint64_t total = 16ull << 30;
-        if (colon) {
-            *colon = '\0';
-            total = parse_size(colon + 1);
-        }
+        if (size)
+            *size++ = '\0';
+        if (path)
+            *path++ = '\0';
+        if (size && *size)
+            total = parse_size(size);
         struct fdev *d = &devs[n_devs];
         memset(d, 0, sizeof *d);
+        d->fd = -1;
         if (parse_uuid(item, &d->uuid) != 0)
             continue;
+        if (path && *path) {
+            named++;
+            snprintf(d->path, sizeof d->path, "%s", path);
+            d->fd = open_device_file(d->path);
+            if (d->fd < 0)
+                continue;   /* denied: the process does not see this GPU */
+        }
         snprintf(d->text, sizeof d->text, "%s", item);
         d->total = total;
         n_devs++;
@@ -167,6 +206,7 @@ static void setup_devices(void)
     }
     for (int i = 0; i < n_devs; i++)
         devs[i].used = shared ? &shared[i] : &devs[i].own_used;
+    return named && !n_devs ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
 
 /* Takes size bytes of dev's memory, or fails when they are not free (on every process's count). */
@@ -217,13 +257,14 @@ static int barrier_try(struct fstream *st);
 EXPORT CUresult cuInit(unsigned int flags)
 {
     (void)flags;
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&mu);
     if (!initialised) {
-        setup_devices();
-        initialised = 1;
+        rc = setup_devices();
+        initialised = rc == CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 EXPORT CUresult cuDriverGetVersion(int *v) { *v = 12040; return CUDA_SUCCESS; }
@@ -286,6 +327,12 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 /* ---- contexts ------------------------------------------------------------------------------ */
 static struct fctx *new_ctx(int dev)
 {
+    if (devs[dev].path[0]) {     /* a context opens its device again; the real driver does too */
+        int fd = open_device_file(devs[dev].path);
+        if (fd < 0)
+            return NULL;
+        close(fd);
+    }
     struct fctx *c = calloc(1, sizeof *c);
     c->magic = CTX_MAGIC;
     c->dev = dev;
@@ -302,7 +349,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         devs[dev].primary = new_ctx(dev);
     *pctx = (CUcontext)devs[dev].primary;
     pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
+    return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { (void)dev; return CUDA_SUCCESS; }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { (void)dev; return CUDA_SUCCESS; }
@@ -350,6 +397,8 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
     NEED_INIT();
     if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
     struct fctx *c = new_ctx(dev);
+    if (!c)
+        return CUDA_ERROR_OPERATING_SYSTEM;
     *pctx = (CUcontext)c;
     return cuCtxPushCurrent_v2((CUcontext)c);
 }
@@ -1396,7 +1445,7 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *green, CUdevResourceDesc desc, CUde
     NEED_INIT();
     if (dev < 0 || dev >= n_devs) return CUDA_ERROR_INVALID_DEVICE;
     *green = (CUgreenCtx)new_ctx(dev);
-    return CUDA_SUCCESS;
+    return *green ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 EXPORT CUresult cuCtxFromGreenCtx(CUcontext *ctx, CUgreenCtx green) { NEED_INIT(); *ctx = (CUcontext)green; return CUDA_SUCCESS; }
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx green) { return cuCtxDestroy_v2((CUcontext)green); }

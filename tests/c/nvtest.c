@@ -40,6 +40,8 @@
  *                       or PATH as is when HEX is empty: forged and stale handles)
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -79,6 +81,7 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+CUresult cuDeviceGetCount(int *);
 
 typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
@@ -774,6 +777,28 @@ static void run(char *action)
     if (strcmp(action, "init") == 0) {
         check("cuInit", api.cuInit(0));
         printf("init ok\n");
+    } else if (strcmp(action, "count") == 0) {
+        int n = -1;
+        check("cuDeviceGetCount", cuDeviceGetCount(&n));
+        printf("count %d\n", n);
+    } else if (strcmp(action, "open") == 0 || strcmp(action, "fopen") == 0) {
+        /* open:PATH / fopen:PATH: a device file opened as NVML does, without the CUDA API */
+        int fd = -1;
+        FILE *f = NULL;
+        if (action[0] == 'f')
+            f = fopen(arg, "r+e");
+        else
+            fd = open(arg, O_RDWR | O_CLOEXEC);
+        int err = errno;
+        int cloexec = f ? fcntl(fileno(f), F_GETFD) & FD_CLOEXEC : fd >= 0 ? fcntl(fd, F_GETFD) & FD_CLOEXEC : 0;
+        if (fd >= 0 || f)
+            printf("%s %s ok cloexec=%d\n", action, arg, cloexec ? 1 : 0);
+        else
+            printf("%s %s errno=%d\n", action, arg, err);
+        if (f)
+            fclose(f);
+        if (fd >= 0)
+            close(fd);
     } else if (strcmp(action, "ctx") == 0 || strcmp(action, "newctx") == 0) {
         use_device(atoi(arg), action[0] == 'n');
         printf("%s %s ok\n", action, arg);
