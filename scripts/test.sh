@@ -1,6 +1,7 @@
 #!/bin/bash
 # Run every test tier that can run here, as root on a fresh Debian/Ubuntu machine: unit, C against the
-# fake driver, wheel, real Slurm. GPU tests (marker gpu) skip where there is no GPU.
+# fake driver, wheel, real Slurm (this machine's, then Slurm 24.11 in a Debian 13 chroot:
+# scripts/test-slurm-2411.sh). GPU tests (marker gpu) skip where there is no GPU.
 # The tests get their own virtualenv, $NVSHARE_TEST_PREFIX (default /opt/nvshare-test): an editable
 # install of this checkout with the test extras. The production prefix (/opt/nvshare) is never touched.
 # Slurm and munge come from scripts/install-demo-slurm.sh (apt, only where they are missing).
@@ -18,4 +19,17 @@ if [ -z "${NVSHARE_VENV_PYTHON:-}" ] \
 fi
 NVSHARE_PREFIX=$PREFIX NVSHARE_EDITABLE=1 NVSHARE_EXTRAS=test bash scripts/install.sh
 export PATH="$PREFIX/bin:$PATH"
-exec "$PREFIX/bin/python" -m pytest -p no:cacheprovider -ra "$@" tests
+echo "test.sh: every tier here, real Slurm on $(/usr/sbin/slurmd -V 2>/dev/null || echo 'no Slurm')"
+rc=0
+"$PREFIX/bin/python" -m pytest -p no:cacheprovider -ra "$@" tests || rc=$?
+# The real-Slurm tier again on the newest supported Slurm (24.11, Debian 13 in a chroot), so both
+# ends of the supported range are tested; NVSHARE_SLURM_2411=0 leaves it out of a quick local run.
+rc_2411=0
+if [ "${NVSHARE_SLURM_2411:-1}" != 0 ]; then
+  bash scripts/test-slurm-2411.sh || rc_2411=$?
+else
+  echo "test.sh: NVSHARE_SLURM_2411=0: the Slurm 24.11 tier was not run"
+fi
+[ "$rc" = 0 ] && [ "$rc_2411" = 0 ] && exit 0
+echo "test.sh: FAILED: pytest exit $rc on this machine's Slurm, $rc_2411 on Slurm 24.11" >&2
+exit $(( rc != 0 ? rc : rc_2411 ))
