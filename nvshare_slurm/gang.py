@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gpustate import GANG_STEP_AFTER, Action, ClientInfo, GpuState, Turn
+from .gpustate import GpuState
+from .policytypes import GANG_STEP_AFTER, Action, ClientInfo, Turn
 from .priority import RANK
 
 

@@ -44,20 +44,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .config import Config
+from .policytypes import (CONTENDED, DROP, GANG_STEP_AFTER, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
+                          SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, GpuSettings, Holder,
+                          MemDecision, Turn)
 from .priority import RANK
 from .proto import C
-
-MODES = ("auto", "concurrent", "serial")
-
-GRANT = "grant"
-CONTENDED = "contended"
-DROP = "drop"
-UNRESPONSIVE = "unresponsive"
-SWAP_OUT = "swap_out"                   # PREPARE_SWAP_OUT
-MEM_REPLY = "mem_reply"                 # a MEM_REPLY that waited for room
-SWAP_UNANSWERED = "swap_unanswered"     # PREPARE_SWAP_OUT not answered within drop_grace_sec
-HANDOFF = "handoff"                     # HANDOFF: `source`'s turn passes to `client` by an eventfd
 
 # Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
 # one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
@@ -104,60 +95,6 @@ CLASS_DRAIN_MEMORY_SEC = 60.0
 
 
 @dataclass(frozen=True)
-class GpuSettings:
-    """The knobs of one GPU: config defaults overlaid with admin overrides. The defaults are the
-    config's own (one place to change them: the two copies had drifted apart)."""
-    mode: str = Config.scheduling_mode
-    auto_share: str = Config.auto_share
-    switch_time_mode: str = Config.switch_time_mode
-    switch_time_fixed: float = Config.switch_time_fixed
-    switch_time_multiplier: float = Config.switch_time_multiplier
-    switch_time_min: float = Config.switch_time_min
-    swap_bandwidth: int = Config.swap_bandwidth
-    memory_reserve_percent: int = Config.memory_reserve_percent
-    max_runtime_sec: int = Config.max_runtime_sec
-    drop_grace_sec: float = Config.drop_grace_sec
-    burst_turns: bool = Config.burst_turns
-    turn_handoff: bool = Config.turn_handoff
-
-    OVERRIDABLE = ("mode", "switch_time_mode", "switch_time_fixed", "memory_reserve_percent",
-                   "max_runtime_sec")
-
-    @classmethod
-    def from_config(cls, cfg: Any, overrides: dict[str, Any] | None = None) -> GpuSettings:
-        base = cls(mode=cfg.scheduling_mode, auto_share=cfg.auto_share,
-                   switch_time_mode=cfg.switch_time_mode,
-                   switch_time_fixed=cfg.switch_time_fixed,
-                   switch_time_multiplier=cfg.switch_time_multiplier,
-                   switch_time_min=cfg.switch_time_min, swap_bandwidth=cfg.swap_bandwidth,
-                   memory_reserve_percent=cfg.memory_reserve_percent,
-                   max_runtime_sec=cfg.max_runtime_sec, drop_grace_sec=cfg.drop_grace_sec,
-                   burst_turns=cfg.burst_turns, turn_handoff=cfg.turn_handoff)
-        return replace(base, **{k: v for k, v in (overrides or {}).items()
-                                if k in cls.OVERRIDABLE})
-
-
-@dataclass
-class ClientInfo:
-    """What the policy needs to know about one connected client process."""
-    client_id: int
-    job_id: int
-    step_id: int
-    pid: int
-    user: str = ""
-    mem_limit: int = 0        # NVSHARE_MEM_LIMIT of this process, else the job's mem_limit; 0 = none
-    share_class: str = "normal"   # its job's class (priority.py): high, normal, low
-
-    @property
-    def rank(self) -> int:
-        """Lower goes first."""
-        return RANK.get(self.share_class, RANK["normal"])
-
-    def label(self) -> str:
-        return f"job {self.job_id} step {self.step_id} pid {self.pid}"
-
-
-@dataclass(frozen=True)
 class Demand:
     """What one client asks of this GPU lately (the hook's DEMAND report)."""
     busy: float               # 0..1: share of recent time with work launched or in flight (lock waits left out)
@@ -178,29 +115,6 @@ class Demand:
         return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
 
 
-@dataclass(frozen=True)
-class MemDecision:
-    status: int               # NVSHARE_OK or NVSHARE_ERR_NOMEM
-    available: int
-    total: int
-    flags: int = 0            # NVSHARE_MEM_DEFERRED
-    no_room: bool = False     # a held request answered without its room: nothing more moved
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str                 # GRANT, CONTENDED, DROP, UNRESPONSIVE, SWAP_OUT, MEM_REPLY, ...
-    client: ClientInfo
-    flags: int = 0            # GRANT: NVSHARE_GRANT_*
-    value: int = 0            # GRANT: switch_ms; DROP: NVSHARE_DROP_*
-    bytes: int = 0            # DROP, SWAP_OUT: to move to host memory; GRANT: swapped bytes that
-    #                           do not fit (granted anyway: nothing more could move)
-    reply: MemDecision | None = None   # MEM_REPLY
-    token: int = 0            # MEM_REPLY: the seq of the request it answers
-    bursts: bool = False      # GRANT, shared: co-runners take turns burst by burst (burst_turns)
-    source: ClientInfo | None = None   # HANDOFF: the holder whose turn ends (told before its DROP)
-
-
 @dataclass
 class MemUsage:
     allocated: int = 0        # resident on the GPU
@@ -213,51 +127,6 @@ class MemUsage:
 
 
 _NO_USAGE = MemUsage()
-
-
-@dataclass
-class _Holder:
-    client: ClientInfo
-    since: float
-    shared: bool
-    bursts: bool = False              # shared, and its bursts take turns with the other co-runners'
-    contended: bool = False
-    drop_at: float | None = None      # when DROP_LOCK was sent
-    drop_reason: int = 0
-    drop_bytes: int = 0               # what that DROP_LOCK asked it to move out
-    unresponsive_reported: bool = False
-    stuck_at: float | None = None     # its last DRAIN_STUCK: its drain grace restarts there
-
-    def grace_from(self) -> float | None:
-        """Since when it has not released: DROP_LOCK, or its latest DRAIN_STUCK report."""
-        if self.drop_at is None:
-            return None
-        return self.drop_at if self.stuck_at is None else max(self.drop_at, self.stuck_at)
-
-
-# The end of a gang's turn: a rank that asks again while a peer still drains gets one step (a
-# grant, DROP_LOCK right behind) once it has waited this long. Ranks that finish a collective
-# together release within a fraction of a millisecond of each other; without the wait, the first
-# to ask again would step one collective ahead of its peer every time, then its peer, and so on.
-GANG_STEP_AFTER = 0.002
-
-
-@dataclass
-class Turn:
-    """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together.
-
-    While the gang has work here (a holder, a waiter, or a grant earlier in this turn), only its
-    clients are granted here. `started`: the gang runs, so a request of its own drops any other
-    holder here at once. `grants`: False once its turn ends (DROP_LOCK to all its holders).
-    `steps_until`: the turn ends but a rank of the gang still drains, perhaps in a collective
-    that waits for this GPU's rank: until then a request of the gang here is granted and dropped
-    again at once."""
-    job_id: int
-    started: bool = False
-    grants: bool = True
-    steps_until: float | None = None
-    used: bool = False                # granted here in this turn
-    deadline: float | None = None     # when gang.py next needs a pass (turn end, stuck drain)
 
 
 @dataclass
@@ -283,7 +152,7 @@ class GpuState:
     memory_total: int
     settings: GpuSettings = field(default_factory=GpuSettings)
     name: str = ""
-    holders: dict[int, _Holder] = field(default_factory=dict)
+    holders: dict[int, Holder] = field(default_factory=dict)
     queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)   # FIFO by insertion
     usage: dict[int, MemUsage] = field(default_factory=dict)
     clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
@@ -575,7 +444,7 @@ class GpuState:
         self.queue.pop(client.client_id, None)
         self.gang_queue.pop(client.client_id, None)
         bursts = bursts and shared and self.settings.burst_turns
-        self.holders[client.client_id] = _Holder(client, now, shared, bursts)
+        self.holders[client.client_id] = Holder(client, now, shared, bursts)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
                           else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room, bursts=bursts))
@@ -591,12 +460,12 @@ class GpuState:
         self._grant(client, now, shared, out, max(0, short))
         return True
 
-    def _drop(self, holder: _Holder, now: float, reason: int, out: list[Action],
+    def _drop(self, holder: Holder, now: float, reason: int, out: list[Action],
               move: int = 0) -> None:
         holder.drop_at, holder.drop_reason, holder.drop_bytes = now, reason, move
         out.append(Action(DROP, holder.client, 0, reason, move))
 
-    def _end_turn(self, holder: _Holder, successor: ClientInfo, now: float, out: list[Action],
+    def _end_turn(self, holder: Holder, successor: ClientInfo, now: float, out: list[Action],
                   move: int = 0) -> None:
         """DROP_LOCK(TIMESLICE): an exclusive turn passes to `successor`. When the switch moves no
         memory, both first hear of a HANDOFF: the holder's hook signals the successor's the moment
@@ -710,7 +579,7 @@ class GpuState:
                 # next is made at the hand-over, as for any idle client.
                 self._drop(self.holders[client.client_id], now, C.NVSHARE_DROP_TIMESLICE, out)
 
-    def job_holders(self, job_id: int) -> list[_Holder]:
+    def job_holders(self, job_id: int) -> list[Holder]:
         return [h for h in self.holders.values() if h.client.job_id == job_id]
 
     def job_waiters(self, job_id: int) -> list[tuple[ClientInfo, float]]:
@@ -857,7 +726,7 @@ class GpuState:
         seconds, when = self.drain.get(client_id, (0.0, now))
         return seconds if now - when < CLASS_DRAIN_MEMORY_SEC else 0.0
 
-    def _leaves_idle_time(self, holder: _Holder, now: float) -> bool:
+    def _leaves_idle_time(self, holder: Holder, now: float) -> bool:
         """May a worse class have this holder's idle time? Only the long idle stretches of a
         holder that is not busy most of the time: once told LOCK_CONTENDED the hook gives the
         lock back after each idle threshold, even between two kernels, and taking it back waits
@@ -871,7 +740,7 @@ class GpuState:
                      if c.rank > holder.client.rank), default=0.0)
         return demand.gap >= CLASS_IDLE_DRAIN_FACTOR * drain
 
-    def _contend(self, holder: _Holder, out: list[Action]) -> None:
+    def _contend(self, holder: Holder, out: list[Action]) -> None:
         if not holder.contended:
             holder.contended = True
             out.append(Action(CONTENDED, holder.client))
