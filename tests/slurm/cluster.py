@@ -73,8 +73,23 @@ class Node:
         return self.workdir / "scheduler.log"
 
 
+# A site's device confinement: task/cgroup, proctrack/cgroup and cgroup.conf ConstrainDevices=yes.
+# cgroup v1 here (this machine mounts v1 with a devices controller); the GPU machine's is v2.
+CONSTRAINED = {"ProctrackType": "proctrack/cgroup", "TaskPlugin": "task/cgroup,task/affinity"}
+CONSTRAINED_CGROUP_CONF = ("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
+                           "ConstrainDevices=yes\n")
+
+
 class SlurmCluster:
-    def __init__(self, base: Path, nodes: list[tuple[str, str, list[str]]]):
+    def __init__(self, base: Path, nodes: list[tuple[str, str, list[str]]],
+                 settings: dict[str, str] | None = None, cgroup_conf: str | None = None,
+                 gres_types: str = "nvshare"):
+        """settings: slurm.conf keys that replace the plain ones (ProctrackType, TaskPlugin);
+        cgroup_conf: the text of cgroup.conf, when the cluster has one."""
+        self.settings = {"ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
+                         **(settings or {})}
+        self.cgroup_conf = cgroup_conf
+        self.gres_types = gres_types
         self.base = base
         self.host = socket.gethostname().split(".")[0]
         self.ctld_port = free_port()
@@ -120,8 +135,8 @@ SlurmctldLogFile={b}/slurmctld.log
 SlurmdLogFile={b}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType={self.settings["ProctrackType"]}
+TaskPlugin={self.settings["TaskPlugin"]}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # A job submitted while the last one's nodes still complete is marked "Resources" and would wait
@@ -139,7 +154,7 @@ MinJobAge=600
 MessageTimeout=10
 SlurmdTimeout=30
 InactiveLimit=0
-GresTypes=nvshare
+GresTypes={self.gres_types}
 PrologFlags=Alloc
 Prolog={b}/prolog.sh
 Epilog={b}/epilog.sh
@@ -150,6 +165,8 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
 PartitionName=prod Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName=scavenge Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
+        if self.cgroup_conf is not None:
+            (b / "cgroup.conf").write_text(self.cgroup_conf)
         (b / "gres.conf").write_text(
             "".join(line + "\n" for n in self.nodes.values() for line in n.gres_conf))
         for node in self.nodes.values():
