@@ -72,12 +72,12 @@ class UsageLedger:
         counters = self.gpus.setdefault(gpu.uuid, GpuCounters())
         holders = {cid: (h.client.job_id, h.drop_at) for cid, h in gpu.holders.items()}
         swapped = {cid: (gpu.clients[cid].job_id if cid in gpu.clients else 0, use.swapped)
-                   for cid, use in gpu.usage.items() if use.swapped}
+                   for cid, use in gpu.memory.usage.items() if use.swapped}
 
         moved = 0
         for cid, (job_id, before) in seen.swapped.items():
             after = swapped.get(cid, (job_id, 0))[1]
-            if after < before and cid in gpu.usage:      # brought back, not gone with its client
+            if after < before and cid in gpu.memory.usage:  # brought back, not gone with its client
                 counters.swap_in_bytes += before - after
         for cid, (job_id, after) in swapped.items():
             before = seen.swapped.get(cid, (job_id, 0))[1]
@@ -100,11 +100,13 @@ class UsageLedger:
         holding_jobs = {job_id for job_id, _ in holders.values()}
         waiting_jobs = {info.job_id for info, _ in gpu.queue.values()} - holding_jobs
         self._intervals(gpu.uuid, seen, holding_jobs, waiting_jobs, now)
-        for job_id, allocated in gpu.job_allocated.items():
+        memory = gpu.memory
+        for job_id, allocated in memory.job_allocated.items():
             usage = self._job(job_id, gpu.uuid)
-            usage.peak_memory = max(usage.peak_memory, allocated + gpu.job_swapped.get(job_id, 0))
-        for job_id, swapped_bytes in gpu.job_swapped.items():
-            if job_id not in gpu.job_allocated:
+            usage.peak_memory = max(usage.peak_memory,
+                                    allocated + memory.job_swapped.get(job_id, 0))
+        for job_id, swapped_bytes in memory.job_swapped.items():
+            if job_id not in memory.job_allocated:
                 usage = self._job(job_id, gpu.uuid)
                 usage.peak_memory = max(usage.peak_memory, swapped_bytes)
         seen.holders, seen.swapped = holders, swapped

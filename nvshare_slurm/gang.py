@@ -254,7 +254,7 @@ class GangPolicy:
             for turn in turns:
                 turn.steps_until = until     # type: ignore[union-attr]
         if until is not None and gang.job_id not in changed and any(
-                now >= since + GANG_STEP_AFTER and gpu.withheld is None
+                now >= since + GANG_STEP_AFTER and gpu.memory.withheld is None
                 for gpu, _, since in waiters):
             # A step is due: tick all its GPUs, since the timer that woke us may be another
             # GPU's, and this pass's deadlines no longer include the step. Not where the GPU's

@@ -1,6 +1,7 @@
 """Per-GPU state and the scheduling policy, as pure logic.
 
-A GpuState knows its holders, its FIFO queue, its memory accounting and its settings. Every event
+A GpuState knows its holders, its FIFO queue and its settings, and owns its memory accounting
+(GpuMemory, gpumemory.py: usage sums, admission, held allocations, swap-outs). Every event
 (request, release, memory update, disconnect, settings change, timer tick) takes `now` from the
 caller and returns a list of Actions (grant, contended, drop, swap out, memory reply...) for the
 daemon to send. No sockets and no clock here, so tests drive the policy with a fake clock.
@@ -33,26 +34,20 @@ Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue
 FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
 of the gang's GPUs together. While the gang has work here, nobody else is granted here.
 
-Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room.
-The holder's DROP_LOCK carries the bytes it must move out; with no holder left, clients that hold
-no lock get PREPARE_SWAP_OUT, each at most once while the room is short (one "episode"); when
-nothing more can move, the grant goes out anyway. A holder's allocation without room waits for
-its MEM_REPLY while room is made, at most drop_grace_sec.
+Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room
+(GpuMemory makes the room). The holder's DROP_LOCK carries the bytes it must move out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from .gpumemory import GpuMemory, MemUsage, shares
 from .policytypes import (CONTENDED, DROP, GANG_STEP_AFTER, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
                           SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, GpuSettings, Holder,
                           MemDecision, Turn)
 from .priority import RANK
 from .proto import C
-
-# Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
-# one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
-SMALL_REQUEST = 2 << 20
 
 # auto_share: adaptive. A client takes exclusive turns when it keeps the GPU busy most of the time
 # (co-running two such costs ~8 % on an H100), or when its bursts and the gaps between them are
@@ -116,36 +111,6 @@ class Demand:
 
 
 @dataclass
-class MemUsage:
-    allocated: int = 0        # resident on the GPU
-    fixed: int = 0            # the part of allocated that can never move
-    swapped: int = 0          # in host memory (or born there), resident again at the next grant
-
-    @property
-    def swappable(self) -> int:
-        return self.allocated - self.fixed
-
-
-_NO_USAGE = MemUsage()
-
-
-@dataclass
-class _PendingAlloc:
-    """A holder's allocation request that waits for room (its MEM_REPLY is held back)."""
-    client: ClientInfo
-    request: int
-    flags: int
-    token: int
-    since: float
-
-
-@dataclass
-class _SwapAsk:
-    bytes: int
-    at: float
-
-
-@dataclass
 class GpuState:
     uuid: str
     index: int
@@ -154,23 +119,11 @@ class GpuState:
     name: str = ""
     holders: dict[int, Holder] = field(default_factory=dict)
     queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)   # FIFO by insertion
-    usage: dict[int, MemUsage] = field(default_factory=dict)
     clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
     attached: dict[int, dict[int, ClientInfo]] = field(default_factory=dict)   # job -> clients here
-    job_allocated: dict[int, int] = field(default_factory=dict)
-    job_swapped: dict[int, int] = field(default_factory=dict)
-    sum_allocated: int = 0
-    sum_fixed: int = 0
-    sum_swapped: int = 0
     contention_since: float | None = None   # when "held while others wait" began for this turn
     serial_job: int | None = None
     serial_expired: bool = False
-    pending_allocs: list[_PendingAlloc] = field(default_factory=list)
-    # Room given to a holder's waiting request, counted until its next MEM_UPDATE reports it.
-    promised: dict[int, tuple[int, float]] = field(default_factory=dict)
-    # The current shortfall episode: PREPARE_SWAP_OUT not yet answered, and those answered.
-    swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
-    swap_answered: set[int] = field(default_factory=set)
     demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
     group_turns: bool = False         # the bursty co-runners overlap: they take turns (TURN_GROUP_BUSY)
     # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
@@ -178,41 +131,26 @@ class GpuState:
     asked: set[int] = field(default_factory=set)                               # ever requested here
     sharing: str = ""                      # how the GPU is shared now (status, metrics, log)
     sharing_reason: str = ""
-    withheld: int | None = None            # the waiter whose grant waits for room
     # (holder, next): the holder's DROP_LOCK came with a HANDOFF to that waiter, which may run as
     # soon as the holder is drained, before the daemon hears of it; so it is granted next.
     handoff: tuple[int, int] | None = None
     gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
     gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
     turn: Turn | None = None
-    _grant_need: int = 0                   # per _schedule pass: room the withheld grant lacks
-    _alloc_need: int = 0                   # per _schedule pass: room waiting requests lack
+    memory: GpuMemory = field(init=False, repr=False)    # reads this GpuState as its LockView
 
-    # --- memory --------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.memory = GpuMemory(self)
+
+    # --- memory (daemon.py reads these two; the rest is self.memory's) -------------------------
 
     @property
-    def memory_usable(self) -> int:
-        return self.memory_total * (100 - self.settings.memory_reserve_percent) // 100
+    def usage(self) -> dict[int, MemUsage]:
+        return self.memory.usage
 
-    def _use(self, client_id: int) -> MemUsage:
-        return self.usage.get(client_id, _NO_USAGE)
-
-    def wanted(self) -> int:
-        """Bytes holders are about to allocate: requests waiting for room, and room promised."""
-        return sum(p.request for p in self.pending_allocs) + \
-            sum(size for size, _ in self.promised.values())
-
-    def fits(self) -> bool:
-        """Do all clients' memory (resident, swapped out, about to be allocated) fit together?"""
-        return self.sum_allocated + self.sum_swapped + self.wanted() <= self.memory_usable
-
-    def room(self) -> int:
-        """Usable memory that nobody holds resident or is about to: holders bring their swapped
-        memory back at their grant (unless dropped meanwhile), and waiting or promised
-        allocations are on their way."""
-        coming_in = sum(self._use(cid).swapped for cid, h in self.holders.items()
-                        if h.drop_at is None)
-        return self.memory_usable - self.sum_allocated - coming_in - self.wanted()
+    @property
+    def sum_allocated(self) -> int:
+        return self.memory.sum_allocated
 
     def _head(self) -> ClientInfo | None:
         return next(iter(self.queue.values()))[0] if self.queue else None
@@ -222,7 +160,7 @@ class GpuState:
         head = self._head()
         if head is None:
             return 0
-        return max(0, self._use(head.client_id).swapped - self.room())
+        return max(0, self.memory.use(head.client_id).swapped - self.memory.room())
 
     def switch_interval(self) -> float:
         """Seconds an exclusive holder may keep the GPU while others wait."""
@@ -232,19 +170,10 @@ class GpuState:
         head = self._head()
         moved = 0
         if head is not None:
-            moved = self._use(head.client_id).swapped
+            moved = self.memory.use(head.client_id).swapped
             if self.holders:
                 moved += self._holder_must_move()
         return max(s.switch_time_min, s.switch_time_multiplier * moved / s.swap_bandwidth)
-
-    def _set_usage(self, client: ClientInfo, allocated: int, fixed: int, swapped: int) -> None:
-        use = self.usage.setdefault(client.client_id, MemUsage())
-        self.sum_allocated += allocated - use.allocated
-        self.sum_fixed += fixed - use.fixed
-        self.sum_swapped += swapped - use.swapped
-        _add(self.job_allocated, client.job_id, allocated - use.allocated)
-        _add(self.job_swapped, client.job_id, swapped - use.swapped)
-        use.allocated, use.fixed, use.swapped = allocated, fixed, swapped
 
     def mem_update(self, client: ClientInfo, now: float, allocated: int, fixed: int,
                    swapped: int, request: int = 0, flags: int = 0,
@@ -254,42 +183,8 @@ class GpuState:
         The decision is None for a report, and for a holder's request that waits for room: its
         answer comes later as a MEM_REPLY action carrying `token`."""
         self._attach(client)
-        cid = client.client_id
-        fixed = min(fixed, allocated)
-        old = self._use(cid)
-        if cid in self.swap_asked and (request == 0 or allocated < old.allocated
-                                       or allocated == fixed):
-            # Its answer to PREPARE_SWAP_OUT: a report after moving what it could (maybe nothing).
-            # A request moving nothing is an allocation made meanwhile, not the answer.
-            del self.swap_asked[cid]
-            self.swap_answered.add(cid)
-        self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
-        self._set_usage(client, allocated, fixed, swapped)
-        decision = self.admit(client, request) if request > 0 else None
-        if decision is not None and decision.status == C.NVSHARE_OK \
-                and request >= SMALL_REQUEST and request > self.room():
-            if cid in self.holders:
-                if self._room_can_grow(self._requesters() | {cid}, other_holders=True):
-                    self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
-                    decision = None
-            elif flags & C.NVSHARE_MEM_CAN_DEFER:
-                decision = replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
+        decision = self.memory.update(client, now, allocated, fixed, swapped, request, flags, token)
         return self._schedule(now), decision
-
-    def admit(self, client: ClientInfo, request: int) -> MemDecision:
-        usable = self.memory_usable
-        limit = client.mem_limit
-        total = min(limit, usable) if limit else usable
-        job_used = self.job_allocated.get(client.job_id, 0) + self.job_swapped.get(client.job_id, 0)
-        own = self._use(client.client_id)
-        ok = True
-        if limit and job_used + request > limit:
-            ok = False
-        # Others' swappable memory can always be moved out of the way; their fixed memory cannot.
-        if request + own.allocated + own.swapped + (self.sum_fixed - own.fixed) > usable:
-            ok = False
-        status = C.NVSHARE_OK if ok else C.NVSHARE_ERR_NOMEM
-        return MemDecision(status, max(0, total - job_used), total)
 
     # --- lock events ---------------------------------------------------------------------------
 
@@ -333,22 +228,12 @@ class GpuState:
         held = self.holders.pop(client_id, None) is not None
         self.queue.pop(client_id, None)
         self.gang_queue.pop(client_id, None)
-        self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
-        self.promised.pop(client_id, None)
-        self.swap_asked.pop(client_id, None)
-        self.swap_answered.discard(client_id)
         self.demand.pop(client_id, None)
         self.drain.pop(client_id, None)
         self.asked.discard(client_id)
         client = self.clients.pop(client_id, None)
-        use = self.usage.pop(client_id, None)
+        self.memory.forget(client_id, client)
         if client is not None:
-            if use:
-                self.sum_allocated -= use.allocated
-                self.sum_fixed -= use.fixed
-                self.sum_swapped -= use.swapped
-                _add(self.job_allocated, client.job_id, -use.allocated)
-                _add(self.job_swapped, client.job_id, -use.swapped)
             clients = self.attached.get(client.job_id, {})
             clients.pop(client_id, None)
             if not clients:
@@ -415,9 +300,7 @@ class GpuState:
                          for h in self.holders.values())
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())
-        deadlines.extend(p.since + grace for p in self.pending_allocs)
-        deadlines.extend(ask.at + grace for ask in self.swap_asked.values())
-        deadlines.extend(at + grace for _, at in self.promised.values())
+        deadlines.extend(self.memory.deadlines())
         if self.contention_since is not None and self.queue and not self.turn_here():
             if self.settings.mode == "serial":
                 if not self.serial_expired:
@@ -433,11 +316,11 @@ class GpuState:
         return min(int(self.switch_interval() * 1000), 0xFFFFFFFF)
 
     def _shared_ok(self) -> bool:
-        return self.settings.mode == "auto" and self.settings.auto_share == "corun" and self.fits()
+        return self.settings.mode == "auto" and self.settings.auto_share == "corun" and self.memory.fits()
 
     def _adaptive_ok(self) -> bool:
         return self.settings.mode == "auto" and self.settings.auto_share == "adaptive" \
-            and self.fits()
+            and self.memory.fits()
 
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0, bursts: bool = False) -> None:
@@ -453,9 +336,9 @@ class GpuState:
                    out: list[Action]) -> bool:
         """Grant when the client's swapped memory fits the room, or when nothing more can move.
         Otherwise withhold it (the rest of the pass makes room) and return False."""
-        short = self._use(client.client_id).swapped - self.room()
-        if short > 0 and self._room_can_grow({client.client_id}):
-            self.withheld, self._grant_need = client.client_id, short
+        short = self.memory.use(client.client_id).swapped - self.memory.room()
+        if short > 0 and self.memory.room_can_grow({client.client_id}):
+            self.memory.withhold(client.client_id, short)
             return False
         self._grant(client, now, shared, out, max(0, short))
         return True
@@ -472,7 +355,7 @@ class GpuState:
         its work is drained, so the GPU does not sit idle through the daemon's round trip
         (release, grant: about half a millisecond a turn on an H100)."""
         if self.settings.turn_handoff and not move and successor.client_id in self.queue \
-                and not self._use(successor.client_id).swapped:
+                and not self.memory.use(successor.client_id).swapped:
             self.handoff = (holder.client.client_id, successor.client_id)
             out.append(Action(HANDOFF, successor, source=holder.client))
         self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, move)
@@ -487,7 +370,7 @@ class GpuState:
         successor = self.handoff[1]
         self.handoff = None
         entry = self.queue.get(successor)
-        if entry is None or self._use(successor).swapped:
+        if entry is None or self.memory.use(successor).swapped:
             return []
         out: list[Action] = []
         self._grant(entry[0], now, False, out)
@@ -495,10 +378,10 @@ class GpuState:
 
     def _schedule(self, now: float, admin: bool = False) -> list[Action]:
         out: list[Action] = []
-        self.withheld, self._grant_need, self._alloc_need = None, 0, 0
-        self._expire(now, out)
+        self.memory.begin_pass()
+        self.memory.expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
-        self._answer_allocations(now, out)
+        self.memory.answer_allocations(now, out)
         if self.turn_here():
             self._schedule_turn(now, out)
             self._share("gang", f"job {self.turn.job_id}'s gang turn" if self.turn else "gang turn")
@@ -513,11 +396,12 @@ class GpuState:
         else:
             self._schedule_exclusive(now, out, admin)
             if self.settings.mode == "auto":
-                self._share("turns", "memory does not fit: turns with swap" if not self.fits()
+                self._share("turns", "memory does not fit: turns with swap" if not self.memory.fits()
                             else "auto_share turns")
             else:
                 self._share("turns", "mode concurrent")
-        self._make_room(now, out)
+        for holder, move in self.memory.make_room(now, out):
+            self._drop(holder, now, C.NVSHARE_DROP_MEMORY, out, move)
         for holder in self.holders.values():
             since = holder.grace_from()
             if since is not None and not holder.unresponsive_reported \
@@ -546,7 +430,7 @@ class GpuState:
         if others:
             if not mine:
                 return
-            need = max(0, sum(self._use(c.client_id).swapped for c in mine) - self.room())
+            need = max(0, sum(self.memory.use(c.client_id).swapped for c in mine) - self.memory.room())
             if self.contention_since is None:
                 self.contention_since = now
             for holder in others:
@@ -598,9 +482,9 @@ class GpuState:
         """DROP_LOCK(TIMESLICE) to the job's holders (the end of its gang turn), each with its
         share of what the waiting single-GPU clients' swapped memory lacks."""
         holders = [h for h in self.job_holders(job_id) if h.drop_at is None]
-        moves = {c.client_id: move for c, move in _shares(
+        moves = {c.client_id: move for c, move in shares(
             self._holder_must_move(),
-            [(h.client, self._use(h.client.client_id).swappable) for h in holders])}
+            [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
         out: list[Action] = []
         for holder in holders:
             self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
@@ -749,7 +633,7 @@ class GpuState:
         """Would handing the GPU to the queue head move memory? Then an early (idle) release
         would cost a swap each time, so the holder keeps its full turn."""
         head = self._head()
-        return head is not None and self._use(head.client_id).swapped > 0 and not self.fits()
+        return head is not None and self.memory.use(head.client_id).swapped > 0 and not self.memory.fits()
 
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         if len(self.holders) > 1:
@@ -758,7 +642,7 @@ class GpuState:
             reason = C.NVSHARE_DROP_MEMORY if memory else C.NVSHARE_DROP_ADMIN
             for holder in list(self.holders.values())[1:]:
                 if holder.drop_at is None:
-                    move = self._use(holder.client.client_id).swappable if memory else 0
+                    move = self.memory.use(holder.client.client_id).swappable if memory else 0
                     self._drop(holder, now, reason, out, move)
         head = self._head()
         if not self.holders and head is not None:
@@ -823,9 +707,9 @@ class GpuState:
                                         + self.settings.max_runtime_sec):
             self.serial_expired = True
             holders = [h for h in self.holders.values() if h.drop_at is None]
-            moves = {c.client_id: move for c, move in _shares(
+            moves = {c.client_id: move for c, move in shares(
                 self._next_job_needs(job),
-                [(h.client, self._use(h.client.client_id).swappable) for h in holders])}
+                [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
             for holder in holders:
                 self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
                            moves.get(holder.client.client_id, 0))
@@ -842,121 +726,9 @@ class GpuState:
     def _next_job_needs(self, job: int) -> int:
         """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""
         nxt = next((c.job_id for c, _ in self.queue.values() if c.job_id != job), None)
-        swapped = sum(self._use(c.client_id).swapped for c, _ in self.queue.values()
+        swapped = sum(self.memory.use(c.client_id).swapped for c, _ in self.queue.values()
                       if c.job_id == nxt)
-        return max(0, swapped - self.room())
-
-    # --- making room ---------------------------------------------------------------------------
-
-    def _expire(self, now: float, out: list[Action]) -> None:
-        grace = self.settings.drop_grace_sec
-        for cid, ask in list(self.swap_asked.items()):
-            if now >= ask.at + grace:   # count it as answered so that the grant is not stuck
-                del self.swap_asked[cid]
-                self.swap_answered.add(cid)
-                client = self.clients.get(cid)
-                if client is not None:
-                    out.append(Action(SWAP_UNANSWERED, client, 0, 0, ask.bytes))
-        for cid, (_, at) in list(self.promised.items()):
-            if now >= at + grace:       # never reported: the allocation failed
-                del self.promised[cid]
-
-    def _answer_allocations(self, now: float, out: list[Action]) -> None:
-        """Answer holders' requests that now have room, lost their lock, or waited too long."""
-        if not self.pending_allocs:
-            return
-        room = self.room() + sum(p.request for p in self.pending_allocs)
-        grace = self.settings.drop_grace_sec
-        requesters = self._requesters()
-        waiting: list[_PendingAlloc] = []
-        for pending in self.pending_allocs:
-            cid = pending.client.client_id
-            if pending.request <= room:
-                room -= pending.request
-                self._answer(pending, now, out)
-            elif cid not in self.holders:
-                # Released meanwhile (dropped): now it is a non-holder's request.
-                deferred = pending.flags & C.NVSHARE_MEM_CAN_DEFER
-                self._answer(pending, now, out, C.NVSHARE_MEM_DEFERRED if deferred else 0)
-            elif now >= pending.since + grace \
-                    or not self._room_can_grow(requesters, other_holders=True):
-                self._answer(pending, now, out, no_room=True)
-            else:
-                waiting.append(pending)
-        self.pending_allocs = waiting
-        self._alloc_need = max(0, sum(p.request for p in waiting) - max(room, 0))
-
-    def _answer(self, pending: _PendingAlloc, now: float, out: list[Action], flags: int = 0,
-                no_room: bool = False) -> None:
-        decision = replace(self.admit(pending.client, pending.request), flags=flags,
-                           no_room=no_room)
-        out.append(Action(MEM_REPLY, pending.client, reply=decision, token=pending.token))
-        cid = pending.client.client_id
-        if decision.status == C.NVSHARE_OK and not flags:
-            size, _ = self.promised.get(cid, (0, now))
-            self.promised[cid] = (size + pending.request, now)
-
-    def _requesters(self) -> set[int]:
-        return {p.client.client_id for p in self.pending_allocs}
-
-    def _room_can_grow(self, exclude: set[int], other_holders: bool = False) -> bool:
-        """Is some memory still on its way out, or someone left to ask (with other_holders, for
-        a holder's allocation: a co-running holder that can be dropped)?"""
-        if self.swap_asked or self._swap_candidates(exclude):
-            return True
-        for cid, holder in self.holders.items():
-            if holder.drop_at is not None and holder.drop_bytes > 0:
-                return True
-            if other_holders and holder.drop_at is None and cid not in exclude \
-                    and self._use(cid).swappable > 0:
-                return True
-        return False
-
-    def _swap_candidates(self, exclude: set[int]) -> list[tuple[ClientInfo, int]]:
-        """Clients without a lock whose resident memory can move and that were not asked in this
-        episode: lower classes first; within a class idle ones (largest first), then waiters from
-        the back of the queue."""
-        place = {cid: n for n, cid in enumerate(self.queue)}
-        found = []
-        for cid, use in self.usage.items():
-            client = self.clients.get(cid)
-            if client is None or use.swappable <= 0 or cid in self.holders or cid in exclude \
-                    or cid in self.swap_asked or cid in self.swap_answered:
-                continue
-            found.append((client, use.swappable))
-        found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,
-                                     -place.get(item[0].client_id, 0), -item[1]))
-        return found
-
-    def _make_room(self, now: float, out: list[Action]) -> None:
-        need = self._grant_need + self._alloc_need
-        if need <= 0:
-            self.swap_asked.clear()      # the shortfall episode is over
-            self.swap_answered.clear()
-            return
-        need -= sum(ask.bytes for ask in self.swap_asked.values())
-        need -= sum(h.drop_bytes for h in self.holders.values() if h.drop_at is not None)
-        if need <= 0:
-            return
-        requesters = self._requesters()
-        exclude = requesters | ({self.withheld} if self.withheld is not None else set())
-        for client, move in _shares(need, self._swap_candidates(exclude)):
-            self.swap_asked[client.client_id] = _SwapAsk(move, now)
-            out.append(Action(SWAP_OUT, client, 0, 0, move))
-            need -= move
-        if need > 0 and self._alloc_need > 0:
-            # A running holder's allocation: other co-running holders make the rest, lower classes
-            # first, then newest first.
-            others = sorted((h for h in reversed(self.holders.values())
-                             if h.drop_at is None and h.client.client_id not in requesters),
-                            key=lambda h: -h.client.rank)
-            moves = {c.client_id: move for c, move in _shares(
-                min(need, self._alloc_need),
-                [(h.client, self._use(h.client.client_id).swappable) for h in others])}
-            for holder in others:
-                if moves.get(holder.client.client_id):
-                    self._drop(holder, now, C.NVSHARE_DROP_MEMORY, out,
-                               moves[holder.client.client_id])
+        return max(0, swapped - self.memory.room())
 
     # --- status --------------------------------------------------------------------------------
 
@@ -970,10 +742,10 @@ class GpuState:
         s = self.settings
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name,
-            "memory_total": self.memory_total, "memory_usable": self.memory_usable,
-            "memory_used": self.sum_allocated, "memory_fixed": self.sum_fixed,
-            "memory_swapped": self.sum_swapped,
-            "memory_reserved": self.memory_total - self.memory_usable,
+            "memory_total": self.memory_total, "memory_usable": self.memory.usable,
+            "memory_used": self.memory.sum_allocated, "memory_fixed": self.memory.sum_fixed,
+            "memory_swapped": self.memory.sum_swapped,
+            "memory_reserved": self.memory_total - self.memory.usable,
             "mode": s.mode,
             "switch_time": "auto" if s.switch_time_mode == "auto" else float(s.switch_time_fixed),
             "switch_interval_sec": round(self.switch_interval(), 3),
@@ -996,24 +768,3 @@ class GpuState:
             "jobs": jobs, "rogue": rogue,
         }
 
-
-def _add(sums: dict[int, int], key: int, delta: int) -> None:
-    """Per-job sums without entries for jobs that hold nothing."""
-    total = sums.get(key, 0) + delta
-    if total:
-        sums[key] = total
-    else:
-        sums.pop(key, None)
-
-
-def _shares(need: int, candidates: list[tuple[ClientInfo, int]]) -> list[tuple[ClientInfo, int]]:
-    """Split `need` bytes over candidates (client, movable bytes) in their order."""
-    out = []
-    for client, movable in candidates:
-        if need <= 0:
-            break
-        move = min(need, movable)
-        if move > 0:
-            out.append((client, move))
-            need -= move
-    return out

@@ -76,9 +76,10 @@ class SchedulerCollector:
             info.add_metric(labels + [gpu.name, gpu.settings.mode, sharing(gpu)], 1)
             holders.add_metric(labels, len(gpu.holders))
             waiters.add_metric(labels, len(gpu.queue))
-            for kind, value in (("total", gpu.memory_total), ("usable", gpu.memory_usable),
-                                ("used", gpu.sum_allocated), ("fixed", gpu.sum_fixed),
-                                ("swapped", gpu.sum_swapped)):
+            mem = gpu.memory
+            for kind, value in (("total", gpu.memory_total), ("usable", mem.usable),
+                                ("used", mem.sum_allocated), ("fixed", mem.sum_fixed),
+                                ("swapped", mem.sum_swapped)):
                 memory.add_metric(labels + [kind], value)
             counters = src.ledger.gpus.get(gpu.uuid)
             if counters is None:

@@ -347,7 +347,7 @@ def test_auto_mode_grants_swapped_clients_shared_while_all_fits():
     g.request(a, 0)
     g.mem_update(b, 0, 0, 0, 10 * G)                     # 16G in all: fits, b brings its own back
     assert [(x.kind, x.flags) for x in g.request(b, 1)] == [(GRANT, C.NVSHARE_GRANT_SHARED)]
-    assert g.room() == 0
+    assert g.memory.room() == 0
     actions, _ = g.mem_update(b, 2, 11 * G, 1 * G, 0)   # 17G: b is the newer co-runner
     assert moves(actions) == [(DROP, 2, 10 * G)] and actions[0].value == C.NVSHARE_DROP_MEMORY
 
@@ -387,7 +387,7 @@ def test_holder_allocation_waits_for_the_room_it_makes():
     _, d = g.mem_update(waiter, 4, 0, 0, 0, 4 * G, DEFER)
     assert d.flags == C.NVSHARE_MEM_DEFERRED
     g.mem_update(a, 5, 12 * G, 6 * G, 0)
-    assert g.room() == 0 and g.promised == {}
+    assert g.memory.room() == 0 and g.memory.promised == {}
 
 
 def test_holder_allocation_answered_after_grace_without_room():
@@ -417,7 +417,7 @@ def test_holder_allocation_answered_once_nothing_more_can_move():
     # it could move only 2G (room 4G); nobody else to ask: answer now, not after the grace
     actions, _ = g.mem_update(idle, 2, 6 * G, 0, 2 * G)
     assert kinds(actions) == [(MEM_REPLY, 1)] and actions[0].reply.no_room
-    assert g.pending_allocs == []
+    assert g.memory.pending_allocs == []
 
 
 def test_holder_allocation_drops_the_newer_co_runner_with_the_bytes_it_must_move():
@@ -474,7 +474,8 @@ def test_disconnect_ends_asks_and_frees_the_room():
     assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
     # the asked client exits, taking its memory with it: the head fits now
     assert moves(g.remove_client(1, 1)) == [(GRANT, 2, 0)]
-    assert g.swap_asked == {} and g.job_allocated == {} and g.job_swapped == {2: 10 * G}
+    assert g.memory.swap_asked == {} and g.memory.job_allocated == {}
+    assert g.memory.job_swapped == {2: 10 * G}
 
 
 # --- hand-over between exclusive turns (HANDOFF) -------------------------------------------------

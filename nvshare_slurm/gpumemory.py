@@ -1,0 +1,327 @@
+"""Memory accounting of one GPU, as pure logic: what each client has resident and in host memory,
+whether an allocation is admitted, holders' allocations that wait for room, and the swap-outs
+that make room.
+
+GpuState (gpustate.py) owns one GpuMemory and calls it from its events and from each scheduling
+pass. It reads who holds the lock and who waits through `LockView` (its GpuState) and never
+changes either: the co-running holders it wants dropped for a holder's allocation go back to the
+caller, which drops them. Like the policy: the caller's clock, no sockets.
+
+Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room.
+With no holder left to move its memory, clients that hold no lock get PREPARE_SWAP_OUT, each at
+most once while the room is short (one "episode"); when nothing more can move, the grant goes
+out anyway. A holder's allocation without room waits for its MEM_REPLY while room is made, at
+most drop_grace_sec.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .policytypes import (MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo, GpuSettings,
+                          Holder, MemDecision)
+from .proto import C
+
+# Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
+# one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
+SMALL_REQUEST = 2 << 20
+
+
+class LockView(Protocol):
+    """What memory accounting reads of its GPU (the GpuState that owns it)."""
+    memory_total: int
+    settings: GpuSettings
+    holders: dict[int, Holder]
+    queue: dict[int, tuple[ClientInfo, float]]       # FIFO by insertion, best class first
+    clients: dict[int, ClientInfo]                  # attached here
+
+
+@dataclass
+class MemUsage:
+    allocated: int = 0        # resident on the GPU
+    fixed: int = 0            # the part of allocated that can never move
+    swapped: int = 0          # in host memory (or born there), resident again at the next grant
+
+    @property
+    def swappable(self) -> int:
+        return self.allocated - self.fixed
+
+
+_NO_USAGE = MemUsage()
+
+
+@dataclass
+class _PendingAlloc:
+    """A holder's allocation request that waits for room (its MEM_REPLY is held back)."""
+    client: ClientInfo
+    request: int
+    flags: int
+    token: int
+    since: float
+
+
+@dataclass
+class _SwapAsk:
+    bytes: int
+    at: float
+
+
+@dataclass
+class GpuMemory:
+    gpu: LockView = field(repr=False, compare=False)
+    usage: dict[int, MemUsage] = field(default_factory=dict)
+    job_allocated: dict[int, int] = field(default_factory=dict)
+    job_swapped: dict[int, int] = field(default_factory=dict)
+    sum_allocated: int = 0
+    sum_fixed: int = 0
+    sum_swapped: int = 0
+    pending_allocs: list[_PendingAlloc] = field(default_factory=list)
+    # Room given to a holder's waiting request, counted until its next MEM_UPDATE reports it.
+    promised: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # The current shortfall episode: PREPARE_SWAP_OUT not yet answered, and those answered.
+    swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
+    swap_answered: set[int] = field(default_factory=set)
+    withheld: int | None = None            # per pass: the waiter whose grant waits for room
+    grant_need: int = 0                    # per pass: room the withheld grant lacks
+    alloc_need: int = 0                    # per pass: room waiting requests lack
+
+    # --- figures -------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> int:
+        return self.gpu.memory_total * (100 - self.gpu.settings.memory_reserve_percent) // 100
+
+    def use(self, client_id: int) -> MemUsage:
+        return self.usage.get(client_id, _NO_USAGE)
+
+    def wanted(self) -> int:
+        """Bytes holders are about to allocate: requests waiting for room, and room promised."""
+        return sum(p.request for p in self.pending_allocs) + \
+            sum(size for size, _ in self.promised.values())
+
+    def fits(self) -> bool:
+        """Do all clients' memory (resident, swapped out, about to be allocated) fit together?"""
+        return self.sum_allocated + self.sum_swapped + self.wanted() <= self.usable
+
+    def room(self) -> int:
+        """Usable memory that nobody holds resident or is about to: holders bring their swapped
+        memory back at their grant (unless dropped meanwhile), and waiting or promised
+        allocations are on their way."""
+        coming_in = sum(self.use(cid).swapped for cid, h in self.gpu.holders.items()
+                        if h.drop_at is None)
+        return self.usable - self.sum_allocated - coming_in - self.wanted()
+
+    def deadlines(self) -> list[float]:
+        """When a held request, a PREPARE_SWAP_OUT or a promise runs out of drop_grace_sec."""
+        grace = self.gpu.settings.drop_grace_sec
+        return [p.since + grace for p in self.pending_allocs] + \
+            [ask.at + grace for ask in self.swap_asked.values()] + \
+            [at + grace for _, at in self.promised.values()]
+
+    # --- reports and requests ------------------------------------------------------------------
+
+    def _set_usage(self, client: ClientInfo, allocated: int, fixed: int, swapped: int) -> None:
+        use = self.usage.setdefault(client.client_id, MemUsage())
+        self.sum_allocated += allocated - use.allocated
+        self.sum_fixed += fixed - use.fixed
+        self.sum_swapped += swapped - use.swapped
+        _add(self.job_allocated, client.job_id, allocated - use.allocated)
+        _add(self.job_swapped, client.job_id, swapped - use.swapped)
+        use.allocated, use.fixed, use.swapped = allocated, fixed, swapped
+
+    def update(self, client: ClientInfo, now: float, allocated: int, fixed: int, swapped: int,
+               request: int, flags: int, token: int) -> MemDecision | None:
+        """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation (None for
+        a report, and for a holder's request that waits for room)."""
+        cid = client.client_id
+        fixed = min(fixed, allocated)
+        old = self.use(cid)
+        if cid in self.swap_asked and (request == 0 or allocated < old.allocated
+                                       or allocated == fixed):
+            # Its answer to PREPARE_SWAP_OUT: a report after moving what it could (maybe nothing).
+            # A request moving nothing is an allocation made meanwhile, not the answer.
+            del self.swap_asked[cid]
+            self.swap_answered.add(cid)
+        self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
+        self._set_usage(client, allocated, fixed, swapped)
+        decision = self.admit(client, request) if request > 0 else None
+        if decision is not None and decision.status == C.NVSHARE_OK \
+                and request >= SMALL_REQUEST and request > self.room():
+            if cid in self.gpu.holders:
+                if self.room_can_grow(self._requesters() | {cid}, other_holders=True):
+                    self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
+                    decision = None
+            elif flags & C.NVSHARE_MEM_CAN_DEFER:
+                decision = replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
+        return decision
+
+    def admit(self, client: ClientInfo, request: int) -> MemDecision:
+        usable = self.usable
+        limit = client.mem_limit
+        total = min(limit, usable) if limit else usable
+        job_used = self.job_allocated.get(client.job_id, 0) + self.job_swapped.get(client.job_id, 0)
+        own = self.use(client.client_id)
+        ok = True
+        if limit and job_used + request > limit:
+            ok = False
+        # Others' swappable memory can always be moved out of the way; their fixed memory cannot.
+        if request + own.allocated + own.swapped + (self.sum_fixed - own.fixed) > usable:
+            ok = False
+        status = C.NVSHARE_OK if ok else C.NVSHARE_ERR_NOMEM
+        return MemDecision(status, max(0, total - job_used), total)
+
+    def forget(self, client_id: int, client: ClientInfo | None) -> None:
+        """The client is gone: its memory, held request, promise and swap ask with it."""
+        self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
+        self.promised.pop(client_id, None)
+        self.swap_asked.pop(client_id, None)
+        self.swap_answered.discard(client_id)
+        use = self.usage.pop(client_id, None)
+        if client is not None and use:
+            self.sum_allocated -= use.allocated
+            self.sum_fixed -= use.fixed
+            self.sum_swapped -= use.swapped
+            _add(self.job_allocated, client.job_id, -use.allocated)
+            _add(self.job_swapped, client.job_id, -use.swapped)
+
+    # --- a scheduling pass ---------------------------------------------------------------------
+
+    def begin_pass(self) -> None:
+        self.withheld, self.grant_need, self.alloc_need = None, 0, 0
+
+    def withhold(self, client_id: int, short: int) -> None:
+        """This pass withholds the waiter's grant: its swapped memory lacks `short` bytes."""
+        self.withheld, self.grant_need = client_id, short
+
+    def expire(self, now: float, out: list[Action]) -> None:
+        grace = self.gpu.settings.drop_grace_sec
+        for cid, ask in list(self.swap_asked.items()):
+            if now >= ask.at + grace:   # count it as answered so that the grant is not stuck
+                del self.swap_asked[cid]
+                self.swap_answered.add(cid)
+                client = self.gpu.clients.get(cid)
+                if client is not None:
+                    out.append(Action(SWAP_UNANSWERED, client, 0, 0, ask.bytes))
+        for cid, (_, at) in list(self.promised.items()):
+            if now >= at + grace:       # never reported: the allocation failed
+                del self.promised[cid]
+
+    def answer_allocations(self, now: float, out: list[Action]) -> None:
+        """Answer holders' requests that now have room, lost their lock, or waited too long."""
+        if not self.pending_allocs:
+            return
+        room = self.room() + sum(p.request for p in self.pending_allocs)
+        grace = self.gpu.settings.drop_grace_sec
+        requesters = self._requesters()
+        waiting: list[_PendingAlloc] = []
+        for pending in self.pending_allocs:
+            cid = pending.client.client_id
+            if pending.request <= room:
+                room -= pending.request
+                self._answer(pending, now, out)
+            elif cid not in self.gpu.holders:
+                # Released meanwhile (dropped): now it is a non-holder's request.
+                deferred = pending.flags & C.NVSHARE_MEM_CAN_DEFER
+                self._answer(pending, now, out, C.NVSHARE_MEM_DEFERRED if deferred else 0)
+            elif now >= pending.since + grace \
+                    or not self.room_can_grow(requesters, other_holders=True):
+                self._answer(pending, now, out, no_room=True)
+            else:
+                waiting.append(pending)
+        self.pending_allocs = waiting
+        self.alloc_need = max(0, sum(p.request for p in waiting) - max(room, 0))
+
+    def _answer(self, pending: _PendingAlloc, now: float, out: list[Action], flags: int = 0,
+                no_room: bool = False) -> None:
+        decision = replace(self.admit(pending.client, pending.request), flags=flags,
+                           no_room=no_room)
+        out.append(Action(MEM_REPLY, pending.client, reply=decision, token=pending.token))
+        cid = pending.client.client_id
+        if decision.status == C.NVSHARE_OK and not flags:
+            size, _ = self.promised.get(cid, (0, now))
+            self.promised[cid] = (size + pending.request, now)
+
+    def _requesters(self) -> set[int]:
+        return {p.client.client_id for p in self.pending_allocs}
+
+    def room_can_grow(self, exclude: set[int], other_holders: bool = False) -> bool:
+        """Is some memory still on its way out, or someone left to ask (with other_holders, for
+        a holder's allocation: a co-running holder that can be dropped)?"""
+        if self.swap_asked or self._swap_candidates(exclude):
+            return True
+        for cid, holder in self.gpu.holders.items():
+            if holder.drop_at is not None and holder.drop_bytes > 0:
+                return True
+            if other_holders and holder.drop_at is None and cid not in exclude \
+                    and self.use(cid).swappable > 0:
+                return True
+        return False
+
+    def _swap_candidates(self, exclude: set[int]) -> list[tuple[ClientInfo, int]]:
+        """Clients without a lock whose resident memory can move and that were not asked in this
+        episode: lower classes first; within a class idle ones (largest first), then waiters from
+        the back of the queue."""
+        place = {cid: n for n, cid in enumerate(self.gpu.queue)}
+        found = []
+        for cid, use in self.usage.items():
+            client = self.gpu.clients.get(cid)
+            if client is None or use.swappable <= 0 or cid in self.gpu.holders or cid in exclude \
+                    or cid in self.swap_asked or cid in self.swap_answered:
+                continue
+            found.append((client, use.swappable))
+        found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,
+                                     -place.get(item[0].client_id, 0), -item[1]))
+        return found
+
+    def make_room(self, now: float, out: list[Action]) -> list[tuple[Holder, int]]:
+        """PREPARE_SWAP_OUT for what this pass's withheld grant and waiting requests lack.
+        Returns the co-running holders the caller must drop (DROP_LOCK(MEMORY)) for the rest of
+        a holder's allocation, with the bytes each must move out."""
+        need = self.grant_need + self.alloc_need
+        if need <= 0:
+            self.swap_asked.clear()      # the shortfall episode is over
+            self.swap_answered.clear()
+            return []
+        need -= sum(ask.bytes for ask in self.swap_asked.values())
+        need -= sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
+        if need <= 0:
+            return []
+        requesters = self._requesters()
+        exclude = requesters | ({self.withheld} if self.withheld is not None else set())
+        for client, move in shares(need, self._swap_candidates(exclude)):
+            self.swap_asked[client.client_id] = _SwapAsk(move, now)
+            out.append(Action(SWAP_OUT, client, 0, 0, move))
+            need -= move
+        if need <= 0 or self.alloc_need <= 0:
+            return []
+        # A running holder's allocation: other co-running holders make the rest, lower classes
+        # first, then newest first.
+        others = sorted((h for h in reversed(self.gpu.holders.values())
+                         if h.drop_at is None and h.client.client_id not in requesters),
+                        key=lambda h: -h.client.rank)
+        moves = {c.client_id: move for c, move in shares(
+            min(need, self.alloc_need),
+            [(h.client, self.use(h.client.client_id).swappable) for h in others])}
+        return [(h, moves[h.client.client_id]) for h in others if moves.get(h.client.client_id)]
+
+
+def _add(sums: dict[int, int], key: int, delta: int) -> None:
+    """Per-job sums without entries for jobs that hold nothing."""
+    total = sums.get(key, 0) + delta
+    if total:
+        sums[key] = total
+    else:
+        sums.pop(key, None)
+
+
+def shares(need: int, candidates: list[tuple[ClientInfo, int]]) -> list[tuple[ClientInfo, int]]:
+    """Split `need` bytes over candidates (client, movable bytes) in their order."""
+    out = []
+    for client, movable in candidates:
+        if need <= 0:
+            break
+        move = min(need, movable)
+        if move > 0:
+            out.append((client, move))
+            need -= move
+    return out
