@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gpustate import GpuState
-from .policytypes import GANG_STEP_AFTER, Action, ClientInfo, Turn
+from .policytypes import GANG_STEP_AFTER, Action, ClientInfo
 from .priority import RANK
 
 
@@ -105,7 +105,7 @@ class GangPolicy:
             return False
         self.gangs[job_id] = Gang(job_id, list(gpus))
         for gpu in gpus:
-            gpu.gang_jobs.add(job_id)
+            gpu.join_gang(job_id)
         return True
 
     def remove_job(self, job_id: int) -> None:
@@ -113,9 +113,7 @@ class GangPolicy:
         if gang is None:
             return
         for gpu in gang.gpus:
-            gpu.gang_jobs.discard(job_id)
-            if gpu.turn is not None and gpu.turn.job_id == job_id:
-                gpu.turn = None
+            gpu.leave_gang(job_id)
 
     # --- events --------------------------------------------------------------------------------
 
@@ -178,7 +176,7 @@ class GangPolicy:
                             f"{','.join(map(str, longer))} go first")
                 continue
             for gpu in gang.gpus:
-                gpu.turn = Turn(gang.job_id)
+                gpu.claim_turn(gang.job_id)
             gang.contention_since, gang.ending, gang.why = None, False, ""
             changed.add(gang.job_id)
 
@@ -208,8 +206,8 @@ class GangPolicy:
             if busy:
                 gang.why = f"claimed; others finish their turn on GPU {','.join(map(str, busy))}"
                 return
-            for turn in turns:
-                turn.started = True          # type: ignore[union-attr]
+            for gpu in gang.gpus:
+                gpu.start_turn()
             gang.turns += 1
             gang.why = ""
             changed.add(gang.job_id)
@@ -251,10 +249,10 @@ class GangPolicy:
         if until is not None and now >= until:
             until = None
         if until != turns[0].steps_until:  # type: ignore[union-attr]
-            for turn in turns:
-                turn.steps_until = until     # type: ignore[union-attr]
+            for gpu in gang.gpus:
+                gpu.allow_steps_until(until)
         if until is not None and gang.job_id not in changed and any(
-                now >= since + GANG_STEP_AFTER and gpu.memory.withheld is None
+                now >= since + GANG_STEP_AFTER and not gpu.waits_for_room()
                 for gpu, _, since in waiters):
             # A step is due: tick all its GPUs, since the timer that woke us may be another
             # GPU's, and this pass's deadlines no longer include the step. Not where the GPU's
@@ -269,11 +267,11 @@ class GangPolicy:
                  (h.stuck_at is not None or (waiters and now >= h.drop_at + grace))]
         if stuck and waiters and not granting:
             gang.resumed_at = now
-            for turn in turns:
-                turn.grants = True           # type: ignore[union-attr]
+            for gpu in gang.gpus:
+                gpu.resume_turn()
             for gpu, holder in stuck:
                 if holder.stuck_at is None:  # a hook that does not send DRAIN_STUCK
-                    holder.stuck_at = now
+                    gpu.presume_stuck(holder.client.client_id, now)
                     self.notes.append(
                         f"gpu {gpu.uuid}: {holder.client.label()}: not released "
                         f"{now - holder.drop_at:.1f}s after DROP_LOCK while its gang's other "
@@ -292,15 +290,14 @@ class GangPolicy:
         gang.ending, gang.resumed_at, gang.ended_at = True, None, now
         gang.dropped = {h.client.client_id for _, h in gang.holders()}
         for gpu in gang.gpus:
-            gpu.turn.grants = False          # type: ignore[union-attr]
-            dropped = gpu.drop_job(gang.job_id, now)
+            dropped = gpu.end_turn(now)
             if dropped:
                 out.append((gpu, dropped))
         changed.add(gang.job_id)
 
     def _release(self, gang: Gang, changed: set[int]) -> None:
         for gpu in gang.gpus:
-            gpu.turn = None
+            gpu.release_turn()
         gang.contention_since, gang.ending, gang.resumed_at = None, False, None
         gang.dropped = set()
         changed.add(gang.job_id)
@@ -324,7 +321,7 @@ class GangPolicy:
                             if now <= (t := since + GANG_STEP_AFTER) < until]
             deadline = min(pending, default=None)
         for gpu in gang.gpus:
-            gpu.turn.deadline = deadline     # type: ignore[union-attr]
+            gpu.set_turn_deadline(deadline)
 
     # --- status --------------------------------------------------------------------------------
 

@@ -348,7 +348,7 @@ class GpuState:
         holder.drop_at, holder.drop_reason, holder.drop_bytes = now, reason, move
         out.append(Action(DROP, holder.client, 0, reason, move))
 
-    def _end_turn(self, holder: Holder, successor: ClientInfo, now: float, out: list[Action],
+    def _pass_turn(self, holder: Holder, successor: ClientInfo, now: float, out: list[Action],
                   move: int = 0) -> None:
         """DROP_LOCK(TIMESLICE): an exclusive turn passes to `successor`. When the switch moves no
         memory, both first hear of a HANDOFF: the holder's hook signals the successor's the moment
@@ -478,10 +478,64 @@ class GpuState:
                 out.append(Action(CONTENDED, holder.client))
         return out
 
-    def drop_job(self, job_id: int, now: float) -> list[Action]:
-        """DROP_LOCK(TIMESLICE) to the job's holders (the end of its gang turn), each with its
-        share of what the waiting single-GPU clients' swapped memory lacks."""
-        holders = [h for h in self.job_holders(job_id) if h.drop_at is None]
+    # What gang.py does to this GPU's part of a gang's turn (the turn's fields are set only here).
+
+    def join_gang(self, job_id: int) -> None:
+        """The job takes gang turns here: its clients wait in gang_queue, never in the FIFO."""
+        self.gang_jobs.add(job_id)
+
+    def leave_gang(self, job_id: int) -> None:
+        """The job is gone: no more gang turns here, and its turn, if it has one, is over."""
+        self.gang_jobs.discard(job_id)
+        if self.turn is not None and self.turn.job_id == job_id:
+            self.turn = None
+
+    def claim_turn(self, job_id: int) -> None:
+        """The gang claims this GPU: from its first work here nobody else is granted here."""
+        self.turn = Turn(job_id)
+
+    def start_turn(self) -> None:
+        """The gang runs: its waiters here are granted, and a request of its own drops others."""
+        assert self.turn is not None
+        self.turn.started = True
+
+    def resume_turn(self) -> None:
+        """A drain of the gang is stuck: its waiters here are granted again until it finishes."""
+        assert self.turn is not None
+        self.turn.grants = True
+
+    def allow_steps_until(self, until: float | None) -> None:
+        """The turn ends while a rank still drains: until then a request of the gang here is
+        granted and dropped again at once (a step). None: no steps."""
+        assert self.turn is not None
+        self.turn.steps_until = until
+
+    def set_turn_deadline(self, deadline: float | None) -> None:
+        """When gang.py next needs a pass (its turn's end, a stuck drain): next_deadline()."""
+        assert self.turn is not None
+        self.turn.deadline = deadline
+
+    def release_turn(self) -> None:
+        """Every holder of the gang has released: the GPU is nobody's turn."""
+        self.turn = None
+
+    def presume_stuck(self, client_id: int, now: float) -> None:
+        """A gang's holder that has not released long after DROP_LOCK while its peers wait (a
+        hook that never sends DRAIN_STUCK): its drain counts as stuck from now, as if it had
+        said so (unlike mark_stuck, an unresponsive report already made stands)."""
+        self.holders[client_id].stuck_at = now
+
+    def waits_for_room(self) -> bool:
+        """Did this GPU's last pass withhold a grant until memory moves out?"""
+        return self.memory.withheld is not None
+
+    def end_turn(self, now: float) -> list[Action]:
+        """The end of the gang's turn: no more grants here, and DROP_LOCK(TIMESLICE) to its
+        holders, each with its share of what the waiting single-GPU clients' swapped memory
+        lacks. The GPU stays the gang's until release_turn()."""
+        assert self.turn is not None
+        self.turn.grants = False
+        holders = [h for h in self.job_holders(self.turn.job_id) if h.drop_at is None]
         moves = {c.client_id: move for c, move in shares(
             self._holder_must_move(),
             [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
@@ -583,7 +637,7 @@ class GpuState:
         if self.contention_since is None:
             self.contention_since = now
         if now >= self.contention_since + self.switch_interval():
-            self._end_turn(holder, self.queue[rivals[0]][0], now, out)
+            self._pass_turn(holder, self.queue[rivals[0]][0], now, out)
 
     def _regrant_co_runners(self, takers: set[int], out: list[Action]) -> None:
         """The co-runners (holders that are not turn-takers) take turns burst by burst; the
@@ -668,7 +722,7 @@ class GpuState:
                     out.append(Action(CONTENDED, holder.client))
                 if head.rank < holder.client.rank \
                         or now >= self.contention_since + self.switch_interval():
-                    self._end_turn(holder, head, now, out, self._holder_must_move())
+                    self._pass_turn(holder, head, now, out, self._holder_must_move())
 
     def _schedule_serial(self, now: float, out: list[Action], admin: bool) -> None:
         job = self.serial_job

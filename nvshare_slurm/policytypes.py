@@ -132,7 +132,8 @@ GANG_STEP_AFTER = 0.002
 
 @dataclass
 class Turn:
-    """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together.
+    """A gang's hold on one of its GPUs, set by gang.py on all of the gang's GPUs together
+    (through GpuState's claim_turn, start_turn, end_turn... never by writing these fields).
 
     While the gang has work here (a holder, a waiter, or a grant earlier in this turn), only its
     clients are granted here. `started`: the gang runs, so a request of its own drops any other
