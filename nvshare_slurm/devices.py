@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 # Slurm's cgroup paths: v1 /slurm[_<node>]/uid_<uid>/job_<id>/step_<s>/...;
-# v2 /system.slice/slurmstepd.scope/job_<id>/step_<s>/...
+# v2 /system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<s>/... (<node>_ where slurmd was built
+# for several slurmd per host, as Debian's is)
 _JOB_DIR = re.compile(r"^job_(\d+)$")
 
 
@@ -31,14 +32,14 @@ class Refused(Exception):
 
 def slurm_jobs_of_cgroup(text: str) -> set[int]:
     """The Slurm job ids that a /proc/<pid>/cgroup text places the process in: a `job_<id>`
-    directory below one whose name starts with `slurm` (slurm, slurm_<node>, slurmstepd.scope)."""
+    directory below one whose name has `slurm` in it (slurm_<node>, <node>_slurmstepd.scope)."""
     jobs = set()
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
         parts = path.split("/")
         for i, part in enumerate(parts):
             match = _JOB_DIR.match(part)
-            if match and any(p.startswith("slurm") for p in parts[:i]):
+            if match and any("slurm" in p for p in parts[:i]):
                 jobs.add(int(match.group(1)))
     return jobs
 

@@ -13,6 +13,9 @@
 #   NVSHARE_DEMO_JOB      the batch script the two jobs run (default: a few seconds of GPU work)
 #   NVSHARE_DEMO_SRUN     a command to run as an `srun --gres=nvshare:1` step while the jobs run
 #   NVSHARE_DEMO_TIMEOUT  seconds the jobs may take (default 60)
+#   NVSHARE_DEMO_CONSTRAIN=1  a site's device confinement: task/cgroup, proctrack/cgroup and
+#                         ConstrainDevices=yes, the GPU's device file as a `gpu` GRES beside nvshare
+#                         (NVSHARE_DEMO_GPU_DEVICE, default /dev/nvidia0), as nvshare-node-config prints
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -21,6 +24,12 @@ PREFIX=${NVSHARE_PREFIX:-/opt/nvshare}
 DEMO=${NVSHARE_DEMO_DIR:-/tmp/nvshare-demo}
 TIMEOUT=${NVSHARE_DEMO_TIMEOUT:-60}
 SLURM_ROOT=${NVSHARE_SLURM_ROOT:-}
+CONSTRAIN=${NVSHARE_DEMO_CONSTRAIN:-}
+GPU_DEVICE=${NVSHARE_DEMO_GPU_DEVICE:-/dev/nvidia0}
+PROCTRACK=proctrack/linuxproc; TASK_PLUGIN=task/none; GRES_TYPES=nvshare; NODE_GRES=nvshare:gpu0:4
+if [ -n "$CONSTRAIN" ]; then
+  PROCTRACK=proctrack/cgroup; TASK_PLUGIN=task/cgroup; GRES_TYPES=gpu,nvshare; NODE_GRES=gpu:1,nvshare:gpu0:4
+fi
 
 if [ -n "$SLURM_ROOT" ]; then
   echo "== using Slurm unpacked in $SLURM_ROOT (nothing installed)"
@@ -124,8 +133,8 @@ SlurmctldPidFile=$DEMO/slurmctld.pid
 SlurmdPidFile=$DEMO/slurmd.pid
 SlurmctldLogFile=$DEMO/slurmctld.log
 SlurmdLogFile=$DEMO/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=$PROCTRACK
+TaskPlugin=$TASK_PLUGIN
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # A job submitted while the last one's nodes still complete is marked "Resources" and would wait
@@ -137,12 +146,12 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=2
-GresTypes=nvshare
+GresTypes=$GRES_TYPES
 PrologFlags=Alloc
 Prolog=$DEMO/prolog.sh
 Epilog=$DEMO/epilog.sh
 TaskProlog=$DEMO/taskprolog.sh
-NodeName=$HOST NodeAddr=127.0.0.1 Port=$SLURMD_PORT CPUs=4 RealMemory=1000 Gres=nvshare:gpu0:4 State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 Port=$SLURMD_PORT CPUs=4 RealMemory=1000 Gres=$NODE_GRES State=UNKNOWN
 PartitionName=demo Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 CONF
 if [ -n "$SLURM_ROOT" ]; then
@@ -155,6 +164,18 @@ if [ -n "$SLURM_ROOT" ]; then
   fi
 fi
 echo "NodeName=$HOST Name=nvshare Type=gpu0 Count=4" > "$DEMO/gres.conf"
+if [ -n "$CONSTRAIN" ]; then
+  # Slurm denies the GPU's device file to every job that holds no `gpu` GRES; nvshare jobs get it
+  # from nvshare-scheduler (docs/admin-guide.md, "Device cgroups").
+  echo "NodeName=$HOST Name=gpu File=$GPU_DEVICE" >> "$DEMO/gres.conf"
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    [ -f "$DEMO/cgroup.conf" ] || printf 'CgroupPlugin=cgroup/v2\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
+  else
+    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
+  fi
+  echo "ConstrainDevices=yes" >> "$DEMO/cgroup.conf"
+  echo "== a site's device cgroups: $TASK_PLUGIN, $PROCTRACK, ConstrainDevices=yes, gpu GRES on $GPU_DEVICE"
+fi
 
 echo "== starting munged, nvshare-scheduler, slurmctld, slurmd (logs in $DEMO)"
 install -m 600 /etc/munge/munge.key "$DEMO/munge/munge.key"

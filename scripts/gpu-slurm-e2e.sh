@@ -13,6 +13,9 @@
 # check), timeline.txt (who held the GPU when, from the scheduler's log) and demo/ (slurm.conf,
 # nvshare.yaml, the logs of munged, slurmctld, slurmd and nvshare-scheduler, each job's output and
 # training JSON). Exit status 0 when every check passed.
+# E2E_CONSTRAIN=1: the cluster confines devices as most GPU sites do (task/cgroup, proctrack/cgroup,
+# ConstrainDevices=yes, the GPU as a `gpu` GRES beside nvshare): the nvshare jobs reach the GPU only
+# through nvshare-scheduler, and nvidia-smi in each job must list it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -55,6 +58,7 @@ echo "e2e-env SLURM_JOB_ID=\$SLURM_JOB_ID SLURM_STEP_ID=\${SLURM_STEP_ID:-} host
 echo "e2e-env LD_PRELOAD=\${LD_PRELOAD:-}"
 echo "e2e-env CUDA_VISIBLE_DEVICES=\${CUDA_VISIBLE_DEVICES:-}"
 echo "e2e-env NVSHARE_SOCKET=\${NVSHARE_SOCKET:-} NVSHARE_JOB_ID=\${NVSHARE_JOB_ID:-}"
+echo "e2e-smi \$(timeout 30 nvidia-smi -L 2>&1 | head -1)"
 $PY $REPO/tests/gpu/train.py --model transformer --width 1024 --heads 16 --seq 256 --depth 6 \\
   --batch 16 --steps 2000 --max-seconds $TRAIN_SECONDS --out train-\$SLURM_JOB_ID.json
 rc=\$?
@@ -64,7 +68,7 @@ JOB
 chmod 755 "$JOB_SCRIPT"
 
 say "running scripts/demo.sh on the unpacked Slurm (at most $TIMEOUT s)"
-NVSHARE_SLURM_ROOT=$SLURM_ROOT NVSHARE_PYTHON=$PY NVSHARE_DEMO_DIR=$DEMO NVSHARE_DEMO_JOB=$JOB_SCRIPT \
+NVSHARE_DEMO_CONSTRAIN=${E2E_CONSTRAIN:-} NVSHARE_SLURM_ROOT=$SLURM_ROOT NVSHARE_PYTHON=$PY NVSHARE_DEMO_DIR=$DEMO NVSHARE_DEMO_JOB=$JOB_SCRIPT \
   NVSHARE_DEMO_SRUN=$JOB_SCRIPT NVSHARE_DEMO_TIMEOUT=$((TIMEOUT - 60)) \
   timeout -k 15 "$TIMEOUT" bash scripts/demo.sh
 DEMO_RC=$?
@@ -83,7 +87,7 @@ if [ -n "$MUNGED_STARTED" ] && [ -f /run/munge/munged.pid ]; then
   kill "$(cat /run/munge/munged.pid)" 2>/dev/null   # the munged that the unpacking started
 fi
 
-"$PY" - "$OUT" "$GPU_UUID" "$GPU_NAME" "$DEMO_RC" <<'PY'
+"$PY" - "$OUT" "$GPU_UUID" "$GPU_NAME" "$DEMO_RC" "${E2E_CONSTRAIN:-}" <<'PY'
 """Check each job's output and the scheduler's log; write result.json and timeline.txt."""
 import json
 import re
@@ -92,6 +96,7 @@ from datetime import datetime
 from pathlib import Path
 
 out, uuid, gpu_name, demo_rc = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+constrained = sys.argv[5] == "1"
 jobs_dir = out / "demo" / "jobs"
 checks = []
 
@@ -119,6 +124,7 @@ for j, fields in states.items():
 srun_rc = (jobs_dir / "srun.rc").read_text().strip() if (jobs_dir / "srun.rc").exists() else "missing"
 check("srun step exited 0", srun_rc == "0", f"exit {srun_rc}")
 job_ids = []
+all_losses = {}
 for what, path in outputs.items():
     text = path.read_text(errors="replace") if path.exists() else ""
     env = dict(re.findall(r"\b(\w+)=(\S*)", "\n".join(line for line in text.splitlines()
@@ -141,6 +147,21 @@ for what, path in outputs.items():
     on_gpu = bool(device) and (device in gpu_name or gpu_name in device)
     check(f"{what}: losses present, trained on the GPU", len(losses) >= 5 and on_gpu,
           f"{len(losses)} steps in {steps_s:.1f} s on {device or '?'}")
+    all_losses[what] = losses
+    smi = next((line[len("e2e-smi "):] for line in text.splitlines() if line.startswith("e2e-smi ")), "")
+    check(f"{what}: nvidia-smi in the job lists the GPU", uuid in smi, smi or "no e2e-smi line")
+# Same script, seed and arguments: the same losses bit for bit, step by step, however the jobs shared.
+common = min((len(v) for v in all_losses.values()), default=0)
+same = common >= 5 and all(v[:common] == next(iter(all_losses.values()))[:common] for v in all_losses.values())
+check("losses are bit-identical across the jobs", same, f"first {common} steps of {len(all_losses)} runs")
+if constrained:
+    slurmd_log = (out / "demo" / "slurmd.log")
+    text = slurmd_log.read_text(errors="replace") if slurmd_log.exists() else ""
+    sched_text = (out / "demo" / "nvshare" / "scheduler.log").read_text(errors="replace") \
+        if (out / "demo" / "nvshare" / "scheduler.log").exists() else ""
+    opened = sorted(set(re.findall(r"job (\d+): (\S+) opened for its processes", sched_text)))
+    check("ConstrainDevices: the jobs' GPU device file came from nvshare-scheduler", len(opened) >= 3,
+          "; ".join(f"job {j} {p}" for j, p in opened) or "no 'opened for its processes' line")
 
 # Who held the GPU when: the scheduler logs every grant and release at debug level.
 log = out / "demo" / "nvshare" / "scheduler.log"

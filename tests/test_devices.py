@@ -35,6 +35,7 @@ NOBODY = 65534
     ("4:devices:/slurm/uid_1000/job_42/step_0/task_0\n", {42}),
     ("4:devices:/slurm_n1/uid_0/job_7/step_batch\n1:cpu:/slurm_n1/uid_0/job_7\n", {7}),
     ("0::/system.slice/slurmstepd.scope/job_1234/step_3/user/task_0\n", {1234}),
+    ("0::/system.slice/vm_slurmstepd.scope/job_1/step_batch/user/task_0\n", {1}),   # H100, 22.05
     ("0::/user.slice/user-1000.slice/user@1000.service/job_42\n", set()),   # not Slurm's
     ("0::/slurmish/job_x/job_12a\n", set()),
     ("", set()),
