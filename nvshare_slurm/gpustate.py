@@ -13,7 +13,7 @@ Modes (docs/protocol.md "Scheduling modes"):
   the holder job's clients are all gone, or after max_runtime_sec of holding while others wait.
 - auto: while the memory of every client fits the usable memory, auto_share decides:
   adaptive (default): from each client's demand (DEMAND reports of the hook: busy share, burst and
-  gap lengths) the clients that gain from exclusive turns take them (busy most of the time, or long
+  gap lengths, kept and judged by GpuDemand in demand.py) the clients that gain from exclusive turns take them (busy most of the time, or long
   bursts with long gaps: two compute-bound jobs measured 1.005x serial in turns against 1.085x
   co-running on an H100); every other client co-runs with whoever holds the GPU (the hardware
   time-slices contexts), so an interactive step or a short-burst job never waits for a turn. With
@@ -42,73 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .demand import Demand, GpuDemand
 from .gpumemory import GpuMemory, MemUsage, shares
 from .policytypes import (CONTENDED, DROP, GANG_STEP_AFTER, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
                           SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, GpuSettings, Holder,
                           MemDecision, Turn)
 from .priority import RANK
 from .proto import C
-
-# auto_share: adaptive. A client takes exclusive turns when it keeps the GPU busy most of the time
-# (co-running two such costs ~8 % on an H100), or when its bursts and the gaps between them are
-# long enough for an idle hand-over to fit in the gaps (W2-like jobs: turns 0.53x serial against
-# co-location 0.66x). Shorter bursts co-run while they fit in each other's pauses.
-TURN_BUSY = 0.8
-TURN_BURST_SEC = 0.025
-TURN_GAP_SEC = 0.025
-# Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
-# other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
-# together (each slowed step pauses as long, or longer), so the overlap decides the result. On the
-# H100 (issue 12, 5 ms bursts, 60 % busy each) one such pair ran at 1.00x serial co-run in one run
-# and 0.76x in the next; in turns 0.73-0.74x. These then take turns until their sum falls below
-# TURN_GROUP_LEAVE. That line is low because a job whose pause follows its step's length pauses
-# longer in turns (the wait is part of the step): with 0.8 such a pair read 80-100 % in turns,
-# went back to co-running, overlapped and came back, every second or two. Below
-# TURN_GROUP_BURST_SEC a burst costs about what a hand-over costs: such clients (an interactive
-# command, ~1 ms) co-run and are not counted. Pairs below the line keep co-running: a 10 %-busy
-# pair with 5 ms bursts ran at 0.52x co-run, 0.67x in turns (every lock wait lengthened a step
-# whose pause follows its length).
-TURN_GROUP_BUSY = 1.0
-TURN_GROUP_LEAVE = 0.6
-TURN_GROUP_BURST_SEC = 0.004
-# Classes: a light client of a worse class co-runs beside a busy better one only below this busy
-# share. Co-running kernels share the GPU's time, so such a client costs the better job at most
-# about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
-# few hundred ms) stays far below it. A "light" client above it (short bursts, short gaps, busy
-# up to 80 %) would take a third or more of a high job's time: it waits with the other worse ones.
-CLASS_CORUN_BUSY = 0.05
-# A better holder gives its idle time to worse waiters only when its pauses are this many times
-# longer than the worst drain measured of those waiters (DROP_LOCK to release). On a real GPU a
-# holder drains what it has queued (a PyTorch step: ~120 ms for W1 on an H100), and the better
-# job, back from its pause, runs beside that drain at about half speed; with pauses 10x the drain
-# it loses at most ~5 % of its time, the 95 % issue 14 promises.
-CLASS_IDLE_DRAIN_FACTOR = 10.0
-# A drain counts for this long after it was measured. Kept for good, one slow drain (or one a
-# hostile low-class user made slow on purpose) denied every worse waiter the better holder's idle
-# time for the client's lifetime, and a waiter that never holds again never measures a new one.
-CLASS_DRAIN_MEMORY_SEC = 60.0
-
-
-@dataclass(frozen=True)
-class Demand:
-    """What one client asks of this GPU lately (the hook's DEMAND report)."""
-    busy: float               # 0..1: share of recent time with work launched or in flight (lock waits left out)
-    burst: float              # seconds: mean busy stretch
-    gap: float                # seconds: mean idle stretch between busy ones
-
-    @property
-    def takes_turns(self) -> bool:
-        """A turn-taker by its own demand, whoever else uses the GPU."""
-        return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
-
-    @property
-    def bursty(self) -> bool:
-        """Co-runs by its own demand, but its bursts are long enough to count towards overlap."""
-        return not self.takes_turns and self.burst >= TURN_GROUP_BURST_SEC
-
-    def describe(self) -> str:
-        return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
-
 
 @dataclass
 class GpuState:
@@ -124,11 +64,7 @@ class GpuState:
     contention_since: float | None = None   # when "held while others wait" began for this turn
     serial_job: int | None = None
     serial_expired: bool = False
-    demand: dict[int, Demand] = field(default_factory=dict)                    # reported by clients
-    group_turns: bool = False         # the bursty co-runners overlap: they take turns (TURN_GROUP_BUSY)
-    # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
-    drain: dict[int, tuple[float, float]] = field(default_factory=dict)
-    asked: set[int] = field(default_factory=set)                               # ever requested here
+    demand: GpuDemand = field(default_factory=GpuDemand)   # what each client asks of this GPU
     sharing: str = ""                      # how the GPU is shared now (status, metrics, log)
     sharing_reason: str = ""
     # (holder, next): the holder's DROP_LOCK came with a HANDOFF to that waiter, which may run as
@@ -208,7 +144,7 @@ class GpuState:
             if waiting is self.queue and client.rank < max(c.rank for c, _ in self.queue.values()):
                 # A better class waits ahead of worse ones; FIFO within a class (stable sort).
                 self.queue = dict(sorted(self.queue.items(), key=lambda item: item[1][0].rank))
-        self.asked.add(cid)
+        self.demand.requested(cid)
         return self._schedule(now)
 
     def release(self, client_id: int, now: float) -> list[Action]:
@@ -217,7 +153,7 @@ class GpuState:
         if holder is None:
             return []
         if holder.drop_at is not None and not holder.drop_bytes:   # a drain, not a swap
-            self.drain[client_id] = max(self._recent_drain(client_id, now), now - holder.drop_at), now
+            self.demand.drained(client_id, now - holder.drop_at, now)
         if not self.holders:
             self.contention_since = None
         out = self._hand_over(client_id, now)
@@ -228,9 +164,7 @@ class GpuState:
         held = self.holders.pop(client_id, None) is not None
         self.queue.pop(client_id, None)
         self.gang_queue.pop(client_id, None)
-        self.demand.pop(client_id, None)
-        self.drain.pop(client_id, None)
-        self.asked.discard(client_id)
+        self.demand.forget(client_id)
         client = self.clients.pop(client_id, None)
         self.memory.forget(client_id, client)
         if client is not None:
@@ -248,29 +182,11 @@ class GpuState:
     def report_demand(self, client: ClientInfo, demand: Demand, now: float) -> list[Action]:
         """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
         self._attach(client)
-        self.demand[client.client_id] = demand
+        self.demand.report(client.client_id, demand)
         return self._schedule(now)
 
     def takes_turns(self, client_id: int) -> bool:
-        demand = self.demand.get(client_id)
-        return demand is None or demand.takes_turns or (self.group_turns and demand.bursty)
-
-    def _bursty_busy(self) -> float:
-        """The busy shares of the bursty co-runners added up; a client that asked for the GPU but
-        has not reported yet counts as fully busy beside them (as it counts as a turn-taker), so
-        a bursty job does not co-run with a newcomer for the ~40 ms until its first report."""
-        bursty = [d.busy for cid, d in self.demand.items() if d.bursty and cid in self.clients]
-        unknown = sum(1 for cid in self.asked if cid not in self.demand and cid in self.clients)
-        return sum(bursty) + unknown if bursty and len(bursty) + unknown >= 2 else 0.0
-
-    def _update_group(self) -> float:
-        """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis (kept
-        in group_turns, updated by each adaptive pass). Returns the sum. With burst_turns they
-        never need to: their bursts take turns among themselves (burst.c)."""
-        total = self._bursty_busy()
-        self.group_turns = not self.settings.burst_turns and \
-            total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
-        return total
+        return self.demand.takes_turns(client_id)
 
     def _bursts_note(self, corunners: set[int]) -> str:
         return ", their bursts take turns" if self.settings.burst_turns and len(corunners) >= 2 else ""
@@ -574,17 +490,14 @@ class GpuState:
         Classes: only the best class among the turn-takers that want the GPU takes turns; worse
         clients wait (a holder among them is dropped at once) until no better one wants it, except
         light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
-        bursty_busy = self._update_group()
+        bursty_busy = self.demand.update_group(self.settings.burst_turns, self.clients)
         wanting = set(self.queue) | set(self.holders)
-        # A busy client between two turns is still busy; one that has not reported yet counts as
-        # busy once it has asked for the lock.
-        takers = {cid for cid in self.demand if cid in self.clients and self.takes_turns(cid)}
-        takers |= {cid for cid in self.asked if cid not in self.demand}
+        takers = self.demand.takers(self.clients)
         best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
                    default=None)
         outranked = {cid for cid in wanting
                      if best is not None and cid in self.clients and self.clients[cid].rank > best
-                     and (cid in takers or not self._light_beside_better(cid))}
+                     and (cid in takers or not self.demand.light_beside_better(cid))}
         for cid in outranked:
             holder = self.holders.get(cid)
             if holder is not None and holder.drop_at is None:
@@ -596,14 +509,14 @@ class GpuState:
             self._corun(now, out, skip=outranked, takers=takers)
             self._regrant_co_runners(takers, out)
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
-            if running and outranked & set(self.queue) and self._leaves_idle_time(running[0], now):
+            if running and outranked & set(self.queue) and self.demand.leaves_idle_time(running[0].client, self.queue, now):
                 self._contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle")
                         + self._bursts_note(co_runners) + wait_note)
             return
         light = len(co_runners)
-        overlap = (f", bursts busy {bursty_busy:.0%} together" if self.group_turns
-                   and any(self.demand[c].bursty for c in takers if c in self.demand) else "")
+        overlap = (f", bursts busy {bursty_busy:.0%} together" if self.demand.group_turns
+                   and self.demand.any_bursty(takers) else "")
         self._share("turns", f"{len(takers)} busy clients take turns" + overlap
                              + (f", {light} light co-run" if light else "")
                              + self._bursts_note(co_runners) + wait_note)
@@ -629,7 +542,7 @@ class GpuState:
             return
         holder = running[0]
         if not rivals:        # only lower classes wait: no timeslice, it gives way once idle
-            if self._leaves_idle_time(holder, now):
+            if self.demand.leaves_idle_time(holder.client, self.queue, now):
                 self._contend(holder, out)
             self.contention_since = None
             return
@@ -654,29 +567,6 @@ class GpuState:
             holder.shared, holder.bursts = True, bursts
             out.append(Action(GRANT, holder.client, C.NVSHARE_GRANT_SHARED, self._switch_ms(),
                               bursts=bursts))
-
-    def _light_beside_better(self, client_id: int) -> bool:
-        """May this light client of a worse class co-run beside a busy better one?"""
-        demand = self.demand.get(client_id)
-        return demand is not None and demand.busy < CLASS_CORUN_BUSY
-
-    def _recent_drain(self, client_id: int, now: float) -> float:
-        seconds, when = self.drain.get(client_id, (0.0, now))
-        return seconds if now - when < CLASS_DRAIN_MEMORY_SEC else 0.0
-
-    def _leaves_idle_time(self, holder: Holder, now: float) -> bool:
-        """May a worse class have this holder's idle time? Only the long idle stretches of a
-        holder that is not busy most of the time: once told LOCK_CONTENDED the hook gives the
-        lock back after each idle threshold, even between two kernels, and taking it back waits
-        for the worse job's kernel in flight. A holder that has not reported keeps the GPU, and
-        so does one whose pauses are short against the worse waiters' drains
-        (CLASS_IDLE_DRAIN_FACTOR)."""
-        demand = self.demand.get(holder.client.client_id)
-        if demand is None or not (demand.busy < TURN_BUSY or demand.gap >= TURN_GAP_SEC):
-            return False
-        drain = max((self._recent_drain(cid, now) for cid, (c, _) in self.queue.items()
-                     if c.rank > holder.client.rank), default=0.0)
-        return demand.gap >= CLASS_IDLE_DRAIN_FACTOR * drain
 
     def _contend(self, holder: Holder, out: list[Action]) -> None:
         if not holder.contended:
@@ -713,7 +603,7 @@ class GpuState:
                 if head.rank > holder.client.rank:
                     # Only worse classes wait: they get the time it leaves idle, never a timeslice
                     # (nor that time when it would cost a swap each way).
-                    if not self._switch_needs_swap() and self._leaves_idle_time(holder, now):
+                    if not self._switch_needs_swap() and self.demand.leaves_idle_time(holder.client, self.queue, now):
                         self._contend(holder, out)
                     self.contention_since = None
                     return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm import gpustate
+from nvshare_slurm.demand import CLASS_DRAIN_MEMORY_SEC
 from nvshare_slurm.gang import GangPolicy
 from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, Demand,
                                     GpuSettings, GpuState)
@@ -336,7 +336,7 @@ def test_a_slow_drain_is_forgotten_after_a_while():
     g.request(low, 11.01)
     long_pauses = Demand(0.6, 0.5, 1.5)
     assert kinds(g.report_demand(high, long_pauses, 12.0)) == []             # 1.5 s < 10 x 10 s
-    later = 11.0 + gpustate.CLASS_DRAIN_MEMORY_SEC + 1
+    later = 11.0 + CLASS_DRAIN_MEMORY_SEC + 1
     assert kinds(g.report_demand(high, long_pauses, later)) == [(CONTENDED, 1)]
 
 

@@ -1,0 +1,152 @@
+"""What the clients of one GPU ask of it, as pure logic: each client's DEMAND report (busy share,
+burst and gap lengths, from the hook), how long its drains took, and from these who takes
+exclusive turns, who co-runs, and whether a better holder's idle time may go to worse waiters
+(auto_share: adaptive, and share classes; docs/design-scheduler.md "Adaptive sharing").
+
+GpuState (gpustate.py) owns one GpuDemand per GPU and asks it; the grants and drops that follow
+are GpuState's. The caller's clock, no I/O.
+"""
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from dataclasses import dataclass, field
+
+from .policytypes import ClientInfo
+
+# auto_share: adaptive. A client takes exclusive turns when it keeps the GPU busy most of the time
+# (co-running two such costs ~8 % on an H100), or when its bursts and the gaps between them are
+# long enough for an idle hand-over to fit in the gaps (W2-like jobs: turns 0.53x serial against
+# co-location 0.66x). Shorter bursts co-run while they fit in each other's pauses.
+TURN_BUSY = 0.8
+TURN_BURST_SEC = 0.025
+TURN_GAP_SEC = 0.025
+# Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
+# other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
+# together (each slowed step pauses as long, or longer), so the overlap decides the result. On the
+# H100 (issue 12, 5 ms bursts, 60 % busy each) one such pair ran at 1.00x serial co-run in one run
+# and 0.76x in the next; in turns 0.73-0.74x. These then take turns until their sum falls below
+# TURN_GROUP_LEAVE. That line is low because a job whose pause follows its step's length pauses
+# longer in turns (the wait is part of the step): with 0.8 such a pair read 80-100 % in turns,
+# went back to co-running, overlapped and came back, every second or two. Below
+# TURN_GROUP_BURST_SEC a burst costs about what a hand-over costs: such clients (an interactive
+# command, ~1 ms) co-run and are not counted. Pairs below the line keep co-running: a 10 %-busy
+# pair with 5 ms bursts ran at 0.52x co-run, 0.67x in turns (every lock wait lengthened a step
+# whose pause follows its length).
+TURN_GROUP_BUSY = 1.0
+TURN_GROUP_LEAVE = 0.6
+TURN_GROUP_BURST_SEC = 0.004
+# Classes: a light client of a worse class co-runs beside a busy better one only below this busy
+# share. Co-running kernels share the GPU's time, so such a client costs the better job at most
+# about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
+# few hundred ms) stays far below it. A "light" client above it (short bursts, short gaps, busy
+# up to 80 %) would take a third or more of a high job's time: it waits with the other worse ones.
+CLASS_CORUN_BUSY = 0.05
+# A better holder gives its idle time to worse waiters only when its pauses are this many times
+# longer than the worst drain measured of those waiters (DROP_LOCK to release). On a real GPU a
+# holder drains what it has queued (a PyTorch step: ~120 ms for W1 on an H100), and the better
+# job, back from its pause, runs beside that drain at about half speed; with pauses 10x the drain
+# it loses at most ~5 % of its time, the 95 % issue 14 promises.
+CLASS_IDLE_DRAIN_FACTOR = 10.0
+# A drain counts for this long after it was measured. Kept for good, one slow drain (or one a
+# hostile low-class user made slow on purpose) denied every worse waiter the better holder's idle
+# time for the client's lifetime, and a waiter that never holds again never measures a new one.
+CLASS_DRAIN_MEMORY_SEC = 60.0
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one client asks of this GPU lately (the hook's DEMAND report)."""
+    busy: float               # 0..1: share of recent time with work launched or in flight (lock waits left out)
+    burst: float              # seconds: mean busy stretch
+    gap: float                # seconds: mean idle stretch between busy ones
+
+    @property
+    def takes_turns(self) -> bool:
+        """A turn-taker by its own demand, whoever else uses the GPU."""
+        return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
+
+    @property
+    def bursty(self) -> bool:
+        """Co-runs by its own demand, but its bursts are long enough to count towards overlap."""
+        return not self.takes_turns and self.burst >= TURN_GROUP_BURST_SEC
+
+    def describe(self) -> str:
+        return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
+
+
+@dataclass
+class GpuDemand:
+    reports: dict[int, Demand] = field(default_factory=dict)   # each client's latest DEMAND
+    group_turns: bool = False         # the bursty co-runners overlap: they take turns (TURN_GROUP_BUSY)
+    # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
+    drain: dict[int, tuple[float, float]] = field(default_factory=dict)
+    asked: set[int] = field(default_factory=set)                   # ever requested here
+
+    def report(self, client_id: int, demand: Demand) -> None:
+        self.reports[client_id] = demand
+
+    def requested(self, client_id: int) -> None:
+        self.asked.add(client_id)
+
+    def drained(self, client_id: int, seconds: float, now: float) -> None:
+        """The client released `seconds` after its DROP_LOCK (a drain, no swap)."""
+        self.drain[client_id] = max(self.recent_drain(client_id, now), seconds), now
+
+    def forget(self, client_id: int) -> None:
+        self.reports.pop(client_id, None)
+        self.drain.pop(client_id, None)
+        self.asked.discard(client_id)
+
+    def takes_turns(self, client_id: int) -> bool:
+        demand = self.reports.get(client_id)
+        return demand is None or demand.takes_turns or (self.group_turns and demand.bursty)
+
+    def takers(self, clients: Container[int]) -> set[int]:
+        """The turn-takers: a busy client between two turns is still busy; one that has not
+        reported yet counts as busy once it has asked for the lock."""
+        takers = {cid for cid in self.reports if cid in clients and self.takes_turns(cid)}
+        return takers | {cid for cid in self.asked if cid not in self.reports}
+
+    def any_bursty(self, client_ids: set[int]) -> bool:
+        return any(self.reports[c].bursty for c in client_ids if c in self.reports)
+
+    def _bursty_busy(self, clients: Container[int]) -> float:
+        """The busy shares of the bursty co-runners added up; a client that asked for the GPU but
+        has not reported yet counts as fully busy beside them (as it counts as a turn-taker), so
+        a bursty job does not co-run with a newcomer for the ~40 ms until its first report."""
+        bursty = [d.busy for cid, d in self.reports.items() if d.bursty and cid in clients]
+        unknown = sum(1 for cid in self.asked if cid not in self.reports and cid in clients)
+        return sum(bursty) + unknown if bursty and len(bursty) + unknown >= 2 else 0.0
+
+    def update_group(self, burst_turns: bool, clients: Container[int]) -> float:
+        """Do the bursty co-runners take turns? Their busy shares added up, with hysteresis (kept
+        in group_turns, updated by each adaptive pass). Returns the sum. With burst_turns they
+        never need to: their bursts take turns among themselves (burst.c)."""
+        total = self._bursty_busy(clients)
+        self.group_turns = not burst_turns and \
+            total >= (TURN_GROUP_LEAVE if self.group_turns else TURN_GROUP_BUSY)
+        return total
+
+    def light_beside_better(self, client_id: int) -> bool:
+        """May this light client of a worse class co-run beside a busy better one?"""
+        demand = self.reports.get(client_id)
+        return demand is not None and demand.busy < CLASS_CORUN_BUSY
+
+    def recent_drain(self, client_id: int, now: float) -> float:
+        seconds, when = self.drain.get(client_id, (0.0, now))
+        return seconds if now - when < CLASS_DRAIN_MEMORY_SEC else 0.0
+
+    def leaves_idle_time(self, holder: ClientInfo,
+                         queue: Mapping[int, tuple[ClientInfo, float]], now: float) -> bool:
+        """May a worse class waiting in `queue` have this holder's idle time? Only the long idle
+        stretches of a holder that is not busy most of the time: once told LOCK_CONTENDED the
+        hook gives the lock back after each idle threshold, even between two kernels, and taking
+        it back waits for the worse job's kernel in flight. A holder that has not reported keeps
+        the GPU, and so does one whose pauses are short against the worse waiters' drains
+        (CLASS_IDLE_DRAIN_FACTOR)."""
+        demand = self.reports.get(holder.client_id)
+        if demand is None or not (demand.busy < TURN_BUSY or demand.gap >= TURN_GAP_SEC):
+            return False
+        drain = max((self.recent_drain(cid, now) for cid, (c, _) in queue.items()
+                     if c.rank > holder.rank), default=0.0)
+        return demand.gap >= CLASS_IDLE_DRAIN_FACTOR * drain
