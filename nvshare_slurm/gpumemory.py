@@ -111,6 +111,42 @@ class GpuMemory:
                         if h.drop_at is None)
         return self.usable - self.sum_allocated - coming_in - self.wanted()
 
+    # --- what a switch to the queue head moves -------------------------------------------------
+
+    def _head(self) -> ClientInfo | None:
+        return next(iter(self.gpu.queue.values()))[0] if self.gpu.queue else None
+
+    def holder_must_move(self) -> int:
+        """What the exclusive holder must move out so that the queue head's swapped memory fits."""
+        head = self._head()
+        if head is None:
+            return 0
+        return max(0, self.use(head.client_id).swapped - self.room())
+
+    def moved_by_switch(self) -> int:
+        """Bytes a switch to the queue head moves: its swapped memory coming back, and what the
+        holder must move out for it (the auto switch interval grows with them)."""
+        head = self._head()
+        moved = 0
+        if head is not None:
+            moved = self.use(head.client_id).swapped
+            if self.gpu.holders:
+                moved += self.holder_must_move()
+        return moved
+
+    def switch_moves_memory(self) -> bool:
+        """Would handing the GPU to the queue head move memory? Then an early (idle) release
+        would cost a swap each time, so the holder keeps its full turn."""
+        head = self._head()
+        return head is not None and self.use(head.client_id).swapped > 0 and not self.fits()
+
+    def next_job_needs(self, job: int) -> int:
+        """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""
+        queue = self.gpu.queue
+        nxt = next((c.job_id for c, _ in queue.values() if c.job_id != job), None)
+        swapped = sum(self.use(c.client_id).swapped for c, _ in queue.values() if c.job_id == nxt)
+        return max(0, swapped - self.room())
+
     def deadlines(self) -> list[float]:
         """When a held request, a PREPARE_SWAP_OUT or a promise runs out of drop_grace_sec."""
         grace = self.gpu.settings.drop_grace_sec

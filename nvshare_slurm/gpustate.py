@@ -13,12 +13,12 @@ Modes (docs/protocol.md "Scheduling modes"):
   the holder job's clients are all gone, or after max_runtime_sec of holding while others wait.
 - auto: while the memory of every client fits the usable memory, auto_share decides:
   adaptive (default): from each client's demand (DEMAND reports of the hook: busy share, burst and
-  gap lengths, kept and judged by GpuDemand in demand.py) the clients that gain from exclusive turns take them (busy most of the time, or long
-  bursts with long gaps: two compute-bound jobs measured 1.005x serial in turns against 1.085x
-  co-running on an H100); every other client co-runs with whoever holds the GPU (the hardware
-  time-slices contexts), so an interactive step or a short-burst job never waits for a turn. With
-  at most one turn-taker everyone co-runs. A client that has not reported yet counts as a
-  turn-taker. turns: the concurrent rules for all (switch interval floor switch_time_min);
+  gap lengths; GpuDemand, demand.py) the clients that gain from exclusive turns take them (busy
+  most of the time, or long bursts with long gaps: two compute-bound jobs measured 1.005x serial
+  in turns against 1.085x co-running on an H100); every other client co-runs with whoever holds
+  the GPU (the hardware time-slices contexts), so an interactive step or a short-burst job never
+  waits for a turn. With at most one turn-taker everyone co-runs. A client that has not reported
+  yet counts as a turn-taker. turns: the concurrent rules for all (switch interval floor switch_time_min);
   corun: SHARED grants to all. Once memory does not fit: the concurrent rules with swap
   (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
 
@@ -91,24 +91,12 @@ class GpuState:
     def _head(self) -> ClientInfo | None:
         return next(iter(self.queue.values()))[0] if self.queue else None
 
-    def _holder_must_move(self) -> int:
-        """What the exclusive holder must move out so that the queue head's swapped memory fits."""
-        head = self._head()
-        if head is None:
-            return 0
-        return max(0, self.memory.use(head.client_id).swapped - self.memory.room())
-
     def switch_interval(self) -> float:
         """Seconds an exclusive holder may keep the GPU while others wait."""
         s = self.settings
         if s.switch_time_mode == "fixed":
             return s.switch_time_fixed
-        head = self._head()
-        moved = 0
-        if head is not None:
-            moved = self.memory.use(head.client_id).swapped
-            if self.holders:
-                moved += self._holder_must_move()
+        moved = self.memory.moved_by_switch()
         return max(s.switch_time_min, s.switch_time_multiplier * moved / s.swap_bandwidth)
 
     def mem_update(self, client: ClientInfo, now: float, allocated: int, fixed: int,
@@ -232,7 +220,8 @@ class GpuState:
         return min(int(self.switch_interval() * 1000), 0xFFFFFFFF)
 
     def _shared_ok(self) -> bool:
-        return self.settings.mode == "auto" and self.settings.auto_share == "corun" and self.memory.fits()
+        return self.settings.mode == "auto" and self.settings.auto_share == "corun" \
+            and self.memory.fits()
 
     def _adaptive_ok(self) -> bool:
         return self.settings.mode == "auto" and self.settings.auto_share == "adaptive" \
@@ -312,8 +301,8 @@ class GpuState:
         else:
             self._schedule_exclusive(now, out, admin)
             if self.settings.mode == "auto":
-                self._share("turns", "memory does not fit: turns with swap" if not self.memory.fits()
-                            else "auto_share turns")
+                self._share("turns", "auto_share turns" if self.memory.fits()
+                            else "memory does not fit: turns with swap")
             else:
                 self._share("turns", "mode concurrent")
         for holder, move in self.memory.make_room(now, out):
@@ -346,7 +335,8 @@ class GpuState:
         if others:
             if not mine:
                 return
-            need = max(0, sum(self.memory.use(c.client_id).swapped for c in mine) - self.memory.room())
+            swapped = sum(self.memory.use(c.client_id).swapped for c in mine)
+            need = max(0, swapped - self.memory.room())
             if self.contention_since is None:
                 self.contention_since = now
             for holder in others:
@@ -453,7 +443,7 @@ class GpuState:
         self.turn.grants = False
         holders = [h for h in self.job_holders(self.turn.job_id) if h.drop_at is None]
         moves = {c.client_id: move for c, move in shares(
-            self._holder_must_move(),
+            self.memory.holder_must_move(),
             [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
         out: list[Action] = []
         for holder in holders:
@@ -509,7 +499,8 @@ class GpuState:
             self._corun(now, out, skip=outranked, takers=takers)
             self._regrant_co_runners(takers, out)
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
-            if running and outranked & set(self.queue) and self.demand.leaves_idle_time(running[0].client, self.queue, now):
+            if running and outranked & set(self.queue) \
+                    and self.demand.leaves_idle_time(running[0].client, self.queue, now):
                 self._contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle")
                         + self._bursts_note(co_runners) + wait_note)
@@ -573,12 +564,6 @@ class GpuState:
             holder.contended = True
             out.append(Action(CONTENDED, holder.client))
 
-    def _switch_needs_swap(self) -> bool:
-        """Would handing the GPU to the queue head move memory? Then an early (idle) release
-        would cost a swap each time, so the holder keeps its full turn."""
-        head = self._head()
-        return head is not None and self.memory.use(head.client_id).swapped > 0 and not self.memory.fits()
-
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         if len(self.holders) > 1:
             # Co-runners no longer fit (or the mode changed): the oldest keeps it, the rest requeue.
@@ -603,16 +588,17 @@ class GpuState:
                 if head.rank > holder.client.rank:
                     # Only worse classes wait: they get the time it leaves idle, never a timeslice
                     # (nor that time when it would cost a swap each way).
-                    if not self._switch_needs_swap() and self.demand.leaves_idle_time(holder.client, self.queue, now):
+                    if not self.memory.switch_moves_memory() \
+                            and self.demand.leaves_idle_time(holder.client, self.queue, now):
                         self._contend(holder, out)
                     self.contention_since = None
                     return
-                if not holder.contended and not self._switch_needs_swap():
+                if not holder.contended and not self.memory.switch_moves_memory():
                     holder.contended = True
                     out.append(Action(CONTENDED, holder.client))
                 if head.rank < holder.client.rank \
                         or now >= self.contention_since + self.switch_interval():
-                    self._pass_turn(holder, head, now, out, self._holder_must_move())
+                    self._pass_turn(holder, head, now, out, self.memory.holder_must_move())
 
     def _schedule_serial(self, now: float, out: list[Action], admin: bool) -> None:
         job = self.serial_job
@@ -652,7 +638,7 @@ class GpuState:
             self.serial_expired = True
             holders = [h for h in self.holders.values() if h.drop_at is None]
             moves = {c.client_id: move for c, move in shares(
-                self._next_job_needs(job),
+                self.memory.next_job_needs(job),
                 [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
             for holder in holders:
                 self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
@@ -667,12 +653,6 @@ class GpuState:
         hold nor wait; normal when none is known."""
         return next((c.rank for c in self.attached.get(job, {}).values()), RANK["normal"])
 
-    def _next_job_needs(self, job: int) -> int:
-        """Room the next waiting job's swapped memory lacks (serial mode's hand-over)."""
-        nxt = next((c.job_id for c, _ in self.queue.values() if c.job_id != job), None)
-        swapped = sum(self.memory.use(c.client_id).swapped for c, _ in self.queue.values()
-                      if c.job_id == nxt)
-        return max(0, swapped - self.memory.room())
 
     # --- status --------------------------------------------------------------------------------
 
