@@ -11,6 +11,7 @@
 #     by the users the tests run jobs as. A munge key is made inside the chroot.
 #   - Every mount is undone and every process left inside the chroot ended on exit.
 # Arguments go to pytest (default: tests/slurm). Exit status: pytest's, or 1 when the chroot cannot be made.
+# `--record DIR` instead records Slurm 24.11's outputs into DIR (tests/slurm/record_outputs.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CHECKOUT=$(pwd)
@@ -117,6 +118,14 @@ inside sh -c 'cd /opt/nvshare-src && NVSHARE_PREFIX=/opt/nvshare-test NVSHARE_ED
     NVSHARE_VENV_PYTHON=/usr/bin/python3 bash scripts/install.sh >/tmp/install.log 2>&1 \
   && /opt/nvshare-test/bin/python -m pip install -q "pytest>=7" "pytest-timeout>=2" >>/tmp/install.log 2>&1' \
   || { tail -30 "$ROOT/tmp/install.log"; say "installing the checkout in the chroot failed"; exit 1; }
+if [ "${1:-}" = --record ]; then
+  # Slurm 24.11's outputs as fixtures (tests/slurm/record_outputs.py), copied out to $2.
+  [ -n "${2:-}" ] || { say "--record needs a directory"; exit 2; }
+  mkdir -p "$2"
+  inside sh -c 'cd /opt/nvshare-src && python -m tests.slurm.record_outputs /tmp/record'
+  cp "$ROOT"/tmp/record/* "$2"/
+  exit 0
+fi
 [ $# -gt 0 ] || set -- tests/slurm
 set +e
 inside sh -c 'cd /opt/nvshare-src && exec python -m pytest -p no:cacheprovider -ra "$@"' pytest "$@"
