@@ -211,11 +211,25 @@ static int ask_daemon(dev_t rdev, int flags, char *why, size_t why_len)
     return passed;
 }
 
+/* A GPU's device file is named nvidia<minor> (/dev/nvidia0): other denied devices are none of
+ * the daemon's business, and must not wait for it. */
+static int gpu_device_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strncmp(base, "nvidia", 6) != 0 || !base[6])
+        return 0;
+    for (const char *p = base + 6; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
 /* After a real open failed with EPERM: the daemon's descriptor of a GPU's device file, with the
  * caller's O_CLOEXEC and O_NONBLOCK, or -1 with errno EPERM as the real open left it. */
 static int denied_device(int dirfd, const char *path, int flags)
 {
-    if (!nvshare_cfg.active || nvshare_in_hook || !path)
+    if (!nvshare_cfg.active || nvshare_in_hook || !path || !gpu_device_name(path))
         goto keep;
     struct stat st;
     if (fstatat(dirfd, path, &st, 0) != 0 || !S_ISCHR(st.st_mode))

@@ -137,7 +137,7 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 _NODE_RE = re.compile(r"^(-|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
-_DEVICE_RE = re.compile(r"^/[A-Za-z0-9_./-]{1,254}$")
+_DEVICE_RE = re.compile(r"^/[A-Za-z0-9_./-]{0,240}/nvidia[0-9]{1,4}$")
 
 
 def _convert(key: str, value: Any, source: str) -> Any:
@@ -220,7 +220,8 @@ def _convert_gpus(value: Any, where: str) -> tuple[GpuSpec, ...]:
         device = str(item.get("device") or "")
         if device and (not device.startswith("/") or not _DEVICE_RE.match(device)):
             raise ConfigError(f"{where}[{index}].device: {device!r} is not an absolute path of "
-                              f"plain characters (letters, digits, / . _ -)")
+                              f"plain characters (letters, digits, / . _ -) to a file named "
+                              f"nvidia<N>, as the driver names a GPU's device file")
         specs.append(GpuSpec(uuid=uuid, memory=memory, index=index, device=device))
     if len({s.uuid for s in specs}) != len(specs):
         raise ConfigError(f"{where}: the same uuid is listed twice")

@@ -231,6 +231,7 @@ def test_a_gpu_names_its_device_file(tmp_path):
     ("[{uuid: GPU-a, memory: 1G}, {uuid: GPU-a, memory: 2G}]", "listed twice"),
     ("[{uuid: GPU-a, memory: 1G, device: dev/nvidia0}]", r"\[0\]\.device: 'dev/nvidia0' is not"),
     ("[{uuid: GPU-a, memory: 1G, device: '/dev/nv idia0'}]", r"\[0\]\.device: .* not an absolute"),
+    ("[{uuid: GPU-a, memory: 1G, device: /dev/full}]", r"\[0\]\.device: .* named nvidia<N>"),
     ("[{uuid: GPU-a, memory: 1G}, {uuid: GPU-b, memory: 1G, device: /dev/nvidia0}]",
      "the same device file is listed twice"),
 ])

@@ -53,7 +53,8 @@ def site():
     devices: dict[str, list[str]] = {}
     for node, numbers in STAND_INS.items():
         for i, (major, minor) in enumerate(numbers):
-            path = devdir / f"{node}-nvidia{i}"
+            (devdir / node).mkdir(exist_ok=True)
+            path = devdir / node / f"nvidia{i}"    # the driver's name: the hook asks for no other
             os.mknod(path, 0o20666, os.makedev(major, minor))
             path.chmod(0o666)
             devices.setdefault(node, []).append(str(path))
