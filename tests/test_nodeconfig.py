@@ -29,7 +29,8 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
-    def __init__(self, gpus: list[tuple[str, str, int]], fail: str = ""):
+    def __init__(self, gpus: list[tuple], fail: str = ""):
+        """gpus: (uuid, name, memory[, minor]) each; the minor number defaults to the index."""
         super().__init__("pynvml")
         self._gpus, self._fail = gpus, fail
 
@@ -51,6 +52,10 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         return types.SimpleNamespace(total=self._gpus[handle][2])
+
+    def nvmlDeviceGetMinorNumber(self, handle):
+        gpu = self._gpus[handle]
+        return gpu[3] if len(gpu) > 3 else handle
 
 
 H100S = [(f"GPU-6b1d3c2a-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3", 80 * GIB)
