@@ -97,6 +97,8 @@ class Config:
     log_level: str = "info"
     metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
     usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
+    site_task_prolog: str = ""             # the site's own TaskProlog, run by nvshare-taskprolog
+    site_task_prolog_timeout: float = 30.0  # seconds; past it that program is killed, the task fails
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
     # QOS, partition, interactive, --comment word -> high | normal | low (priority.py)
     priority_classes: ClassMap = field(default_factory=ClassMap)
@@ -131,6 +133,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "rogue_check_sec": (0.5, 86400),
     "max_connections_per_uid": (1, 1_000_000),
     "metrics_port": (0, 65535),
+    "site_task_prolog_timeout": (0.1, 3600),
 }
 # Booleans as YAML writes them and as people write them in an environment variable.
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
@@ -138,6 +141,7 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
 _NODE_RE = re.compile(r"^(-|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$")
 _UUID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 _DEVICE_RE = re.compile(r"^/[A-Za-z0-9_./-]{0,240}/nvidia[0-9]{1,4}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _convert(key: str, value: Any, source: str) -> Any:
@@ -155,6 +159,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
             return parse_map(value, where)
         except ClassMapError as exc:
             raise ConfigError(str(exc)) from None
+    if key == "site_task_prolog":
+        return _convert_program(value, where)
     if key == "swap_bandwidth":
         value = parse_size(value, where)
     elif kind == "bool":
@@ -192,6 +198,17 @@ def _convert(key: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{where}: {value!r} is not a Slurm node name (or - for the host name)")
     if key in ("socket", "state_dir", "slurm_bin_dir") and not str(value).startswith("/"):
         raise ConfigError(f"{where}: must be an absolute path, got {value!r}")
+    return value
+
+
+def _convert_program(value: Any, where: str) -> str:
+    """An absolute path Slurm could have run itself, or "" (empty or no value) for none."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(f"{where}: expected an absolute path of a program, got {value!r}")
+    if _CONTROL_RE.search(value):
+        raise ConfigError(f"{where}: {value!r} holds control characters")
     return value
 
 

@@ -1,10 +1,11 @@
-"""The three settings a TaskProlog needs (socket, on_daemon_loss, swap), read from nvshare.yaml
-without yaml or config.py, which cost ~45 ms of every task's start.
+"""The settings a TaskProlog needs (socket, on_daemon_loss, swap, and the site's own TaskProlog
+with its timeout), read from nvshare.yaml without yaml or config.py, which cost ~45 ms of every
+task's start.
 
 `read` understands only the plain form that nvshare.yaml.example and most sites use: top-level
 `key: value` lines with unquoted single-word values, comments, and indented blocks under a key
 with no value (a `gpus:` list). It returns None for anything else, and also whenever a key is not a
-config key or one of the three values is not plainly valid: the caller then loads the file with
+config key or one of its values is not plainly valid: the caller then loads the file with
 config.load, which says what is wrong exactly as the other entry points do. Values of the keys the
 TaskProlog does not use are left to config.load in the prolog (which refuses the next job, and so
 drains the node) and in the daemon.
@@ -21,22 +22,27 @@ KEYS = frozenset((
     "memory_reserve_percent", "max_runtime_sec", "idle_release_ms", "drop_grace_sec",
     "unresponsive_holder", "socket", "state_dir", "slurm_user", "slurm_bin_dir", "on_daemon_loss",
     "rogue_process", "rogue_check_sec", "max_connections_per_uid", "node_name", "log_level",
-    "metrics_port", "usage_admin_comment", "priority_classes", "gpus"))
+    "metrics_port", "usage_admin_comment", "site_task_prolog", "site_task_prolog_timeout",
+    "priority_classes", "gpus"))
 # A top-level key and a value YAML reads as the same plain string it shows (no quotes, flow,
 # anchors, tags, block scalars or `: ` inside), then an optional comment.
 _LINE = re.compile(r"([a-z_][a-z0-9_]*):(?:[ ]+([A-Za-z0-9_./+-][A-Za-z0-9_./+-]*))?"
                    r"[ ]*(?:[ ]#.*)?")
+_SITE_LINE = re.compile(r"""site_task_prolog:(?:[ ]+(['"]?)(/[^'"#\x00-\x1f]*?)\1)?[ ]*(?:[ ]#.*)?""")
 _NESTED = re.compile(r"(?:[ ]+|-[ ]|-$)")        # a line of the block under a key with no value
 _TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")   # YAML's booleans, any case
 
 
 class TaskConfig:
-    """What export_lines reads of config.Config."""
-    __slots__ = ("socket", "on_daemon_loss", "swap")
+    """What the TaskProlog reads of config.Config."""
+    __slots__ = ("socket", "on_daemon_loss", "swap", "site_task_prolog", "site_task_prolog_timeout")
 
     def __init__(self, socket: str = "/run/nvshare/scheduler.sock", on_daemon_loss: str = "wait",
-                 swap: bool = True):
+                 swap: bool = True, site_task_prolog: str = "",
+                 site_task_prolog_timeout: float = 30.0):
         self.socket, self.on_daemon_loss, self.swap = socket, on_daemon_loss, swap
+        self.site_task_prolog = site_task_prolog
+        self.site_task_prolog_timeout = site_task_prolog_timeout
 
 
 def read(path: str) -> TaskConfig | None:
@@ -47,20 +53,22 @@ def read(path: str) -> TaskConfig | None:
     except (OSError, ValueError):          # absent, unreadable, not UTF-8: config.load says
         return None
     values: dict[str, str | None] = {}
-    in_block = False
+    block_key = ""                  # the key with no value whose block the next lines may be
     for line in text.split("\n"):
         bare = line.strip(" ")
         if not bare or bare.startswith("#"):
             continue
         if "\t" in line or "\r" in line or "'" in line or '"' in line:
             return None
-        if in_block and _NESTED.match(line):
+        if block_key and _NESTED.match(line):
+            if block_key == "site_task_prolog":     # YAML reads an indented line as its value
+                return None
             continue
         match = _LINE.fullmatch(line)
         if not match or match.group(1) not in KEYS or match.group(1) in values:
             return None
         values[match.group(1)] = match.group(2)
-        in_block = match.group(2) is None
+        block_key = match.group(1) if match.group(2) is None else ""
     cfg = TaskConfig()
     if "socket" in values:
         socket = values["socket"]
@@ -77,4 +85,39 @@ def read(path: str) -> TaskConfig | None:
         if swap not in _TRUE + _FALSE:
             return None
         cfg.swap = swap in _TRUE
+    if values.get("site_task_prolog") is not None:       # no value: none, as config.load reads it
+        program = values["site_task_prolog"] or ""
+        if not program.startswith("/"):
+            return None
+        cfg.site_task_prolog = program
+    if "site_task_prolog_timeout" in values:
+        try:
+            timeout = float(values["site_task_prolog_timeout"] or "")
+        except ValueError:
+            return None
+        if not 0.1 <= timeout <= 3600:          # config._RANGES'
+            return None
+        cfg.site_task_prolog_timeout = timeout
     return cfg
+
+
+def site_task_prolog_line(path: str) -> str | None:
+    """The `site_task_prolog:` value of a file that config.load refuses, read on its own, so that a
+    broken nvshare.yaml never silently drops the site's TaskProlog: the path when the line is
+    there and plain, "" when no such line is there, None when there is one that cannot be used
+    (or the file cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8", "replace")
+    except OSError as exc:
+        import errno
+        return "" if exc.errno == errno.ENOENT else None
+    found, seen = "", False
+    for line in text.splitlines():
+        if not line.startswith("site_task_prolog:"):
+            continue
+        match = _SITE_LINE.fullmatch(line)
+        if seen or not match:
+            return None
+        found, seen = match.group(2) or "", True
+    return found

@@ -5,6 +5,11 @@ Prints `export NAME=value` lines that slurmstepd puts in the task's environment:
 the job id, the daemon-loss policy and, when the config turns swap off, NVSHARE_SWAP=off. Jobs
 the daemon does not know print nothing.
 
+A site's own TaskProlog (config `site_task_prolog`; Slurm takes only one) runs from here, beside
+the query to the daemon, for every job: its output comes first and unchanged, nvshare's exports
+after it (LD_PRELOAD keeps the site's entries after the hook), and its exit status is this
+program's, so a site program that fails still fails the task (sitetask.py).
+
 A daemon that cannot be reached (restarting, or its backlog full under a flood) must not hand out
 an ungated task on a shared GPU: the TaskProlog then still exports the hook, with the job's GPUs
 from the daemon's state.json when it can read them, else every GPU the node manages, unless
@@ -16,7 +21,7 @@ only passed on when it is safe. The config comes from the node's file (NVSHARE_C
 /etc/nvshare/nvshare.yaml) only, never from NVSHARE_* overrides in the job's environment.
 
 It runs for every task (`srun -n 64` runs it 64 times), so the way through for a registered job
-imports neither cffi nor yaml (bench/bench_taskprolog.py measures it): taskconfig reads the three
+imports neither cffi nor yaml (bench/bench_taskprolog.py measures it): taskconfig reads the
 settings it needs from a plain config file, jobquery asks the daemon with the struct module. Every
 other way (a config taskconfig does not read, the daemon unreachable, an error to report) imports
 what it needs when it gets there.
@@ -40,13 +45,15 @@ if TYPE_CHECKING:
 
 ME = "nvshare-taskprolog"
 DAEMON_WAIT_SEC = 5.0
+CHAIN_VAR = "NVSHARE_TASKPROLOG_PID"   # in the site's program's environment only
 USAGE = """usage: nvshare-taskprolog
 
 Slurm TaskProlog of nvshare-slurm (TaskProlog=/path/to/nvshare-taskprolog in slurm.conf). Run by
 slurmstepd as the job's user before each task; prints `export NAME=value` lines for the task's
 environment (LD_PRELOAD, CUDA_VISIBLE_DEVICES, NVSHARE_SOCKET, ...) for jobs with nvshare GPUs on
 this node, nothing for other jobs. Reads SLURM_JOB_ID and the node's config (NVSHARE_CONFIG or
-/etc/nvshare/nvshare.yaml). Always exits 0.
+/etc/nvshare/nvshare.yaml). When the config names a site_task_prolog, runs that program first,
+prints its output before nvshare's lines, and exits with its status; otherwise always exits 0.
 """
 _NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
@@ -106,15 +113,45 @@ def export_lines(job_id: int, placement: dict[str, Any], cfg: Config | taskconfi
 
 def run(environ: dict[str, str], out: TextIO = sys.stdout,
         wait_sec: float = DAEMON_WAIT_SEC) -> int:
+    """The site's TaskProlog's output (when the config names one), then nvshare's exports; the
+    site's exit status, else 0."""
     job_id = valid_job_id(environ.get("SLURM_JOB_ID"))
-    if job_id is None:
-        return 0
-    cfg: Config | taskconfig.TaskConfig | None = taskconfig.read(
-        environ.get("NVSHARE_CONFIG", taskconfig.DEFAULT_PATH))
+    config_path = environ.get("NVSHARE_CONFIG", taskconfig.DEFAULT_PATH)
+    cfg: Config | taskconfig.TaskConfig | None = taskconfig.read(config_path)
     if cfg is None:
         cfg = full_config(job_id, environ)
-        if cfg is None:
-            return 0
+    site = start_site(cfg, config_path, environ)
+    found = None
+    if job_id is not None and cfg is not None:
+        try:
+            found = placement_of(job_id, cfg, environ, wait_sec)
+        except Exception as exc:  # noqa: BLE001 - the site's program is still collected below
+            say(job_id, f"internal error, task starts without nvshare: {type(exc).__name__}: {exc}")
+    status, existing_preload = 0, environ.get("LD_PRELOAD")
+    if site is not None:
+        result = site.finish()
+        write_bytes(out, result.output)
+        if result.output:
+            from .sitetask import changes
+            existing_preload = changes(result.output).get("LD_PRELOAD", existing_preload)
+        if result.status:
+            say(job_id, f"site TaskProlog: {result.problem}: the task fails (status {result.status})")
+        status = result.status
+    if found is not None:
+        placement, cfg = found
+        try:
+            lines = export_lines(job_id, placement, cfg, libnvshare_file(), existing_preload)
+        except UnsafeValue as exc:
+            say(job_id, f"task starts without nvshare: {exc}")
+            return status
+        # Bytes: an LD_PRELOAD entry that is not UTF-8 goes on as it was, whatever the locale.
+        write_bytes(out, "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"))
+    return status
+
+
+def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict[str, str],
+                 wait_sec: float) -> tuple[dict[str, Any], Config | taskconfig.TaskConfig] | None:
+    """The job's placement and the config to export it with, or None: nothing to export."""
     socket_path, started = cfg.socket, time.monotonic()
 
     def ask() -> dict[str, Any]:
@@ -122,34 +159,83 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
 
     try:
         try:
-            placement = ask()
+            return ask(), cfg
         except DaemonUnavailable:   # restarting, or its backlog full: retry what is left of wait_sec
             from .prolog import with_daemon
-            placement = with_daemon(ask, wait_sec - (time.monotonic() - started))
+            return with_daemon(ask, wait_sec - (time.monotonic() - started)), cfg
     except DaemonUnavailable as exc:
         full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else full_config(job_id, environ)
         if full is None:
-            return 0
-        cfg = full
+            return None
         placement = placement_without_daemon(job_id, full, environ)
         if placement is None:
-            return 0
+            return None
         where = "its GPUs from state.json" if not placement.get("managed_only") else \
             "every GPU nvshare manages here gated"
         say(job_id, f"scheduler cannot be reached ({exc}): task starts with the hook, "
                     f"{where}, on_daemon_loss={full.on_daemon_loss}")
+        return placement, full
     except RequestFailed as exc:
         if exc.status != wire_format().constants["NVSHARE_ERR_NOJOB"]:
             say(job_id, f"scheduler refused the placement query: {exc}")
-        return 0
-    try:
-        lines = export_lines(job_id, placement, cfg, libnvshare_file(), environ.get("LD_PRELOAD"))
-    except UnsafeValue as exc:
-        say(job_id, f"task starts without nvshare: {exc}")
-        return 0
-    out.write("".join(line + "\n" for line in lines))
+        return None
+
+
+def start_site(cfg: Config | taskconfig.TaskConfig | None, config_path: str,
+               environ: dict[str, str]) -> Any:
+    """The site's TaskProlog, started (sitetask.SiteTaskProlog, or sitetask.NotStarted when the
+    config cannot say which), or None when there is none to run: none configured, or this process
+    is one that another nvshare-taskprolog started as the site's."""
+    if chained(environ):
+        return None
+    if cfg is not None:
+        program, timeout = cfg.site_task_prolog, cfg.site_task_prolog_timeout
+    else:       # a config that config.load refuses still names the site's program
+        program, timeout = taskconfig.site_task_prolog_line(config_path), \
+            taskconfig.TaskConfig().site_task_prolog_timeout
+        if program is None:
+            from .sitetask import NotStarted
+            return NotStarted(f"{config_path} cannot be read, and it may name one "
+                              f"(site_task_prolog) that must run")
+    if not program:
+        return None
+    from .sitetask import SiteTaskProlog
+    return SiteTaskProlog(program, timeout, dict(environ, **{CHAIN_VAR: str(os.getpid())}))
+
+
+def chained(environ: dict[str, str]) -> bool:
+    """Whether an nvshare-taskprolog started this one as the site's TaskProlog (a site program
+    that runs nvshare-taskprolog again), so that it does not start the site's program again. The
+    variable names that process, which must be an ancestor: a job cannot skip the site's program
+    by setting it."""
+    value = environ.get(CHAIN_VAR)
+    if not value or not value.isdigit():
+        return False
+    pid = os.getppid()
+    for _ in range(8):
+        if str(pid) == value:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
+def write_bytes(out: TextIO, data: bytes) -> None:
+    """data on out's byte stream, whatever the locale's encoding (a StringIO gets text)."""
+    if not data:
+        return
     out.flush()
-    return 0
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None:
+        buffer.write(data)
+        buffer.flush()
+    else:
+        out.write(data.decode("utf-8", "surrogateescape"))
 
 
 def valid_job_id(value: str | None) -> int | None:

@@ -117,6 +117,9 @@ KEYS = {
     "node_name": ("gpu01", "gpu01", ["", "a b", "n1;rm", 5]),
     "metrics_port": ("9402", 9402, [-1, 65536, "http", 1.5, True]),
     "usage_admin_comment": ("yes", True, ["maybe", 2, ""]),
+    "site_task_prolog": ("/etc/slurm/task prolog", "/etc/slurm/task prolog",
+                         ["taskprolog.site", "./t", 5, ["/t"], "/a\nb", "/a\x1bb", True]),
+    "site_task_prolog_timeout": ("2.5", 2.5, [0, 0.05, 3601, "soon", "nan", True, [1]]),
     "gpus": ([{"uuid": "GPU-a", "memory": "1G"}], (config.GpuSpec("GPU-a", 1 << 30, 0),),
              ["GPU-a", [{"uuid": "GPU-a"}]]),
     "priority_classes": (
