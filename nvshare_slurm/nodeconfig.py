@@ -8,7 +8,8 @@
 The GPUs come from NVML, or from the config's `gpus:` list where it has one (NVSHARE_CONFIG or
 --config), in the order the scheduler numbers them: type gpuK is the GPU with index K. It only
 prints: slurm.conf and gres.conf stay the admin's to edit.
-Exit status: 0 printed, 1 no GPUs or the inventory cannot be read, 2 bad arguments.
+Exit status: 0 printed, 1 no GPUs, the inventory or the --config file cannot be read, 2 bad
+arguments.
 """
 from __future__ import annotations
 
@@ -107,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node", metavar="NAME",
                         help="the NodeName (default: this host's short name, as slurmd uses)")
     parser.add_argument("--config", metavar="PATH",
-                        help="nvshare.yaml to read `gpus:` from (default: NVSHARE_CONFIG or "
-                             f"{config_mod.DEFAULT_PATH})")
+                        help="nvshare.yaml to read `gpus:` from; it must exist (default: "
+                             f"NVSHARE_CONFIG or {config_mod.DEFAULT_PATH}, if there)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -124,7 +125,9 @@ def main(argv: Sequence[str] | None = None,
     if not 1 <= args.sharers <= MAX_SHARERS:
         parser.error(f"--sharers: expected 1 .. {MAX_SHARERS}, got {args.sharers}")
     try:
-        cfg = config_mod.load(path=args.config)
+        # A --config named on the command line must be there: without it NVML would be asked, and
+        # its failure would hide the mistyped path.
+        cfg = config_mod.load(path=args.config, require_file=args.config is not None)
         source = "the config's gpus: list" if cfg.gpus else "NVML"
         gpus = tuple(sorted(inventory_for(cfg).gpus(), key=lambda g: g.index))
     except (config_mod.ConfigError, inventory_mod.InventoryError) as exc:

@@ -179,6 +179,22 @@ def test_no_driver_and_no_gpus_exit_1_with_one_line(nvml, capsys):
     assert err == "nvshare-node-config: NVML lists no GPUs on n1: nothing to share\n"
 
 
+def test_a_missing_config_given_on_the_command_line_is_named(nvml, capsys, tmp_path):
+    """Not NVML's failure (the driver is missing here too): the mistyped path is what to fix."""
+    nvml(H100S, fail="init")
+    missing = tmp_path / "nonexistent.yaml"
+    code, out, err = run(capsys, "--config", str(missing), "--node", "n1")
+    assert (code, out) == (1, "")
+    assert err == f"nvshare-node-config: {missing}: no such config file\n"
+
+
+def test_a_missing_default_config_still_means_nvml(nvml, capsys, monkeypatch, tmp_path):
+    nvml(H100S[:1])
+    monkeypatch.setenv("NVSHARE_CONFIG", str(tmp_path / "absent.yaml"))
+    code, out, _ = run(capsys, "--node", "n1")
+    assert code == 0 and "1 GPU(s) from NVML" in out
+
+
 def test_a_bad_config_is_named(tmp_path, capsys):
     config = tmp_path / "nvshare.yaml"
     config.write_text("gpus: [{uuid: GPU-1, memory: 0}]\n")
