@@ -51,18 +51,18 @@ class Gang:
 
     @property
     def owns(self) -> bool:
-        turn = self.gpus[0].turn
+        turn = self.gpus[0].lock.turn
         return turn is not None and turn.job_id == self.job_id
 
     @property
     def started(self) -> bool:
-        return self.owns and self.gpus[0].turn.started  # type: ignore[union-attr]
+        return self.owns and self.gpus[0].lock.turn.started  # type: ignore[union-attr]
 
     def holders(self) -> list[tuple[GpuState, Any]]:
-        return [(g, h) for g in self.gpus for h in g.job_holders(self.job_id)]
+        return [(g, h) for g in self.gpus for h in g.lock.job_holders(self.job_id)]
 
     def waiters(self) -> list[tuple[GpuState, ClientInfo, float]]:
-        return [(g, c, since) for g in self.gpus for c, since in g.job_waiters(self.job_id)]
+        return [(g, c, since) for g in self.gpus for c, since in g.lock.job_waiters(self.job_id)]
 
     def ticket(self) -> float | None:
         """Its place in the global order: its earliest waiting request."""
@@ -105,7 +105,7 @@ class GangPolicy:
             return False
         self.gangs[job_id] = Gang(job_id, list(gpus))
         for gpu in gpus:
-            gpu.join_gang(job_id)
+            gpu.lock.join_gang(job_id)
         return True
 
     def remove_job(self, job_id: int) -> None:
@@ -113,13 +113,13 @@ class GangPolicy:
         if gang is None:
             return
         for gpu in gang.gpus:
-            gpu.leave_gang(job_id)
+            gpu.lock.leave_gang(job_id)
 
     # --- events --------------------------------------------------------------------------------
 
     def drain_stuck(self, gpu: GpuState, client: ClientInfo, now: float) -> str:
         """DRAIN_STUCK from a client: what the daemon does about it, for its log line."""
-        if not gpu.mark_stuck(client.client_id, now):
+        if not gpu.lock.mark_stuck(client.client_id, now):
             return "it holds no lock there; nothing to resolve"
         gang = self.gangs.get(client.job_id)
         if gang is None or not gang.owns:
@@ -170,13 +170,13 @@ class GangPolicy:
             needed = {gpu.uuid for gpu, _, _ in gang.waiters()}
             longer = [gpu.index for gpu in gang.gpus if gpu.uuid in needed and
                       any(client.rank < rank or since < ticket and client.rank == rank
-                          for client, since in gpu.queue.values())]
+                          for client, since in gpu.lock.queue.values())]
             if longer:
                 gang.why = (f"single-GPU clients that waited longer on GPU "
                             f"{','.join(map(str, longer))} go first")
                 continue
             for gpu in gang.gpus:
-                gpu.claim_turn(gang.job_id)
+                gpu.lock.claim_turn(gang.job_id)
             gang.contention_since, gang.ending, gang.why = None, False, ""
             changed.add(gang.job_id)
 
@@ -184,7 +184,7 @@ class GangPolicy:
         """Does anybody else wait for one of its GPUs: a single-GPU client where the gang has
         work, or another gang that shares a GPU with it?"""
         for gpu in gang.gpus:
-            if gpu.queue and gpu.turn_here():
+            if gpu.lock.queue and gpu.lock.turn_here():
                 return True
         mine = {gpu.uuid for gpu in gang.gpus}
         return any(other is not gang and other.ticket() is not None
@@ -195,19 +195,19 @@ class GangPolicy:
                   changed: set[int]) -> None:
         holders = gang.holders()
         waiters = gang.waiters()
-        turns = [gpu.turn for gpu in gang.gpus]
+        turns = [gpu.lock.turn for gpu in gang.gpus]
         if not gang.started:
             if not waiters and not holders:
                 self._release(gang, changed)
                 return
             needed = {gpu.uuid for gpu, _, _ in waiters}
             busy = [gpu.index for gpu in gang.gpus if gpu.uuid in needed and
-                    any(h.client.job_id != gang.job_id for h in gpu.holders.values())]
+                    any(h.client.job_id != gang.job_id for h in gpu.lock.holders.values())]
             if busy:
                 gang.why = f"claimed; others finish their turn on GPU {','.join(map(str, busy))}"
                 return
             for gpu in gang.gpus:
-                gpu.start_turn()
+                gpu.lock.start_turn()
             gang.turns += 1
             gang.why = ""
             changed.add(gang.job_id)
@@ -223,7 +223,7 @@ class GangPolicy:
             # Serial GPUs keep a job's lock while it idles, a gang's too.
             serial = any(gpu.settings.mode == "serial" for gpu in gang.gpus)
             for gpu in gang.gpus if not gang.ending and not serial else ():
-                contended = gpu.contend_job(gang.job_id)
+                contended = gpu.lock.contend_job(gang.job_id)
                 if contended:
                     out.append((gpu, contended))
         else:
@@ -250,7 +250,7 @@ class GangPolicy:
             until = None
         if until != turns[0].steps_until:  # type: ignore[union-attr]
             for gpu in gang.gpus:
-                gpu.allow_steps_until(until)
+                gpu.lock.allow_steps_until(until)
         if until is not None and gang.job_id not in changed and any(
                 now >= since + GANG_STEP_AFTER and not gpu.waits_for_room()
                 for gpu, _, since in waiters):
@@ -268,10 +268,10 @@ class GangPolicy:
         if stuck and waiters and not granting:
             gang.resumed_at = now
             for gpu in gang.gpus:
-                gpu.resume_turn()
+                gpu.lock.resume_turn()
             for gpu, holder in stuck:
                 if holder.stuck_at is None:  # a hook that does not send DRAIN_STUCK
-                    gpu.presume_stuck(holder.client.client_id, now)
+                    gpu.lock.presume_stuck(holder.client.client_id, now)
                     self.notes.append(
                         f"gpu {gpu.uuid}: {holder.client.label()}: not released "
                         f"{now - holder.drop_at:.1f}s after DROP_LOCK while its gang's other "
@@ -297,7 +297,7 @@ class GangPolicy:
 
     def _release(self, gang: Gang, changed: set[int]) -> None:
         for gpu in gang.gpus:
-            gpu.release_turn()
+            gpu.lock.release_turn()
         gang.contention_since, gang.ending, gang.resumed_at = None, False, None
         gang.dropped = set()
         changed.add(gang.job_id)
@@ -315,13 +315,13 @@ class GangPolicy:
             grace = gang.stuck_after()
             pending = [h.drop_at + grace for _, h in gang.holders()
                        if h.drop_at is not None and h.stuck_at is None]
-            until = gang.gpus[0].turn.steps_until  # type: ignore[union-attr]
+            until = gang.gpus[0].lock.turn.steps_until  # type: ignore[union-attr]
             if until is not None:       # a waiter's step
                 pending += [t for _, _, since in waiters
                             if now <= (t := since + GANG_STEP_AFTER) < until]
             deadline = min(pending, default=None)
         for gpu in gang.gpus:
-            gpu.set_turn_deadline(deadline)
+            gpu.lock.set_turn_deadline(deadline)
 
     # --- status --------------------------------------------------------------------------------
 

@@ -28,12 +28,17 @@ SMALL_REQUEST = 2 << 20
 
 
 class LockView(Protocol):
-    """What memory accounting reads of its GPU (the GpuState that owns it)."""
-    memory_total: int
-    settings: GpuSettings
-    holders: dict[int, Holder]
-    queue: dict[int, tuple[ClientInfo, float]]       # FIFO by insertion, best class first
-    clients: dict[int, ClientInfo]                  # attached here
+    """What memory accounting reads of its GPU (the GpuState that owns it), never changes."""
+    @property
+    def memory_total(self) -> int: ...
+    @property
+    def settings(self) -> GpuSettings: ...
+    @property
+    def holders(self) -> dict[int, Holder]: ...
+    @property
+    def queue(self) -> dict[int, tuple[ClientInfo, float]]: ...   # FIFO, best class first
+    @property
+    def clients(self) -> dict[int, ClientInfo]: ...               # attached here
 
 
 @dataclass
@@ -146,6 +151,19 @@ class GpuMemory:
         nxt = next((c.job_id for c, _ in queue.values() if c.job_id != job), None)
         swapped = sum(self.use(c.client_id).swapped for c, _ in queue.values() if c.job_id == nxt)
         return max(0, swapped - self.room())
+
+    def holder_moves(self, need: int, holders: list[Holder]) -> dict[int, int]:
+        """`need` bytes split over the holders' swappable memory, in their order: what each
+        holder's DROP_LOCK asks it to move out (client id -> bytes)."""
+        return {c.client_id: move for c, move in _shares(
+            need, [(h.client, self.use(h.client.client_id).swappable) for h in holders])}
+
+    def status(self) -> dict[str, int]:
+        """Its figures, for the GPU's status."""
+        return {"memory_total": self.gpu.memory_total, "memory_usable": self.usable,
+                "memory_used": self.sum_allocated, "memory_fixed": self.sum_fixed,
+                "memory_swapped": self.sum_swapped,
+                "memory_reserved": self.gpu.memory_total - self.usable}
 
     def deadlines(self) -> list[float]:
         """When a held request, a PREPARE_SWAP_OUT or a promise runs out of drop_grace_sec."""
@@ -324,7 +342,7 @@ class GpuMemory:
             return []
         requesters = self._requesters()
         exclude = requesters | ({self.withheld} if self.withheld is not None else set())
-        for client, move in shares(need, self._swap_candidates(exclude)):
+        for client, move in _shares(need, self._swap_candidates(exclude)):
             self.swap_asked[client.client_id] = _SwapAsk(move, now)
             out.append(Action(SWAP_OUT, client, 0, 0, move))
             need -= move
@@ -335,9 +353,7 @@ class GpuMemory:
         others = sorted((h for h in reversed(self.gpu.holders.values())
                          if h.drop_at is None and h.client.client_id not in requesters),
                         key=lambda h: -h.client.rank)
-        moves = {c.client_id: move for c, move in shares(
-            min(need, self.alloc_need),
-            [(h.client, self.use(h.client.client_id).swappable) for h in others])}
+        moves = self.holder_moves(min(need, self.alloc_need), others)
         return [(h, moves[h.client.client_id]) for h in others if moves.get(h.client.client_id)]
 
 
@@ -350,7 +366,7 @@ def _add(sums: dict[int, int], key: int, delta: int) -> None:
         sums.pop(key, None)
 
 
-def shares(need: int, candidates: list[tuple[ClientInfo, int]]) -> list[tuple[ClientInfo, int]]:
+def _shares(need: int, candidates: list[tuple[ClientInfo, int]]) -> list[tuple[ClientInfo, int]]:
     """Split `need` bytes over candidates (client, movable bytes) in their order."""
     out = []
     for client, movable in candidates:

@@ -1,10 +1,12 @@
 """Per-GPU state and the scheduling policy, as pure logic.
 
-A GpuState knows its holders, its FIFO queue and its settings, and owns its memory accounting
-(GpuMemory, gpumemory.py: usage sums, admission, held allocations, swap-outs). Every event
-(request, release, memory update, disconnect, settings change, timer tick) takes `now` from the
-caller and returns a list of Actions (grant, contended, drop, swap out, memory reply...) for the
-daemon to send. No sockets and no clock here, so tests drive the policy with a fake clock.
+A GpuState is one GPU's turn policy. It owns the GPU's lock record (GpuLock, gpulock.py: holders,
+FIFO queue, a gang's turn), its memory accounting (GpuMemory, gpumemory.py: usage sums,
+admission, held allocations, swap-outs) and what its clients ask of it (GpuDemand, demand.py),
+and decides from them who holds the GPU when. Every event (request, release, memory update,
+disconnect, settings change, timer tick) takes `now` from the caller and returns a list of
+Actions (grant, contended, drop, swap out, memory reply...) for the daemon to send. No sockets
+and no clock here, so tests drive the policy with a fake clock.
 
 Modes (docs/protocol.md "Scheduling modes"):
 - concurrent: one exclusive holder, FIFO; LOCK_CONTENDED as soon as someone waits; DROP_LOCK
@@ -18,9 +20,9 @@ Modes (docs/protocol.md "Scheduling modes"):
   in turns against 1.085x co-running on an H100); every other client co-runs with whoever holds
   the GPU (the hardware time-slices contexts), so an interactive step or a short-burst job never
   waits for a turn. With at most one turn-taker everyone co-runs. A client that has not reported
-  yet counts as a turn-taker. turns: the concurrent rules for all (switch interval floor switch_time_min);
-  corun: SHARED grants to all. Once memory does not fit: the concurrent rules with swap
-  (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
+  yet counts as a turn-taker. turns: the concurrent rules for all (switch interval floor
+  switch_time_min); corun: SHARED grants to all. Once memory does not fit: the concurrent rules
+  with swap (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
 
 Share classes (priority.py; docs/design-scheduler.md "Priority classes"): the FIFO is ordered by
 class, FIFO within one. A better class at the head takes the GPU from a worse exclusive holder at
@@ -30,9 +32,10 @@ at once. A holder with only worse waiters is never
 time-sliced; it is told LOCK_CONTENDED only when its demand shows long pauses. Swap candidates are
 taken lowest class first.
 
-Gangs (gang.py): the clients of a job placed on several GPUs wait in `gang_queue`, never in the
-FIFO, and are granted only during their gang's turn (`turn`), which gang.py starts and ends on all
-of the gang's GPUs together. While the gang has work here, nobody else is granted here.
+Gangs (gang.py): the clients of a job placed on several GPUs wait in the lock's `gang_queue`,
+never in the FIFO, and are granted only during their gang's turn (the lock's `turn`), which
+gang.py claims, starts and ends on all of the gang's GPUs together (GpuLock's turn methods, and
+end_turn here for the drops). While the gang has work here, nobody else is granted here.
 
 Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room
 (GpuMemory makes the room). The holder's DROP_LOCK carries the bytes it must move out.
@@ -43,12 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .demand import Demand, GpuDemand
-from .gpumemory import GpuMemory, MemUsage, shares
+from .gpulock import GpuLock
+from .gpumemory import GpuMemory, MemUsage
 from .policytypes import (CONTENDED, DROP, GANG_STEP_AFTER, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
                           SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, GpuSettings, Holder,
-                          MemDecision, Turn)
-from .priority import RANK
+                          MemDecision)
 from .proto import C
+
 
 @dataclass
 class GpuState:
@@ -57,10 +61,7 @@ class GpuState:
     memory_total: int
     settings: GpuSettings = field(default_factory=GpuSettings)
     name: str = ""
-    holders: dict[int, Holder] = field(default_factory=dict)
-    queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)   # FIFO by insertion
-    clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
-    attached: dict[int, dict[int, ClientInfo]] = field(default_factory=dict)   # job -> clients here
+    lock: GpuLock = field(default_factory=GpuLock)          # who holds it, who waits, a gang's turn
     contention_since: float | None = None   # when "held while others wait" began for this turn
     serial_job: int | None = None
     serial_expired: bool = False
@@ -70,15 +71,24 @@ class GpuState:
     # (holder, next): the holder's DROP_LOCK came with a HANDOFF to that waiter, which may run as
     # soon as the holder is drained, before the daemon hears of it; so it is granted next.
     handoff: tuple[int, int] | None = None
-    gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
-    gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
-    turn: Turn | None = None
     memory: GpuMemory = field(init=False, repr=False)    # reads this GpuState as its LockView
 
     def __post_init__(self) -> None:
         self.memory = GpuMemory(self)
 
-    # --- memory (daemon.py reads these two; the rest is self.memory's) -------------------------
+    # --- read by the policy below, GpuMemory, gang.py, daemon.py and the tests ------------------
+
+    @property
+    def holders(self) -> dict[int, Holder]:
+        return self.lock.holders
+
+    @property
+    def queue(self) -> dict[int, tuple[ClientInfo, float]]:
+        return self.lock.queue
+
+    @property
+    def clients(self) -> dict[int, ClientInfo]:
+        return self.lock.clients
 
     @property
     def usage(self) -> dict[int, MemUsage]:
@@ -88,8 +98,8 @@ class GpuState:
     def sum_allocated(self) -> int:
         return self.memory.sum_allocated
 
-    def _head(self) -> ClientInfo | None:
-        return next(iter(self.queue.values()))[0] if self.queue else None
+    def client_state(self, client_id: int) -> str:
+        return self.lock.client_state(client_id)
 
     def switch_interval(self) -> float:
         """Seconds an exclusive holder may keep the GPU while others wait."""
@@ -106,18 +116,14 @@ class GpuState:
 
         The decision is None for a report, and for a holder's request that waits for room: its
         answer comes later as a MEM_REPLY action carrying `token`."""
-        self._attach(client)
+        self.lock.attach(client)
         decision = self.memory.update(client, now, allocated, fixed, swapped, request, flags, token)
         return self._schedule(now), decision
 
     # --- lock events ---------------------------------------------------------------------------
 
-    def _attach(self, client: ClientInfo) -> None:
-        self.attached.setdefault(client.job_id, {})[client.client_id] = client
-        self.clients[client.client_id] = client
-
     def request(self, client: ClientInfo, now: float) -> list[Action]:
-        self._attach(client)
+        self.lock.attach(client)
         cid = client.client_id
         holder = self.holders.get(cid)
         if holder is not None:
@@ -126,12 +132,7 @@ class GpuState:
                                else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(),
                                bursts=holder.bursts)]
             return []
-        waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
-        if cid not in waiting:
-            waiting[cid] = (client, now)
-            if waiting is self.queue and client.rank < max(c.rank for c, _ in self.queue.values()):
-                # A better class waits ahead of worse ones; FIFO within a class (stable sort).
-                self.queue = dict(sorted(self.queue.items(), key=lambda item: item[1][0].rank))
+        self.lock.enqueue(client, now)
         self.demand.requested(cid)
         return self._schedule(now)
 
@@ -149,17 +150,9 @@ class GpuState:
 
     def remove_client(self, client_id: int, now: float) -> list[Action]:
         """The client is gone (disconnect, unregister): drop its lock, queue place and memory."""
-        held = self.holders.pop(client_id, None) is not None
-        self.queue.pop(client_id, None)
-        self.gang_queue.pop(client_id, None)
+        held, client = self.lock.forget(client_id)
         self.demand.forget(client_id)
-        client = self.clients.pop(client_id, None)
         self.memory.forget(client_id, client)
-        if client is not None:
-            clients = self.attached.get(client.job_id, {})
-            clients.pop(client_id, None)
-            if not clients:
-                self.attached.pop(client.job_id, None)
         if not self.holders:
             self.contention_since = None
         out = self._hand_over(client_id, now) if held else []
@@ -169,7 +162,7 @@ class GpuState:
 
     def report_demand(self, client: ClientInfo, demand: Demand, now: float) -> list[Action]:
         """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
-        self._attach(client)
+        self.lock.attach(client)
         self.demand.report(client.client_id, demand)
         return self._schedule(now)
 
@@ -192,20 +185,14 @@ class GpuState:
         """When tick() next has something to do (switch timer, max runtime, drop grace, a
         request or PREPARE_SWAP_OUT past drop_grace_sec)."""
         grace = self.settings.drop_grace_sec
-        deadlines = []
-        for holder in self.holders.values():
-            since = holder.grace_from()
-            if since is not None and not holder.unresponsive_reported:
-                deadlines.append(since + grace)
-        if self.turn is not None and self.turn.deadline is not None:
-            deadlines.append(self.turn.deadline)
-        if self.turn_here():
-            others = any(h.client.job_id != self.turn.job_id and h.drop_at is None
+        deadlines = self.lock.deadlines(grace)
+        if self.lock.turn_here():
+            others = any(h.client.job_id != self.lock.turn.job_id and h.drop_at is None
                          for h in self.holders.values())
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(self.memory.deadlines())
-        if self.contention_since is not None and self.queue and not self.turn_here():
+        if self.contention_since is not None and self.queue and not self.lock.turn_here():
             if self.settings.mode == "serial":
                 if not self.serial_expired:
                     deadlines.append(self.contention_since + self.settings.max_runtime_sec)
@@ -229,10 +216,8 @@ class GpuState:
 
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0, bursts: bool = False) -> None:
-        self.queue.pop(client.client_id, None)
-        self.gang_queue.pop(client.client_id, None)
         bursts = bursts and shared and self.settings.burst_turns
-        self.holders[client.client_id] = Holder(client, now, shared, bursts)
+        self.lock.add_holder(client, now, shared, bursts)
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
                           else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room, bursts=bursts))
@@ -248,13 +233,8 @@ class GpuState:
         self._grant(client, now, shared, out, max(0, short))
         return True
 
-    def _drop(self, holder: Holder, now: float, reason: int, out: list[Action],
-              move: int = 0) -> None:
-        holder.drop_at, holder.drop_reason, holder.drop_bytes = now, reason, move
-        out.append(Action(DROP, holder.client, 0, reason, move))
-
     def _pass_turn(self, holder: Holder, successor: ClientInfo, now: float, out: list[Action],
-                  move: int = 0) -> None:
+                   move: int = 0) -> None:
         """DROP_LOCK(TIMESLICE): an exclusive turn passes to `successor`. When the switch moves no
         memory, both first hear of a HANDOFF: the holder's hook signals the successor's the moment
         its work is drained, so the GPU does not sit idle through the daemon's round trip
@@ -263,7 +243,7 @@ class GpuState:
                 and not self.memory.use(successor.client_id).swapped:
             self.handoff = (holder.client.client_id, successor.client_id)
             out.append(Action(HANDOFF, successor, source=holder.client))
-        self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, move)
+        self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, move)
 
     def _hand_over(self, client_id: int, now: float) -> list[Action]:
         """The holder whose turn passed by a HANDOFF let go (or is gone): its successor may run
@@ -287,9 +267,10 @@ class GpuState:
         self.memory.expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
         self.memory.answer_allocations(now, out)
-        if self.turn_here():
+        if self.lock.turn_here():
             self._schedule_turn(now, out)
-            self._share("gang", f"job {self.turn.job_id}'s gang turn" if self.turn else "gang turn")
+            turn = self.lock.turn
+            self._share("gang", f"job {turn.job_id}'s gang turn" if turn else "gang turn")
         elif self.settings.mode == "serial":
             self._schedule_serial(now, out, admin)
             self._share("serial", "mode serial: one job at a time")
@@ -306,32 +287,19 @@ class GpuState:
             else:
                 self._share("turns", "mode concurrent")
         for holder, move in self.memory.make_room(now, out):
-            self._drop(holder, now, C.NVSHARE_DROP_MEMORY, out, move)
-        for holder in self.holders.values():
-            since = holder.grace_from()
-            if since is not None and not holder.unresponsive_reported \
-                    and now >= since + self.settings.drop_grace_sec:
-                holder.unresponsive_reported = True
-                out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
+            self.lock.drop(holder, now, C.NVSHARE_DROP_MEMORY, out, move)
+        self.lock.report_unresponsive(now, self.settings.drop_grace_sec, out)
         return out
 
     # --- gang turns (the cross-GPU decisions are gang.py's) ------------------------------------
 
-    def turn_here(self) -> bool:
-        """Does the gang whose turn it is have work on this GPU (so that nobody else may)?"""
-        turn = self.turn
-        if turn is None:
-            return False
-        return turn.used or any(h.client.job_id == turn.job_id for h in self.holders.values()) \
-            or any(c.job_id == turn.job_id for c, _ in self.gang_queue.values())
-
     def _schedule_turn(self, now: float, out: list[Action]) -> None:
         """The gang's GPU: others give way (at once when the gang already runs, else at the end
         of their switch interval); the gang's waiters here are granted SHARED together."""
-        turn = self.turn
+        turn = self.lock.turn
         assert turn is not None
         others = [h for h in self.holders.values() if h.client.job_id != turn.job_id]
-        mine = [c for c, _ in self.gang_queue.values() if c.job_id == turn.job_id]
+        mine = [c for c, _ in self.lock.gang_queue.values() if c.job_id == turn.job_id]
         if others:
             if not mine:
                 return
@@ -343,18 +311,16 @@ class GpuState:
                 if holder.drop_at is not None:
                     continue
                 if turn.started:
-                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+                    self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
                     continue
-                if not holder.contended:
-                    holder.contended = True
-                    out.append(Action(CONTENDED, holder.client))
+                self.lock.contend(holder, out)
                 if now >= self.contention_since + self.switch_interval():
-                    self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
+                    self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, need)
             return
         self.contention_since = None
         if turn.started and not turn.grants and turn.steps_until is not None \
                 and now < turn.steps_until:
-            mine = [c for c, since in self.gang_queue.values()
+            mine = [c for c, since in self.lock.gang_queue.values()
                     if c.job_id == turn.job_id and now >= since + GANG_STEP_AFTER]
         elif not (turn.started and turn.grants):
             return
@@ -367,69 +333,9 @@ class GpuState:
                 # collective), then closes behind it. It moves no memory out: a rank catching up
                 # op by op would otherwise swap in and out at every step. Room for whoever comes
                 # next is made at the hand-over, as for any idle client.
-                self._drop(self.holders[client.client_id], now, C.NVSHARE_DROP_TIMESLICE, out)
+                self.lock.drop(self.holders[client.client_id], now, C.NVSHARE_DROP_TIMESLICE, out)
 
-    def job_holders(self, job_id: int) -> list[Holder]:
-        return [h for h in self.holders.values() if h.client.job_id == job_id]
-
-    def job_waiters(self, job_id: int) -> list[tuple[ClientInfo, float]]:
-        return [entry for entry in self.gang_queue.values() if entry[0].job_id == job_id]
-
-    def contend_job(self, job_id: int) -> list[Action]:
-        """LOCK_CONTENDED to the job's holders not told yet: give the GPU back once idle."""
-        out = []
-        for holder in self.job_holders(job_id):
-            if holder.drop_at is None and not holder.contended:
-                holder.contended = True
-                out.append(Action(CONTENDED, holder.client))
-        return out
-
-    # What gang.py does to this GPU's part of a gang's turn (the turn's fields are set only here).
-
-    def join_gang(self, job_id: int) -> None:
-        """The job takes gang turns here: its clients wait in gang_queue, never in the FIFO."""
-        self.gang_jobs.add(job_id)
-
-    def leave_gang(self, job_id: int) -> None:
-        """The job is gone: no more gang turns here, and its turn, if it has one, is over."""
-        self.gang_jobs.discard(job_id)
-        if self.turn is not None and self.turn.job_id == job_id:
-            self.turn = None
-
-    def claim_turn(self, job_id: int) -> None:
-        """The gang claims this GPU: from its first work here nobody else is granted here."""
-        self.turn = Turn(job_id)
-
-    def start_turn(self) -> None:
-        """The gang runs: its waiters here are granted, and a request of its own drops others."""
-        assert self.turn is not None
-        self.turn.started = True
-
-    def resume_turn(self) -> None:
-        """A drain of the gang is stuck: its waiters here are granted again until it finishes."""
-        assert self.turn is not None
-        self.turn.grants = True
-
-    def allow_steps_until(self, until: float | None) -> None:
-        """The turn ends while a rank still drains: until then a request of the gang here is
-        granted and dropped again at once (a step). None: no steps."""
-        assert self.turn is not None
-        self.turn.steps_until = until
-
-    def set_turn_deadline(self, deadline: float | None) -> None:
-        """When gang.py next needs a pass (its turn's end, a stuck drain): next_deadline()."""
-        assert self.turn is not None
-        self.turn.deadline = deadline
-
-    def release_turn(self) -> None:
-        """Every holder of the gang has released: the GPU is nobody's turn."""
-        self.turn = None
-
-    def presume_stuck(self, client_id: int, now: float) -> None:
-        """A gang's holder that has not released long after DROP_LOCK while its peers wait (a
-        hook that never sends DRAIN_STUCK): its drain counts as stuck from now, as if it had
-        said so (unlike mark_stuck, an unresponsive report already made stands)."""
-        self.holders[client_id].stuck_at = now
+    # What gang.py asks of this GPU's policy (the turn's record is self.lock's).
 
     def waits_for_room(self) -> bool:
         """Did this GPU's last pass withhold a grant until memory moves out?"""
@@ -438,28 +344,17 @@ class GpuState:
     def end_turn(self, now: float) -> list[Action]:
         """The end of the gang's turn: no more grants here, and DROP_LOCK(TIMESLICE) to its
         holders, each with its share of what the waiting single-GPU clients' swapped memory
-        lacks. The GPU stays the gang's until release_turn()."""
-        assert self.turn is not None
-        self.turn.grants = False
-        holders = [h for h in self.job_holders(self.turn.job_id) if h.drop_at is None]
-        moves = {c.client_id: move for c, move in shares(
-            self.memory.holder_must_move(),
-            [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
+        lacks. The GPU stays the gang's until gang.py releases the turn."""
+        turn = self.lock.turn
+        assert turn is not None
+        self.lock.stop_grants()
+        holders = [h for h in self.lock.job_holders(turn.job_id) if h.drop_at is None]
+        moves = self.memory.holder_moves(self.memory.holder_must_move(), holders)
         out: list[Action] = []
         for holder in holders:
-            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
-                       moves.get(holder.client.client_id, 0))
+            self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out,
+                           moves.get(holder.client.client_id, 0))
         return out
-
-    def mark_stuck(self, client_id: int, now: float) -> bool:
-        """DRAIN_STUCK from a holder: its grace restarts (it is not unresponsive while it says
-        so). False when the client holds nothing here."""
-        holder = self.holders.get(client_id)
-        if holder is None:
-            return False
-        holder.stuck_at = now
-        holder.unresponsive_reported = False
-        return True
 
     def _corun(self, now: float, out: list[Action], skip: set[int] | None = None,
                takers: set[int] | None = None) -> None:
@@ -491,7 +386,7 @@ class GpuState:
         for cid in outranked:
             holder = self.holders.get(cid)
             if holder is not None and holder.drop_at is None:
-                self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+                self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
         takers -= outranked
         wait_note = f", {len(outranked)} of a lower class wait" if outranked else ""
         co_runners = wanting - takers - outranked
@@ -501,7 +396,7 @@ class GpuState:
             running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
             if running and outranked & set(self.queue) \
                     and self.demand.leaves_idle_time(running[0].client, self.queue, now):
-                self._contend(running[0], out)   # it gives the GPU back once idle
+                self.lock.contend(running[0], out)   # it gives the GPU back once idle
             self._share("corun", ("at most one busy client" if wanting else "idle")
                         + self._bursts_note(co_runners) + wait_note)
             return
@@ -520,7 +415,7 @@ class GpuState:
         running = [h for h in turn_holders if h.drop_at is None]
         for holder in running[1:]:
             # A co-runner that became busy while another busy one holds: the oldest keeps its turn.
-            self._drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
+            self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
         self._regrant_co_runners(takers, out)
         rivals = [cid for cid in self.queue if cid in takers]
         if not turn_holders and rivals:
@@ -534,10 +429,10 @@ class GpuState:
         holder = running[0]
         if not rivals:        # only lower classes wait: no timeslice, it gives way once idle
             if self.demand.leaves_idle_time(holder.client, self.queue, now):
-                self._contend(holder, out)
+                self.lock.contend(holder, out)
             self.contention_since = None
             return
-        self._contend(holder, out)
+        self.lock.contend(holder, out)
         if self.contention_since is None:
             self.contention_since = now
         if now >= self.contention_since + self.switch_interval():
@@ -559,11 +454,6 @@ class GpuState:
             out.append(Action(GRANT, holder.client, C.NVSHARE_GRANT_SHARED, self._switch_ms(),
                               bursts=bursts))
 
-    def _contend(self, holder: Holder, out: list[Action]) -> None:
-        if not holder.contended:
-            holder.contended = True
-            out.append(Action(CONTENDED, holder.client))
-
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         if len(self.holders) > 1:
             # Co-runners no longer fit (or the mode changed): the oldest keeps it, the rest requeue.
@@ -572,8 +462,8 @@ class GpuState:
             for holder in list(self.holders.values())[1:]:
                 if holder.drop_at is None:
                     move = self.memory.use(holder.client.client_id).swappable if memory else 0
-                    self._drop(holder, now, reason, out, move)
-        head = self._head()
+                    self.lock.drop(holder, now, reason, out, move)
+        head = self.lock.head()
         if not self.holders and head is not None:
             self._try_grant(head, now, False, out)
         if not self.holders or not self.queue:
@@ -590,19 +480,18 @@ class GpuState:
                     # (nor that time when it would cost a swap each way).
                     if not self.memory.switch_moves_memory() \
                             and self.demand.leaves_idle_time(holder.client, self.queue, now):
-                        self._contend(holder, out)
+                        self.lock.contend(holder, out)
                     self.contention_since = None
                     return
-                if not holder.contended and not self.memory.switch_moves_memory():
-                    holder.contended = True
-                    out.append(Action(CONTENDED, holder.client))
+                if not self.memory.switch_moves_memory():
+                    self.lock.contend(holder, out)
                 if head.rank < holder.client.rank \
                         or now >= self.contention_since + self.switch_interval():
                     self._pass_turn(holder, head, now, out, self.memory.holder_must_move())
 
     def _schedule_serial(self, now: float, out: list[Action], admin: bool) -> None:
         job = self.serial_job
-        if job is not None and not self.attached.get(job):
+        if job is not None and not self.lock.attached.get(job):
             job = None
         if job is not None and self.serial_expired and not self.holders:
             job = None
@@ -618,14 +507,14 @@ class GpuState:
                 return
         for holder in list(self.holders.values()):
             if holder.client.job_id != job and holder.drop_at is None:
-                self._drop(holder, now, C.NVSHARE_DROP_ADMIN, out)
+                self.lock.drop(holder, now, C.NVSHARE_DROP_ADMIN, out)
         if not self.serial_expired:
             for client, _ in [entry for entry in self.queue.values() if entry[0].job_id == job]:
                 if not self._try_grant(client, now, True, out):
                     break
         # Classes, as in the other modes: only worse jobs waiting never end the job's turn; a
         # better one ends it at once (the queue is ordered by class, so it is the next job).
-        rank = self._job_rank(job)
+        rank = self.lock.job_rank(job)
         waiting = [entry[0].rank for entry in self.queue.values() if entry[0].job_id != job]
         if not any(r <= rank for r in waiting):
             self.contention_since = None
@@ -637,39 +526,22 @@ class GpuState:
                                         + self.settings.max_runtime_sec):
             self.serial_expired = True
             holders = [h for h in self.holders.values() if h.drop_at is None]
-            moves = {c.client_id: move for c, move in shares(
-                self.memory.next_job_needs(job),
-                [(h.client, self.memory.use(h.client.client_id).swappable) for h in holders])}
+            moves = self.memory.holder_moves(self.memory.next_job_needs(job), holders)
             for holder in holders:
-                self._drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
-                           moves.get(holder.client.client_id, 0))
+                self.lock.drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
+                               moves.get(holder.client.client_id, 0))
             if not self.holders:
                 # Its clients are attached but hold nothing: no release will come to hand the
                 # GPU on, and no deadline is left. The next job's turn begins now.
                 self._schedule_serial(now, out, admin)
 
-    def _job_rank(self, job: int) -> int:
-        """The class rank of a job's clients here (one class per job), also while they neither
-        hold nor wait; normal when none is known."""
-        return next((c.rank for c in self.attached.get(job, {}).values()), RANK["normal"])
-
-
     # --- status --------------------------------------------------------------------------------
-
-    def client_state(self, client_id: int) -> str:
-        holder = self.holders.get(client_id)
-        if holder is not None:
-            return "dropping" if holder.drop_at is not None else "holding"
-        return "waiting" if client_id in self.queue or client_id in self.gang_queue else "idle"
 
     def status(self, now: float, rogue: list[dict[str, int]], jobs: list[int]) -> dict[str, Any]:
         s = self.settings
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name,
-            "memory_total": self.memory_total, "memory_usable": self.memory.usable,
-            "memory_used": self.memory.sum_allocated, "memory_fixed": self.memory.sum_fixed,
-            "memory_swapped": self.memory.sum_swapped,
-            "memory_reserved": self.memory_total - self.memory.usable,
+            **self.memory.status(),
             "mode": s.mode,
             "switch_time": "auto" if s.switch_time_mode == "auto" else float(s.switch_time_fixed),
             "switch_interval_sec": round(self.switch_interval(), 3),
@@ -677,18 +549,5 @@ class GpuState:
             "memory_reserve_percent": int(s.memory_reserve_percent),
             "co_running": sum(1 for h in self.holders.values() if h.drop_at is None) > 1,
             "sharing": self.sharing or s.mode, "sharing_reason": self.sharing_reason,
-            "holders": [{"job_id": h.client.job_id, "step_id": h.client.step_id,
-                         "pid": h.client.pid, "user": h.client.user,
-                         "held_sec": round(now - h.since, 3), "shared": h.shared,
-                         "class": h.client.share_class}
-                        for h in self.holders.values()],
-            "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
-                         "waiting_sec": round(now - since, 3), "class": c.share_class}
-                        for c, since in [*self.queue.values(), *self.gang_queue.values()]],
-            "turn": None if self.turn is None else {
-                "job_id": self.turn.job_id,
-                "state": "ending" if not self.turn.grants else
-                         "running" if self.turn.started else "claiming"},
-            "jobs": jobs, "rogue": rogue,
+            **self.lock.status(now), "jobs": jobs, "rogue": rogue,
         }
-

@@ -77,7 +77,6 @@ class ClientInfo:
         return f"job {self.job_id} step {self.step_id} pid {self.pid}"
 
 
-
 @dataclass(frozen=True)
 class MemDecision:
     status: int               # NVSHARE_OK or NVSHARE_ERR_NOMEM
@@ -99,7 +98,6 @@ class Action:
     token: int = 0            # MEM_REPLY: the seq of the request it answers
     bursts: bool = False      # GRANT, shared: co-runners take turns burst by burst (burst_turns)
     source: ClientInfo | None = None   # HANDOFF: the holder whose turn ends (told before its DROP)
-
 
 
 @dataclass
@@ -147,4 +145,3 @@ class Turn:
     steps_until: float | None = None
     used: bool = False                # granted here in this turn
     deadline: float | None = None     # when gang.py next needs a pass (turn end, stuck drain)
-

@@ -351,7 +351,7 @@ def test_a_gang_that_goes_away_frees_its_gpus():
     node.request(11, 0.0), node.request(22, 0.1)
     assert node._pass(node.gpus[0], node.gpus[0].remove_client(11, 0.2), 0.2) == [(GRANT, 22)]
     node.policy.remove_job(1)
-    assert all(g.turn is None or g.turn.job_id == 2 for g in node.gpus)
+    assert all(g.lock.turn is None or g.lock.turn.job_id == 2 for g in node.gpus)
 
 
 def test_a_step_moves_no_memory_out():

@@ -258,11 +258,12 @@ def end_turn_of(job, gpus, policy, everywhere, now):
 def test_a_high_gang_claims_before_a_low_gang_that_waited_longer():
     gpus, policy, everywhere = gang_node({4: "normal", 1: "low", 2: "high"})
     everywhere(4, 0.0, "request")
-    assert gpus[0].turn.job_id == 4
+    assert gpus[0].lock.turn.job_id == 4
     everywhere(1, 1.0, "request")
     everywhere(2, 2.0, "request")
     end_turn_of(4, gpus, policy, everywhere, 3.5)
-    assert gpus[0].turn is not None and gpus[0].turn.job_id == 2   # high, though low waited longer
+    turn = gpus[0].lock.turn
+    assert turn is not None and turn.job_id == 2          # high, though low waited longer
 
 
 @pytest.mark.parametrize("single_class,first", [("high", True), ("low", False)])
@@ -277,7 +278,7 @@ def test_a_high_single_gpu_job_goes_before_a_low_gang_that_waited_longer(single_
     # A high single-GPU job gets GPU 0 first and the low gang's turn starts after it; one of the
     # gang's class that came later waits for the gang's turn.
     assert (50 in gpus[0].holders) == first
-    assert gpus[0].turn.job_id == 1 and gpus[0].turn.started != first
+    assert gpus[0].lock.turn.job_id == 1 and gpus[0].lock.turn.started != first
 
 
 def test_serial_a_high_job_is_not_cut_short_for_low_jobs_however_long_it_runs():

@@ -1,0 +1,209 @@
+"""Who holds one GPU's lock and who waits for it, as a record: the holders, the FIFO queue (best
+class first, FIFO within a class), the clients attached here, and a gang's turn here.
+
+Its methods change the record and return or append the Action that tells a client (DROP_LOCK,
+LOCK_CONTENDED, UNRESPONSIVE); when to call them is the policy's (gpustate.py). gang.py changes a
+GPU's part of a gang turn only through the turn methods below. No clock, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .policytypes import CONTENDED, DROP, UNRESPONSIVE, Action, ClientInfo, Holder, Turn
+from .priority import RANK
+
+
+@dataclass
+class GpuLock:
+    holders: dict[int, Holder] = field(default_factory=dict)
+    queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)   # FIFO by insertion
+    clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
+    attached: dict[int, dict[int, ClientInfo]] = field(default_factory=dict)   # job -> clients here
+    gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
+    gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
+    turn: Turn | None = None
+
+    # --- clients -------------------------------------------------------------------------------
+
+    def attach(self, client: ClientInfo) -> None:
+        self.attached.setdefault(client.job_id, {})[client.client_id] = client
+        self.clients[client.client_id] = client
+
+    def enqueue(self, client: ClientInfo, now: float) -> None:
+        """The client waits: a gang's client in gang_queue, anyone else in the FIFO."""
+        cid = client.client_id
+        waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
+        if cid not in waiting:
+            waiting[cid] = (client, now)
+            if waiting is self.queue and client.rank < max(c.rank for c, _ in self.queue.values()):
+                # A better class waits ahead of worse ones; FIFO within a class (stable sort).
+                self.queue = dict(sorted(self.queue.items(), key=lambda item: item[1][0].rank))
+
+    def forget(self, client_id: int) -> tuple[bool, ClientInfo | None]:
+        """The client is gone: its lock, queue place and attachment. Returns whether it held the
+        lock, and the client when it was attached."""
+        held = self.holders.pop(client_id, None) is not None
+        self.queue.pop(client_id, None)
+        self.gang_queue.pop(client_id, None)
+        client = self.clients.pop(client_id, None)
+        if client is not None:
+            clients = self.attached.get(client.job_id, {})
+            clients.pop(client_id, None)
+            if not clients:
+                self.attached.pop(client.job_id, None)
+        return held, client
+
+    def head(self) -> ClientInfo | None:
+        return next(iter(self.queue.values()))[0] if self.queue else None
+
+    def job_rank(self, job: int) -> int:
+        """The class rank of a job's clients here (one class per job), also while they neither
+        hold nor wait; normal when none is known."""
+        return next((c.rank for c in self.attached.get(job, {}).values()), RANK["normal"])
+
+    def client_state(self, client_id: int) -> str:
+        holder = self.holders.get(client_id)
+        if holder is not None:
+            return "dropping" if holder.drop_at is not None else "holding"
+        return "waiting" if client_id in self.queue or client_id in self.gang_queue else "idle"
+
+    # --- holders -------------------------------------------------------------------------------
+
+    def add_holder(self, client: ClientInfo, now: float, shared: bool, bursts: bool) -> None:
+        """The client holds the lock now (its GRANT is the caller's: it carries the switch
+        interval from after this change)."""
+        self.queue.pop(client.client_id, None)
+        self.gang_queue.pop(client.client_id, None)
+        self.holders[client.client_id] = Holder(client, now, shared, bursts)
+
+    def drop(self, holder: Holder, now: float, reason: int, out: list[Action],
+             move: int = 0) -> None:
+        holder.drop_at, holder.drop_reason, holder.drop_bytes = now, reason, move
+        out.append(Action(DROP, holder.client, 0, reason, move))
+
+    def contend(self, holder: Holder, out: list[Action]) -> None:
+        """LOCK_CONTENDED, once per turn: give the GPU back once idle."""
+        if not holder.contended:
+            holder.contended = True
+            out.append(Action(CONTENDED, holder.client))
+
+    def job_holders(self, job_id: int) -> list[Holder]:
+        return [h for h in self.holders.values() if h.client.job_id == job_id]
+
+    def contend_job(self, job_id: int) -> list[Action]:
+        """LOCK_CONTENDED to the job's holders not told yet: give the GPU back once idle."""
+        out: list[Action] = []
+        for holder in self.job_holders(job_id):
+            if holder.drop_at is None:
+                self.contend(holder, out)
+        return out
+
+    def mark_stuck(self, client_id: int, now: float) -> bool:
+        """DRAIN_STUCK from a holder: its grace restarts (it is not unresponsive while it says
+        so). False when the client holds nothing here."""
+        holder = self.holders.get(client_id)
+        if holder is None:
+            return False
+        holder.stuck_at = now
+        holder.unresponsive_reported = False
+        return True
+
+    def presume_stuck(self, client_id: int, now: float) -> None:
+        """A gang's holder that has not released long after DROP_LOCK while its peers wait (a
+        hook that never sends DRAIN_STUCK): its drain counts as stuck from now, as if it had
+        said so (unlike mark_stuck, an unresponsive report already made stands)."""
+        self.holders[client_id].stuck_at = now
+
+    def report_unresponsive(self, now: float, grace: float, out: list[Action]) -> None:
+        """UNRESPONSIVE, once, for each holder not released `grace` after its DROP_LOCK (or its
+        latest DRAIN_STUCK)."""
+        for holder in self.holders.values():
+            since = holder.grace_from()
+            if since is not None and not holder.unresponsive_reported and now >= since + grace:
+                holder.unresponsive_reported = True
+                out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
+
+    def deadlines(self, grace: float) -> list[float]:
+        """When a holder's drain grace runs out, and when gang.py next needs a pass."""
+        found = [since + grace for h in self.holders.values()
+                 if (since := h.grace_from()) is not None and not h.unresponsive_reported]
+        if self.turn is not None and self.turn.deadline is not None:
+            found.append(self.turn.deadline)
+        return found
+
+    # --- a gang's turn here (gang.py's decisions, made on all the gang's GPUs together) ---------
+
+    def join_gang(self, job_id: int) -> None:
+        """The job takes gang turns here: its clients wait in gang_queue, never in the FIFO."""
+        self.gang_jobs.add(job_id)
+
+    def leave_gang(self, job_id: int) -> None:
+        """The job is gone: no more gang turns here, and its turn, if it has one, is over."""
+        self.gang_jobs.discard(job_id)
+        if self.turn is not None and self.turn.job_id == job_id:
+            self.turn = None
+
+    def claim_turn(self, job_id: int) -> None:
+        """The gang claims this GPU: from its first work here nobody else is granted here."""
+        self.turn = Turn(job_id)
+
+    def start_turn(self) -> None:
+        """The gang runs: its waiters here are granted, and a request of its own drops others."""
+        assert self.turn is not None
+        self.turn.started = True
+
+    def stop_grants(self) -> None:
+        """The gang's turn ends: no more grants here until resume_turn() or its next turn."""
+        assert self.turn is not None
+        self.turn.grants = False
+
+    def resume_turn(self) -> None:
+        """A drain of the gang is stuck: its waiters here are granted again until it finishes."""
+        assert self.turn is not None
+        self.turn.grants = True
+
+    def allow_steps_until(self, until: float | None) -> None:
+        """The turn ends while a rank still drains: until then a request of the gang here is
+        granted and dropped again at once (a step). None: no steps."""
+        assert self.turn is not None
+        self.turn.steps_until = until
+
+    def set_turn_deadline(self, deadline: float | None) -> None:
+        """When gang.py next needs a pass (its turn's end, a stuck drain): see deadlines()."""
+        assert self.turn is not None
+        self.turn.deadline = deadline
+
+    def release_turn(self) -> None:
+        """Every holder of the gang has released: the GPU is nobody's turn."""
+        self.turn = None
+
+    def job_waiters(self, job_id: int) -> list[tuple[ClientInfo, float]]:
+        return [entry for entry in self.gang_queue.values() if entry[0].job_id == job_id]
+
+    def turn_here(self) -> bool:
+        """Does the gang whose turn it is have work on this GPU (so that nobody else may)?"""
+        turn = self.turn
+        if turn is None:
+            return False
+        return turn.used or any(h.client.job_id == turn.job_id for h in self.holders.values()) \
+            or any(c.job_id == turn.job_id for c, _ in self.gang_queue.values())
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        """Holders, waiters and the turn, for the GPU's status."""
+        return {
+            "holders": [{"job_id": h.client.job_id, "step_id": h.client.step_id,
+                         "pid": h.client.pid, "user": h.client.user,
+                         "held_sec": round(now - h.since, 3), "shared": h.shared,
+                         "class": h.client.share_class}
+                        for h in self.holders.values()],
+            "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
+                         "waiting_sec": round(now - since, 3), "class": c.share_class}
+                        for c, since in [*self.queue.values(), *self.gang_queue.values()]],
+            "turn": None if self.turn is None else {
+                "job_id": self.turn.job_id,
+                "state": "ending" if not self.turn.grants else
+                         "running" if self.turn.started else "claiming"},
+        }
