@@ -1,15 +1,22 @@
-"""nvshare-node-config: this node's slurm.conf Gres= and gres.conf lines for the nvshare GRES.
+"""nvshare-node-config: this node's slurm.conf, gres.conf and cgroup.conf lines for nvshare.
 
-    nvshare-node-config                    count-only: Gres=nvshare:<GPUs x sharers>
-    nvshare-node-config --typed            one type per GPU: Gres=nvshare:gpu0:4,nvshare:gpu1:4,...
+    nvshare-node-config                    count-only: Gres=gpu:<GPUs>,nvshare:<GPUs x sharers>
+    nvshare-node-config --typed            one type per GPU: Gres=gpu:<GPUs>,nvshare:gpu0:4,...
     nvshare-node-config --sharers 8        jobs allowed on each GPU at once (default 4)
+    nvshare-node-config --prefix DIR       the entry points are DIR/bin/nvshare-prolog, ...
     nvshare-node-config --json             the same as JSON, for configuration management
 
+It prints one section per file, each headed by a comment line naming it (`# slurm.conf`,
+`# gres.conf`, `# cgroup.conf`), usable verbatim. The GPUs are Slurm `gpu` GRES on their device
+files, so Slurm's device cgroup (ConstrainDevices=yes) denies them to every job that holds no `gpu`
+GRES; an nvshare job's hook gets its GPU's device file from nvshare-scheduler instead.
+
 The GPUs come from NVML, or from the config's `gpus:` list where it has one (NVSHARE_CONFIG or
---config), in the order the scheduler numbers them: type gpuK is the GPU with index K. It only
-prints: slurm.conf and gres.conf stay the admin's to edit.
-Exit status: 0 printed, 1 no GPUs, the inventory or the --config file cannot be read, 2 bad
-arguments.
+--config), in the order the scheduler numbers them: type gpuK is the GPU with index K. The
+Prolog=, Epilog= and TaskProlog= paths are the entry points installed beside this Python (else
+/opt/nvshare/bin), or DIR/bin with --prefix DIR. It only prints: the files stay the admin's to edit.
+Exit status: 0 printed, 1 no GPUs, the inventory or the --config file cannot be read, or a device
+path or entry point that is not a plain path, 2 bad arguments.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import re
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from . import config as config_mod
@@ -28,8 +36,43 @@ from .inventory import GpuInfo
 PROG = "nvshare-node-config"
 DEFAULT_SHARERS = 4
 MAX_SHARERS = 1024
+DEFAULT_BIN_DIR = "/opt/nvshare/bin"
+ENTRY_POINTS = {"Prolog": "nvshare-prolog", "Epilog": "nvshare-epilog",
+                "TaskProlog": "nvshare-taskprolog"}
+FILES = ("slurm.conf", "gres.conf", "cgroup.conf")
 # What Slurm accepts as a NodeName without quoting; slurmd's default is the short host name.
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A path printed as a value in a Slurm config file: nothing that could end the line, start another
+# key (space, '='), a comment ('#') or need quoting.
+_PLAIN_PATH_RE = re.compile(r"^/[A-Za-z0-9_./-]+$")
+
+
+class NodeConfigError(Exception):
+    """What the node's lines cannot be printed from (exit status 1)."""
+
+
+def plain_path(path: str, what: str) -> str:
+    if not _PLAIN_PATH_RE.match(path):
+        raise NodeConfigError(f"{what}: {path!r} is not a plain absolute path "
+                              f"(/ followed by letters, digits, _ . / -): refusing to print it")
+    return path
+
+
+def entry_point_dir(prefix: str | None) -> str:
+    """Where nvshare-prolog and the others are: DIR/bin for --prefix DIR, else beside this Python
+    (the virtualenv's bin, not resolved: Slurm must run the venv's scripts), else
+    /opt/nvshare/bin."""
+    if prefix is not None:
+        if not prefix.startswith("/"):
+            raise NodeConfigError(f"--prefix: {prefix!r} is not an absolute path (Slurm runs the "
+                                  f"Prolog with no working directory of yours)")
+        return plain_path(str(Path(prefix) / "bin"), "--prefix")
+    here = Path(sys.executable).parent
+    if sys.executable and (here / ENTRY_POINTS["Prolog"]).exists():
+        return plain_path(str(here), "the entry points' directory (--prefix DIR names another)")
+    print(f"{PROG}: no {ENTRY_POINTS['Prolog']} beside {sys.executable}: printing "
+          f"{DEFAULT_BIN_DIR}/... (--prefix DIR names where they are)", file=sys.stderr)
+    return DEFAULT_BIN_DIR
 
 
 @dataclass(frozen=True)
@@ -38,25 +81,77 @@ class NodeGres:
     sharers_per_gpu: int
     typed: bool
     gpus: tuple[GpuInfo, ...]
+    bin_dir: str = DEFAULT_BIN_DIR
 
     @property
     def slots(self) -> int:
         return self.sharers_per_gpu * len(self.gpus)
 
     def gres_value(self) -> str:
-        """The value of the NodeName line's Gres= (merge it with gpu/shard GRES the node has)."""
+        """The NodeName line's Gres=: the GPUs as Slurm's gpu GRES, then the nvshare slots."""
         if not self.typed:
-            return f"nvshare:{self.slots}"
-        return ",".join(f"nvshare:gpu{g.index}:{self.sharers_per_gpu}" for g in self.gpus)
+            nvshare = f"nvshare:{self.slots}"
+        else:
+            nvshare = ",".join(f"nvshare:gpu{g.index}:{self.sharers_per_gpu}" for g in self.gpus)
+        return f"gpu:{len(self.gpus)},{nvshare}"
 
     def slurm_conf_line(self) -> str:
         return f"NodeName={self.node} Gres={self.gres_value()}"
 
-    def gres_conf_lines(self) -> list[str]:
+    def entry_points(self) -> dict[str, str]:
+        return {key: f"{self.bin_dir}/{name}" for key, name in ENTRY_POINTS.items()}
+
+    def gpu_gres_conf_lines(self) -> list[str]:
+        return [f"NodeName={self.node} Name=gpu File={g.device}" for g in self.gpus]
+
+    def nvshare_gres_conf_lines(self) -> list[str]:
         if not self.typed:
             return [f"NodeName={self.node} Name=nvshare Count={self.slots}"]
         return [f"NodeName={self.node} Name=nvshare Type=gpu{g.index} Count={self.sharers_per_gpu}"
                 for g in self.gpus]
+
+    def gres_conf_lines(self) -> list[str]:
+        """gres.conf's lines for this node, without comments."""
+        return self.gpu_gres_conf_lines() + self.nvshare_gres_conf_lines()
+
+    def files(self) -> dict[str, list[str]]:
+        """Each file's lines (comments included), in the order the text prints them."""
+        entry = self.entry_points()
+        slurm_conf = [
+            "# Once per cluster, the same on every node and the controller; restart",
+            "# slurmctld and slurmd after changing GresTypes, TaskPlugin or ProctrackType.",
+            "# Keep the site's other GRES types beside these.",
+            "GresTypes=gpu,nvshare",
+            "# The Prolog runs at allocation on every node of the job, before any step.",
+            "PrologFlags=Alloc",
+            "# Absolute paths: Slurm runs these with no PATH. A site with its own Prolog,",
+            "# Epilog or TaskProlog calls these from it (keeping their exit status, and",
+            "# the TaskProlog's stdout).",
+            *(f"{key}={path}" for key, path in entry.items()),
+            "# Device confinement needs task/cgroup: a site with other task plugins keeps",
+            "# them beside it (TaskPlugin=task/cgroup,task/affinity).",
+            "TaskPlugin=task/cgroup",
+            "ProctrackType=proctrack/cgroup",
+            "# This node. The rest of its NodeName line (CPUs=, RealMemory=, ...) comes",
+            "# from `slurmd -C`; a shard GRES it has stays in Gres= beside these.",
+            self.slurm_conf_line(),
+        ]
+        style = ("Type gpuK is the GPU with index K" if self.typed
+                 else "nvshare-scheduler picks the GPUs")
+        gres_conf = [
+            "# The same on the node and the controller. The GPUs as Slurm's gpu GRES on",
+            "# their device files, in index order: Slurm's device cgroup denies them to",
+            "# every job that holds no gpu GRES.",
+            *self.gpu_gres_conf_lines(),
+            f"# The nvshare slots: {self.sharers_per_gpu} jobs at once on each GPU ({style}).",
+            *self.nvshare_gres_conf_lines(),
+        ]
+        cgroup_conf = [
+            "# nvshare jobs reach their GPU through nvshare-scheduler, every other job",
+            "# only through Slurm's gpu GRES. Keep the site's other settings (CgroupPlugin=).",
+            "ConstrainDevices=yes",
+        ]
+        return {"slurm.conf": slurm_conf, "gres.conf": gres_conf, "cgroup.conf": cgroup_conf}
 
 
 def _printable(text: str) -> str:
@@ -69,20 +164,12 @@ def render_text(node_gres: NodeGres, source: str) -> str:
     style = "typed per GPU" if n.typed else "count-only"
     lines = [f"# {PROG}: {n.node}: {len(n.gpus)} GPU(s) from {source}, {n.sharers_per_gpu} sharers "
              f"per GPU, {style}"]
-    lines += [f"#   gpu{g.index}: {_printable(g.uuid)} {config_mod.format_size(g.memory_total)} "
-              f"{_printable(g.name)}"
+    lines += [f"#   gpu{g.index}: {g.device} {_printable(g.uuid)} "
+              f"{config_mod.format_size(g.memory_total)} {_printable(g.name)}"
               for g in n.gpus]
-    lines += [
-        "",
-        "# slurm.conf: put this Gres= on the node's NodeName line (`slurmd -C` prints the rest of",
-        "# it; keep gpu/shard GRES beside it: Gres=gpu:4,nvshare:...). Once per cluster:",
-        "# GresTypes=nvshare, PrologFlags=Alloc, Prolog=, Epilog=, TaskProlog= as in",
-        "# <prefix>/share/nvshare-slurm/slurm.conf.snippet.",
-        n.slurm_conf_line(),
-        "",
-        "# gres.conf",
-        *n.gres_conf_lines(),
-    ]
+    lines.append("# Each section below goes into the file its first line names.")
+    for name, body in n.files().items():
+        lines += ["", f"# {name}", *body]
     return "\n".join(lines) + "\n"
 
 
@@ -91,11 +178,25 @@ def render_json(node_gres: NodeGres, source: str) -> str:
     return json.dumps({
         "node": n.node, "source": source, "sharers_per_gpu": n.sharers_per_gpu, "typed": n.typed,
         "slots": n.slots,
-        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "memory": g.memory_total}
+        "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name, "memory": g.memory_total,
+                  "device": g.device}
                  for g in n.gpus],
         "slurm_conf": {"NodeName": n.node, "Gres": n.gres_value()},
         "gres_conf": n.gres_conf_lines(),
+        "entry_points": n.entry_points(),
+        "files": n.files(),
     }, indent=2) + "\n"
+
+
+def check_gpus(gpus: Sequence[GpuInfo]) -> None:
+    """Every GPU's device file is printed as gres.conf's File=: plain, and each one once."""
+    seen: dict[str, int] = {}
+    for g in gpus:
+        plain_path(g.device, f"gpu{g.index}'s device file")
+        if g.device in seen:
+            raise NodeConfigError(f"gpu{seen[g.device]} and gpu{g.index} have the same device file "
+                                  f"{g.device}: slurmd would refuse the gres.conf")
+        seen[g.device] = g.index
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH",
                         help="nvshare.yaml to read `gpus:` from; it must exist (default: "
                              f"NVSHARE_CONFIG or {config_mod.DEFAULT_PATH}, if there)")
+    parser.add_argument("--prefix", metavar="DIR",
+                        help="where nvshare-slurm is installed: Prolog=DIR/bin/nvshare-prolog, ... "
+                             f"(default: beside this Python, else {DEFAULT_BIN_DIR})")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -125,19 +229,22 @@ def main(argv: Sequence[str] | None = None,
     if not 1 <= args.sharers <= MAX_SHARERS:
         parser.error(f"--sharers: expected 1 .. {MAX_SHARERS}, got {args.sharers}")
     try:
+        bin_dir = entry_point_dir(args.prefix)
         # A --config named on the command line must be there: without it NVML would be asked, and
         # its failure would hide the mistyped path.
         cfg = config_mod.load(path=args.config, require_file=args.config is not None)
         source = "the config's gpus: list" if cfg.gpus else "NVML"
         gpus = tuple(sorted(inventory_for(cfg).gpus(), key=lambda g: g.index))
-    except (config_mod.ConfigError, inventory_mod.InventoryError) as exc:
+        check_gpus(gpus)
+    except (config_mod.ConfigError, inventory_mod.InventoryError, NodeConfigError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if not gpus:
         print(f"{PROG}: {source} lists no GPUs on {node}: nothing to share", file=sys.stderr)
         return 1
-    node_gres = NodeGres(node, args.sharers, args.typed, gpus)
-    sys.stdout.write(render_json(node_gres, source) if args.json else render_text(node_gres, source))
+    node_gres = NodeGres(node, args.sharers, args.typed, gpus, bin_dir)
+    render = render_json if args.json else render_text
+    sys.stdout.write(render(node_gres, source))
     return 0
 
 
