@@ -24,8 +24,10 @@ from typing import Any
 from . import __version__, config, log, proto, slurm
 from .accounting import UsageLedger, usage_line
 from .burstpage import BurstPages
+from .demand import Demand
 from .gang import GangPolicy
-from .gpustate import (
+from .gpustate import GpuState
+from .policytypes import (
     CONTENDED,
     DROP,
     GRANT,
@@ -36,9 +38,7 @@ from .gpustate import (
     UNRESPONSIVE,
     Action,
     ClientInfo,
-    Demand,
     GpuSettings,
-    GpuState,
     MemDecision,
 )
 from .devices import DeviceRequest, GpuDevices, Refused, open_device

@@ -48,8 +48,7 @@ from typing import Any
 from .demand import Demand, GpuDemand
 from .gpulock import GpuLock
 from .gpumemory import GpuMemory, MemUsage
-from .policytypes import (CONTENDED, DROP, GANG_STEP_AFTER, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
-                          SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, GpuSettings, Holder,
+from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, Action, ClientInfo, GpuSettings, Holder,
                           MemDecision)
 from .proto import C
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from nvshare_slurm.accounting import UsageLedger, usage_line
-from nvshare_slurm.gpustate import ClientInfo, GpuSettings, GpuState
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import ClientInfo, GpuSettings
 
 G = 1 << 30
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, Demand,
-                                    GpuSettings, GpuState)
+from nvshare_slurm.demand import Demand
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, GpuSettings
 from nvshare_slurm.proto import C
 
 G = 1 << 30

@@ -13,8 +13,9 @@ from dataclasses import replace
 import pytest
 
 from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
-                                    ClientInfo, GpuSettings, GpuState)
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
+                                       ClientInfo, GpuSettings)
 
 G = 1 << 30
 

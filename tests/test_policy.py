@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
-                                    SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo, GpuSettings,
-                                    GpuState)
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
+                                       SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo, GpuSettings)
 from nvshare_slurm.proto import C
 
 G = 1 << 30

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.demand import CLASS_DRAIN_MEMORY_SEC
+from nvshare_slurm.demand import CLASS_DRAIN_MEMORY_SEC, Demand
 from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import (CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, Demand,
-                                    GpuSettings, GpuState)
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, GpuSettings
 from nvshare_slurm.proto import C
 
 G = 1 << 30
