@@ -49,25 +49,9 @@ static int write_all(int fd, const void *buf, size_t len)
 
 /* Descriptors that came with the daemon's frames (SCM_RIGHTS: BURST_PAGE and HANDOFF carry one), in
  * order, until the frame they came with is dispatched. Reader thread only. */
-#define MAX_PASSED_FDS 8
+#define MAX_PASSED_FDS NVSHARE_RECV_MAX_FDS
 static int passed_fds[MAX_PASSED_FDS];
 static int n_passed_fds;
-
-static void keep_passed_fds(struct msghdr *msg)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *fds = (int *)CMSG_DATA(c);
-        for (size_t i = 0; i < n; i++) {
-            if (n_passed_fds < MAX_PASSED_FDS)
-                passed_fds[n_passed_fds++] = fds[i];
-            else
-                close(fds[i]);
-        }
-    }
-}
 
 static int take_passed_fd(void)
 {
@@ -89,21 +73,7 @@ static int read_all(int fd, void *buf, size_t len)
 {
     char *p = buf;
     while (len) {
-        union {
-            char buf[CMSG_SPACE(MAX_PASSED_FDS * sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        struct iovec iov = {p, len};
-        struct msghdr msg = {0};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n > 0 || msg.msg_controllen)
-            keep_passed_fds(&msg);
+        ssize_t n = nvshare_recv_fds(fd, p, len, passed_fds, MAX_PASSED_FDS, &n_passed_fds);
         if (n <= 0)
             return -1;
         p += n;

@@ -119,31 +119,13 @@ static int read_reply(int sock, uint64_t deadline, struct nvshare_reply *rep, in
             continue;
         if (ready <= 0)
             return -1;
-        union {
-            char buf[CMSG_SPACE(4 * sizeof(int))];
-            struct cmsghdr align;
-        } control;
-        struct iovec iov = {p, want};
-        struct msghdr msg = {0};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < count; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-                if (*passed < 0)
-                    *passed = fd;
-                else
-                    close(fd);
-            }
+        int got[NVSHARE_RECV_MAX_FDS], n_got = 0;
+        ssize_t n = nvshare_recv_fds(sock, p, want, got, NVSHARE_RECV_MAX_FDS, &n_got);
+        for (int i = 0; i < n_got; i++) {
+            if (*passed < 0)
+                *passed = got[i];
+            else
+                close(got[i]);
         }
         if (n <= 0)
             return -1;

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <string.h>
 
 #include "cuda_subset.h"
@@ -398,6 +399,11 @@ CUresult nvshare_ipc_open(CUdeviceptr *dptr, const CUipcMemHandle *handle, unsig
 /* 1 when dptr was opened by nvshare_ipc_open (its result in *rc); 0: the driver's. */
 int nvshare_ipc_close(CUdeviceptr dptr, CUresult *rc);
 void nvshare_ipc_after_fork(void);
+
+/* sockio.c: one recvmsg (EINTR retried); descriptors that came along are appended to fds[*n_fds]
+ * (closed on exec; those past max_fds are closed). Returns what recvmsg returned. */
+#define NVSHARE_RECV_MAX_FDS 8
+ssize_t nvshare_recv_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds);
 
 /* strncpy without its truncation warnings: always NUL-terminated. */
 static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
