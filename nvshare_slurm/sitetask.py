@@ -17,13 +17,12 @@ followed by the entries the site's lines left in it.
 The program's exit status is kept: Slurm fails the task when a TaskProlog exits non-zero, and does
 not apply the output of one killed by a signal. One that runs past `site_task_prolog_timeout` is
 killed with its process group and fails the task (status 1); Slurm itself would wait forever.
-Nothing here imports more than `select`: it runs before every task.
+It imports only `select` on the way through: it runs before every task.
 """
 from __future__ import annotations
 
 import os
 import select
-import signal
 import time
 
 EXEC_FAILED = 127          # Slurm's status for a TaskProlog it cannot execute (run_command.c)
@@ -83,6 +82,7 @@ class SiteTaskProlog:
         output = self._read_until_eof(deadline)
         status = self._wait(deadline) if output is not None else None
         if output is None or status is None:
+            import signal       # here: its import costs ~1 ms of every task
             try:
                 os.killpg(self.pid, signal.SIGKILL)     # the group: what it started dies with it
             except ProcessLookupError:

@@ -34,8 +34,6 @@ import sys
 import time
 
 from . import libnvshare_file, taskconfig
-from .jobquery import DaemonUnavailable, RequestFailed, query_job
-from .wire import wire_format
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -151,7 +149,10 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
 
 def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict[str, str],
                  wait_sec: float) -> tuple[dict[str, Any], Config | taskconfig.TaskConfig] | None:
-    """The job's placement and the config to export it with, or None: nothing to export."""
+    """The job's placement and the config to export it with, or None: nothing to export.
+    Imported here, so that the site's TaskProlog already runs while these load."""
+    from .jobquery import DaemonUnavailable, RequestFailed, query_job
+    from .wire import wire_format
     socket_path, started = cfg.socket, time.monotonic()
 
     def ask() -> dict[str, Any]:
