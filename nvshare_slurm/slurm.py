@@ -6,9 +6,15 @@ the detailed job record lists per node what the job holds, e.g.
 
     Nodes=n1 CPU_IDs=0 Mem=0 GRES=nvshare(CNT:1)
     Nodes=gpu[01-02] CPU_IDs=0-3 Mem=0 GRES=nvshare:gpu1(CNT:2),gpu:a100(IDX:0-1)
+
+Slurm 23.02 and later also print the record as JSON (`scontrol --json show job -d`), where that
+list is `gres_detail` beside `job_resources`' nodes; it is read wherever scontrol has it, since only
+there a job name or comment holding newlines cannot pass for lines of the record itself. Slurm
+22.05 has the text form only (tests/data/slurm/<version>/ holds both versions' real outputs).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -175,7 +181,11 @@ def _count(info: dict[str, str], qualifiers: list[str], item: str) -> int:
 
 def parse_show_job(text: str, job_id: int) -> JobRecord:
     """The output of `scontrol show job -d <id>` (one job; array/het jobs print one record each)."""
-    for record in parse_show_jobs(text):
+    return _the_job(parse_show_jobs(text), job_id)
+
+
+def _the_job(records: list[JobRecord], job_id: int) -> JobRecord:
+    for record in records:
         if record.job_id == job_id:
             return record
     raise SlurmError(f"scontrol did not describe job {job_id}")
@@ -203,41 +213,181 @@ def jobs_on_node(node: str, slurm_bin_dir: str, timeout: float = 10.0,
                  attempts: int = 2) -> list[JobRecord]:
     """Live jobs that hold something on `node`, for rebuilding the daemon's registry after its
     state was lost: one `scontrol show job -d` for every job of the cluster."""
-    text = _scontrol(["show", "job", "-d"], slurm_bin_dir, timeout, attempts)
-    return [r for r in parse_show_jobs(text)
-            if r.state in _LIVE_STATES and node in r.nodes]
+    records, form = _job_records([], slurm_bin_dir, timeout, attempts, None)
+    live = [r for r in records if r.state in _LIVE_STATES and node in r.nodes]
+    if form == "json":
+        return live
+    # In the text form a comment can hold a whole record of its own ("\nJobId=..."), which a
+    # listing cannot tell from a real one: each job kept is read once more on its own, where
+    # Slurm's record of that id comes first, and kept where the two agree on whose job it is and
+    # what it holds (its state may have moved on meanwhile).
+    def owner_and_holdings(r: JobRecord) -> tuple:
+        return r.uid, r.gid, r.user, r.nodes, r.qos, r.partition, r.interactive
+    confirmed = []
+    for record in live:
+        try:
+            alone = show_job(record.job_id, slurm_bin_dir, timeout, 1)
+        except SlurmError:
+            continue
+        if owner_and_holdings(alone) == owner_and_holdings(record):
+            confirmed.append(record)
+    return confirmed
+
+
+def _job_records(selector: list[str], slurm_bin_dir: str, timeout: float, attempts: int,
+                 environ: dict[str, str] | None) -> tuple[list[JobRecord], str]:
+    """`scontrol show job -d [id]` as records, and which form was read ("json" or "text")."""
+    args = ["show", "job", "-d", *selector]
+    if slurm_bin_dir not in _NO_JSON:
+        records = _json_records(args, slurm_bin_dir, timeout, environ)
+        if records is not None:
+            return records, "json"
+    return parse_show_jobs(_scontrol(args, slurm_bin_dir, timeout, attempts, environ)), "text"
+
+
+# slurm_bin_dirs whose scontrol has no --json (Slurm before 23.02): asked in the text form only.
+_NO_JSON: set[str] = set()
+
+
+def _json_records(args: list[str], slurm_bin_dir: str, timeout: float,
+                  environ: dict[str, str] | None) -> list[JobRecord] | None:
+    """The JSON form's records, or None where the text form must answer: no --json here, or an
+    answer that describes no job. scontrol --json (24.11) prints an empty list with exit 0 both
+    for a job id slurmctld does not know and for a slurmctld it cannot reach; the text form tells
+    the two apart, with the message that callers act on and retry."""
+    try:
+        out, complaint = _run("scontrol", ["--json", *args], slurm_bin_dir, timeout, environ,
+                              whole=True)
+    except SlurmError:
+        return None
+    if out is None:
+        if "json" in complaint.lower():         # "unrecognized option '--json'", no serializer
+            _NO_JSON.add(slurm_bin_dir)
+        return None
+    try:
+        records = parse_json_jobs(out)
+    except SlurmError:
+        return None
+    if records:
+        return records
+    listing = len(args) == 3
+    return [] if listing and not _json_load_failed(out) else None
+
+
+def _json_load_failed(text: str) -> bool:
+    """Whether a JSON listing of all jobs came without slurmctld's answer (last_update is 0)."""
+    try:
+        update = json.loads(text).get("last_update")
+    except (ValueError, AttributeError):
+        return True
+    number = update.get("number") if isinstance(update, dict) else update
+    return not number
+
+
+def parse_json_jobs(text: str) -> list[JobRecord]:
+    """Every job of `scontrol --json show job -d` output (data_parser v0.0.39 of Slurm 23.02 to
+    v0.0.42 of 24.11); a job that cannot be read is skipped. SlurmError for any other output."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"scontrol --json printed no JSON: {exc}") from None
+    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(jobs, list):
+        raise SlurmError("scontrol --json printed no job list")
+    out = []
+    for job in jobs:
+        try:
+            out.append(_json_record(job))
+        except (SlurmError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+# job_state_string()'s order: a flag names the state before the base state does (v0.0.40 and
+# later list the base state and its flags; v0.0.39 gives the string itself).
+_STATE_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
+def _json_record(job: dict) -> JobRecord:
+    job_id = _json_int(job["job_id"])
+    if job_id is None:
+        raise SlurmError("a job without job_id")
+    states = job.get("job_state")
+    if isinstance(states, list):
+        state = next((f for f in _STATE_FLAGS if f in states), states[0] if states else "")
+    else:
+        state = _json_str(states)
+    # gres_detail has one entry per allocated node, in the order of job_resources' node list;
+    # a node past its end holds no GRES (the text form prints it with an empty GRES=).
+    resources = job.get("job_resources") or {}
+    hosts = resources.get("nodes") if isinstance(resources, dict) else None
+    if isinstance(hosts, dict):
+        hosts = hosts.get("list")
+    details = job.get("gres_detail") or []
+    nodes: dict[str, NodeGres] = {}
+    for index, node in enumerate(expand_hostlist(_json_str(hosts))):
+        nodes[node] = parse_gres(_json_str(details[index]) if index < len(details) else "")
+    return JobRecord(job_id, _json_str(job.get("name")), _json_str(job.get("user_name")),
+                     _json_int(job.get("user_id")), _json_int(job.get("group_id")), nodes,
+                     _json_str(job.get("admin_comment")), state,
+                     qos=_json_str(job.get("qos")), partition=_json_str(job.get("partition")),
+                     interactive=job.get("batch_flag") in (False, 0),
+                     comment=_json_str(job.get("comment")))
+
+
+def _json_str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _json_int(value: object) -> int | None:
+    """A plain number, or v0.0.40's {"set": true, "number": N} for a value that may be unset."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set") else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# Lines of the text form that only Slurm writes: the name is the one text of the user's printed
+# before the per-node lines, which end at MinCPUsNode=; comments and paths come after.
+_USER_LINE = re.compile(r"^   UserId=(.*)\((\d+)\) GroupId=.*\((\d+)\) MCS_label=")
+_NODE_LINE = re.compile(r"^     Nodes=(\S+) CPU_IDs=\S* Mem=\d+ GRES=(\S*)$")
 
 
 def _parse_record(record: str, job_id: int) -> JobRecord:
     lines = record.splitlines()
     # JobName ends the first line in the multi-line format; a name may hold spaces and '='.
     name = lines[0].split(" JobName=", 1)[1] if " JobName=" in lines[0] else ""
-    user, uid, gid = "", None, None
+    # Slurm prints a user's text raw: a name or comment with newlines can hold lines shaped like
+    # the record's own. Slurm's UserId line comes right after a one-line name; a name of several
+    # lines, or a second UserId line anywhere, makes the record say nothing it could be trusted
+    # for (no user, no nodes: the job is not one nvshare serves here, never one it over-serves).
+    if len(lines) < 2 or sum(1 for line in lines if line.startswith("   UserId=")) != 1 \
+            or not _USER_LINE.match(lines[1]):
+        return JobRecord(job_id, name)
+    match = _USER_LINE.match(lines[1])
+    user, uid, gid = match.group(1), int(match.group(2)), int(match.group(3))
+    end = next((i for i, line in enumerate(lines) if line.startswith("   MinCPUsNode=")),
+               len(lines))
+    head, tail = lines[2:end], lines[end:]
     nodes: dict[str, NodeGres] = {}
-    admin_comment = comment = ""
-    for line in lines[1:]:
-        stripped = line.strip()
-        if stripped.startswith("AdminComment="):
-            admin_comment = stripped[len("AdminComment="):]
-            continue
-        if stripped.startswith("Comment="):
-            comment = stripped[len("Comment="):]
-            continue
-        match = re.match(r"^UserId=(.*)\((\d+)\) GroupId=.*\((\d+)\)", stripped)
+    for line in head:
+        match = _NODE_LINE.match(line)
         if match:
-            user, uid, gid = match.group(1), int(match.group(2)), int(match.group(3))
-            continue
-        match = re.match(r"^Nodes=(\S+) .*?\bGRES=(\S*)", stripped)
-        if match and not stripped.startswith("NodeList="):
             gres = parse_gres(match.group(2))
             for node in expand_hostlist(match.group(1)):
                 nodes[node] = gres
-    state_match = re.search(r"(?m)^\s*JobState=(\S+)", record)
-    state = state_match.group(1) if state_match else ""
-    rest = "\n".join(lines[1:])   # not the first line: the job's name may hold "QOS=x"
-    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment, state,
-                     qos=_word(rest, "QOS"), partition=_word(rest, "Partition"),
-                     interactive=_word(rest, "BatchFlag") == "0", comment=comment)
+    fields = "\n".join(head)
+    # Slurm prints AdminComment before the user's Comment (a line of which may look like it):
+    # the first of each is Slurm's.
+    comment_at = next((i for i, line in enumerate(tail) if line.startswith("   Comment=")),
+                      len(tail))
+    admin_comment = next((line[len("   AdminComment="):] for line in tail[:comment_at]
+                          if line.startswith("   AdminComment=")), "")
+    comment = tail[comment_at][len("   Comment="):] if comment_at < len(tail) else ""
+    return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment.rstrip(" "),
+                     _word(fields, "JobState"), qos=_word(fields, "QOS"),
+                     partition=_word(fields, "Partition"),
+                     interactive=_word(fields, "BatchFlag") == "0", comment=comment.rstrip(" "))
 
 
 def _word(record: str, key: str) -> str:
@@ -250,15 +400,15 @@ def _word(record: str, key: str) -> str:
 def show_job(job_id: int, slurm_bin_dir: str, timeout: float = 10.0, attempts: int = 3,
              environ: dict[str, str] | None = None) -> JobRecord:
     """Ask slurmctld once (retrying a transient failure) for the job's detailed record."""
-    text = _scontrol(["show", "job", "-d", str(job_id)], slurm_bin_dir, timeout, attempts,
-                     environ)
-    return parse_show_job(text, job_id)
+    return _the_job(_job_records([str(job_id)], slurm_bin_dir, timeout, attempts, environ)[0],
+                    job_id)
 
 
 def _run(name: str, args: list[str], slurm_bin_dir: str, timeout: float,
-         environ: dict[str, str] | None) -> tuple[str | None, str]:
+         environ: dict[str, str] | None, whole: bool = False) -> tuple[str | None, str]:
     """Run a Slurm command from slurm_bin_dir (Prolog/Epilog have no PATH): (stdout, '') when it
-    succeeded, else (None, its last complaint in one line). SlurmError when it cannot run at all."""
+    succeeded, else (None, its last complaint in one line, or all of it with `whole`). SlurmError
+    when it cannot run at all."""
     command = Path(slurm_bin_dir) / name
     if not os.access(command, os.X_OK):
         raise SlurmError(f"{command} is not an executable (config slurm_bin_dir)")
@@ -274,6 +424,8 @@ def _run(name: str, args: list[str], slurm_bin_dir: str, timeout: float,
     if result.returncode == 0:
         return result.stdout, ""
     out = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    if whole and out:
+        return None, "\n".join(out)
     return None, out[-1] if out else f"exit {result.returncode}"
 
 

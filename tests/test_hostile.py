@@ -167,7 +167,9 @@ def _fake_scontrol(bindir: Path, record: str | None, delay: float = 0.0) -> None
     bindir.mkdir(exist_ok=True)
     script = bindir / "scontrol"
     body = f"cat {DATA / record}" if record else "echo 'slurm_load_jobs error' >&2; exit 1"
-    script.write_text(f"#!/bin/sh\nsleep {delay}\n{body}\n")
+    # Slurm 22.05's scontrol: no --json, refused at once.
+    script.write_text("#!/bin/sh\ncase \"$1\" in --json) echo \"scontrol: unrecognized option "
+                      f"'--json'\" >&2; exit 1;; esac\nsleep {delay}\n{body}\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 

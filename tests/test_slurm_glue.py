@@ -210,7 +210,8 @@ def test_prolog_registers_the_class_from_slurmctlds_record(tmp_path, fake_slurm,
 # ---- prolog / epilog / taskprolog decisions ----------------------------------------------------
 @pytest.fixture
 def fake_slurm(tmp_path):
-    """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments."""
+    """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments; it refuses
+    --json, as Slurm 22.05's does (tests/test_slurm_outputs.py has 24.11's JSON)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
@@ -219,7 +220,9 @@ def fake_slurm(tmp_path):
         script = bindir / "scontrol"
         body = f"cat {DATA / record_file}\n" if record_file else ""
         script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
-                          f"case \"$1\" in show) {body}exit {exit_code};; esac\nexit 0\n")
+                          f"case \"$1\" in show) {body}exit {exit_code};;\n"
+                          "  --json) echo \"scontrol: unrecognized option '--json'\" >&2; exit 1;;\n"
+                          "esac\nexit 0\n")
         script.chmod(script.stat().st_mode | stat.S_IXUSR)
         return calls
     setup.bindir = bindir
@@ -243,7 +246,8 @@ def test_prolog_ignores_job_without_nvshare(tmp_path, fake_slurm, capsys):
     env = slurm_env(tmp_path, fake_slurm.bindir, 6)
     assert prolog.run(env, wait_sec=0.2) == 0
     assert capsys.readouterr().err == ""
-    assert calls.read_text().split("\n")[0] == "show job -d 6"     # one call, no drain
+    # Asked once in each form (22.05 refuses --json), and no drain.
+    assert calls.read_text().splitlines() == ["--json show job -d 6", "show job -d 6"]
 
 
 def test_prolog_fails_and_drains_when_daemon_is_down(tmp_path, fake_slurm, capsys):
