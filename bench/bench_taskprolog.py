@@ -6,12 +6,17 @@ with a bare `<the entry point's interpreter> -c pass` (same interpreter, same si
 the load of a shared machine falls on both alike. Each TaskProlog run must print the job's exports.
 The entry point imports this checkout (PYTHONPATH), compiled to bytecode first as pip would at
 install. With --ref REF it also times the TaskProlog of a git ref (e.g. main before the fast path),
-from a temporary copy of that tree, in the same rounds.
+from a temporary copy of that tree, in the same rounds (--ref again: another ref, e.g. the commits
+before and after a change, both away from uncommitted work in the checkout).
+
+With --site it also times a site's own TaskProlog (a two-line sh script) alone and chained by
+nvshare-taskprolog (config site_task_prolog), which starts it before asking the daemon; chained
+with the last --ref's tree, else the checkout's.
 
 Also prints the heaviest imports of one run (`-X importtime`) of each, and, with --write, records
 the numbers in docs/benchmarks.md ("## TaskProlog start-up").
 
-    python bench/bench_taskprolog.py [--runs 30] [--ref e22c5a0] [--write]
+    python bench/bench_taskprolog.py [--runs 30] [--ref e22c5a0] [--site] [--write]
 """
 from __future__ import annotations
 
@@ -94,7 +99,10 @@ def heaviest_imports(interpreter: str, argv: list[str], env: dict[str, str],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--ref", help="also time the TaskProlog of this git ref (e.g. main)")
+    parser.add_argument("--ref", action="append", default=[],
+                        help="also time the TaskProlog of this git ref (e.g. main); repeatable")
+    parser.add_argument("--site", action="store_true",
+                        help="also time a site TaskProlog alone and chained (site_task_prolog)")
     parser.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     args = parser.parse_args()
 
@@ -107,23 +115,37 @@ def main() -> int:
                     if not k.startswith(("NVSHARE_", "SLURM", "PYTHON"))}
         base_env.update(SLURM_JOB_ID=str(JOB_ID), NVSHARE_CONFIG=str(work / "d" / "nvshare.yaml"))
         trees = {"this checkout": REPO}
-        if args.ref:
-            trees[args.ref] = tree_of(args.ref, Path(tempfile.mkdtemp(dir=work)))
+        for ref in args.ref:
+            trees[ref] = tree_of(ref, Path(tempfile.mkdtemp(dir=work)))
         commands: dict[str, tuple[list[str], dict[str, str]]] = {
             "python -c pass": ([interpreter, "-c", "pass"], dict(base_env, PYTHONPATH=str(REPO)))}
         for label, root in trees.items():
             compile_tree(interpreter, root)
             commands[f"taskprolog ({label})"] = ([str(script)], dict(base_env, PYTHONPATH=str(root)))
+        if args.site:
+            site = work / "site-taskprolog"
+            site.write_text("#!/bin/sh\necho export SITE_BENCH=1\n")
+            site.chmod(0o755)
+            chained = work / "d" / "chained.yaml"
+            chained.write_text((work / "d" / "nvshare.yaml").read_text()
+                               + f"site_task_prolog: {site}\n")
+            label = args.ref[-1] if args.ref else "this checkout"
+            commands["site TaskProlog alone (sh)"] = ([str(site)], base_env)
+            commands[f"taskprolog ({label}) + site TaskProlog"] = (
+                [str(script)], dict(base_env, PYTHONPATH=str(trees[label]),
+                                    NVSHARE_CONFIG=str(chained)))
         for label, (argv, env) in commands.items():      # warm the page cache once
             _, out = timed(argv, env)
-            if label != "python -c pass" and f"export NVSHARE_JOB_ID={JOB_ID}" not in out:
+            if label.startswith("taskprolog") and f"export NVSHARE_JOB_ID={JOB_ID}" not in out:
                 raise SystemExit(f"{label}: no exports for the registered job:\n{out}")
+            if "site" in label and "export SITE_BENCH=1" not in out:
+                raise SystemExit(f"{label}: no site TaskProlog output:\n{out}")
         samples: dict[str, list[float]] = {label: [] for label in commands}
         for _ in range(args.runs):
             for label, (argv, env) in commands.items():
                 samples[label].append(timed(argv, env)[0])
         imports = {label: heaviest_imports(interpreter, argv, env) for label, (argv, env) in commands.items()
-                   if label != "python -c pass"}
+                   if label.startswith("taskprolog")}
     finally:
         daemon.terminate()
         daemon.wait(10)
@@ -134,7 +156,7 @@ def main() -> int:
     for label, values in samples.items():
         median = statistics.median(values)
         p90 = sorted(values)[int(0.9 * (len(values) - 1))]
-        extra = "" if label == "python -c pass" else f"+{(median - base) * 1000:.1f} ms"
+        extra = f"+{(median - base) * 1000:.1f} ms" if label.startswith("taskprolog") else ""
         rows.append(f"| {label} | {median * 1000:.1f} ms | {p90 * 1000:.1f} ms | {extra} |")
     table = "\n".join(["| command | median | p90 | over `-c pass` |", "|---|---|---|---|"] + rows)
     lines = [table, ""]
@@ -147,7 +169,8 @@ def main() -> int:
         date = datetime.date.today().isoformat()
         cores = os.cpu_count()
         text = (f"## TaskProlog start-up\n\nMeasured {date} with `python bench/bench_taskprolog.py "
-                f"--runs {args.runs}{' --ref ' + args.ref if args.ref else ''} --write` on a "
+                f"--runs {args.runs}{''.join(' --ref ' + ref for ref in args.ref)}"
+                f"{' --site' if args.site else ''} --write` on a "
                 f"{cores}-core machine ({platform.machine()}, Python {platform.python_version()}) "
                 "shared with another engineer's test runs: medians of interleaved runs, so that "
                 "the load falls on each command alike, with the p90 beside them. Slurm runs the "
@@ -156,7 +179,10 @@ def main() -> int:
                 "nvshare.yaml, the placement over the socket). The entry point is the installed "
                 "`nvshare-taskprolog` script with the tree under test on PYTHONPATH, compiled to "
                 "bytecode as pip does at install; `-c pass` runs the same interpreter and "
-                "site-packages. Target: within 15 ms of `-c pass`.\n\n" + result + "\n")
+                "site-packages. Target: within 15 ms of `-c pass`."
+                + (" With --site, a site's own TaskProlog (`#!/bin/sh` and one echo) alone, and "
+                   "chained by nvshare-taskprolog (site_task_prolog), which starts it before it "
+                   "asks the daemon." if args.site else "") + "\n\n" + result + "\n")
         replace_section(REPO / "docs" / "benchmarks.md", "TaskProlog start-up", text)
     return 0
 
