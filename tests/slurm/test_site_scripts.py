@@ -226,6 +226,9 @@ def test_a_failing_site_prolog_fails_the_prolog_with_its_status(chained, jobdir)
     # Slurm stopped at the failing script: nvshare's prolog never registered the job.
     assert f"job {job}: registered for" not in chained.nodes[NODE].log_path.read_text()
     assert job not in registered_jobs(chained.nodes[NODE])
+    # Slurm runs the Epilog of a job whose Prolog failed: both scripts, nvshare's a no-op.
+    wait_until(lambda: f"epilog {job} uid=0" in chained.site_log(), 30, "the epilog ran",
+               chained.diagnostics)
 
     # The site fixes its problem: the same job then runs with both outputs.
     (chained.base / "site-prolog-fails").unlink()
