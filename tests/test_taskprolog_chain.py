@@ -250,11 +250,18 @@ def test_a_job_cannot_skip_the_site_taskprolog_by_naming_an_ancestor_it_does_not
         assert task.env.get("SITE") == "1", forged
 
 
-def test_the_site_and_the_daemon_query_overlap(job, tmp_path):
-    # The site's program starts before the daemon is asked; a slow one costs its own time once.
-    cfg = node_config(tmp_path, job.socket, script(tmp_path, "sleep 0.5\necho export SITE=1\n"))
+def test_a_slow_site_program_is_waited_for_within_its_timeout(job, tmp_path):
+    cfg = node_config(tmp_path, job.socket, script(tmp_path, "sleep 0.5\necho export SITE=1\n"),
+                      "site_task_prolog_timeout: 5\n")
     task = run_task({"SLURM_JOB_ID": "41", "NVSHARE_CONFIG": cfg})
+    assert task.status == 0 and task.elapsed >= 0.5
     assert task.env["SITE"] == "1" and task.env["NVSHARE_JOB_ID"] == "41"
+
+
+def test_the_site_keys_default_alike_in_both_readers():
+    fast, full = taskconfig.TaskConfig(), config.Config()
+    assert (fast.site_task_prolog, fast.site_task_prolog_timeout) == \
+        (full.site_task_prolog, full.site_task_prolog_timeout) == ("", 30.0)
 
 
 # --- a config that config.load refuses ------------------------------------------------------------
