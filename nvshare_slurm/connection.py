@@ -90,8 +90,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, listener: Listener, pid: int, uid: int, gid: int):
         self.listener = listener
         self.pid, self.uid, self.gid = pid, uid, gid
-        self.client: Any = None          # registry.Client after CLIENT_REGISTER
-        self.info: Any = None            # gpustate.ClientInfo after CLIENT_REGISTER
+        self.client: Any = None          # registry.RegisteredClient from CLIENT_REGISTER on
         self.pidfd: int | None = None    # taken at CLIENT_REGISTER, for unresponsive_holder: kill
         self.closed = False
         self.transport: asyncio.Transport | None = None
@@ -108,8 +107,8 @@ class Connection(asyncio.Protocol):
         self.burst_pages: set[str] = set()          # GPUs whose burst page this peer has
 
     def who(self) -> str:
-        if self.info is not None:
-            return self.info.label()
+        if self.client is not None:
+            return self.client.label()
         return f"pid {self.pid} uid {self.uid}"
 
     # --- asyncio.Protocol ------------------------------------------------------------------------

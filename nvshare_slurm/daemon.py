@@ -48,7 +48,7 @@ from .priority import classify
 from .proto import C
 from .connection import (Connection, Limits, Listener, Violation, listening_socket, peer_pidfd,
                          prepare_socket_path, raise_fd_limit, remove_socket, signal_pidfd)
-from .registry import Client, Job, Registry
+from .registry import Job, RegisteredClient, Registry
 from .rogue import RogueTracker
 
 _DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
@@ -469,11 +469,10 @@ class Daemon:
         handler(conn, frame)
 
     def _drop_client(self, conn: Connection) -> None:
+        # conn.client stays: the connection's log lines still name the client.
         client = conn.client
-        if client is None:
+        if client is None or self.registry.remove_client(client.client_id) is None:
             return
-        conn.client = None
-        self.registry.remove_client(client.client_id)
         for key in [k for k in self._warned if k[1] == client.client_id]:
             del self._warned[key]
         now = self.now()
@@ -513,10 +512,8 @@ class Daemon:
         if self.cfg.unresponsive_holder == "kill":
             conn.pidfd = peer_pidfd(conn)
         client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
-                                          body.mem_limit or job.mem_limit, conn)
+                                          body.mem_limit or job.mem_limit, conn, job.share_class)
         conn.client = client
-        conn.info = ClientInfo(client.client_id, job.job_id, body.step_id, conn.pid, job.user,
-                               client.mem_limit, job.share_class)
         conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
                   {"status": C.NVSHARE_OK, "client_id": client.client_id,
                    "idle_release_us": int(self.cfg.idle_release_ms * 1000),
@@ -525,7 +522,7 @@ class Daemon:
 
     def _client_gpu(self, conn: Connection, frame: proto.Frame, body: Any) -> GpuState | None:
         """The GPU a client message names, if it is managed and placed for the client's job."""
-        if conn.client is None or conn.info is None:
+        if conn.client is None:
             raise Violation(f"{frame.name} before CLIENT_REGISTER")
         uuid = proto.text(body.gpu_uuid)
         job = self.registry.jobs.get(conn.client.job_id)
@@ -1048,11 +1045,11 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _info(conn: Connection) -> ClientInfo:
+def _info(conn: Connection) -> RegisteredClient:
     """The client of a connection that _client_gpu found registered."""
-    if conn.info is None:
+    if conn.client is None:
         raise Violation("a client message before CLIENT_REGISTER")
-    return conn.info
+    return conn.client
 
 
 def _fit_status(data: dict[str, Any]) -> bytes:

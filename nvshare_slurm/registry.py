@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import log
+from .policytypes import ClientInfo
 from .priority import RANK
 
 STATE_VERSION = 1
@@ -41,16 +42,11 @@ class Job:
     class_reason: str = "default"      # why: "qos prod", "partition scavenge", ...
 
 
-@dataclass
-class Client:
-    """One connected libnvshare.so process."""
-    client_id: int
-    job_id: int
-    step_id: int
-    pid: int
-    uid: int
-    user: str
-    mem_limit: int
+@dataclass(eq=False)
+class RegisteredClient(ClientInfo):
+    """One connected libnvshare.so process: the one record of it. The policy queues and grants
+    this very object as its ClientInfo; the fields below are the daemon's only."""
+    uid: int = 0
     connection: Any = None            # the daemon's connection object
     gpus: set[str] = field(default_factory=set)
     ungated: set[str] = field(default_factory=set)   # GPUs it asked for that are not its job's
@@ -104,8 +100,8 @@ class Registry:
     def __init__(self, state_dir: str):
         self.state_dir = Path(state_dir)
         self.jobs: dict[int, Job] = {}
-        self.clients: dict[int, Client] = {}
-        self.job_clients: dict[int, dict[int, Client]] = {}
+        self.clients: dict[int, RegisteredClient] = {}
+        self.job_clients: dict[int, dict[int, RegisteredClient]] = {}
         self.gpu_overrides: dict[str, dict[str, Any]] = {}
         self._next_client_id = 1
         self._encoded: dict[int, str] = {}
@@ -131,15 +127,17 @@ class Registry:
         return self.jobs.pop(job_id, None)
 
     def add_client(self, job_id: int, step_id: int, pid: int, uid: int, user: str,
-                   mem_limit: int, connection: Any) -> Client:
-        client = Client(self._next_client_id, job_id, step_id, pid, uid, user, mem_limit,
-                        connection)
+                   mem_limit: int, connection: Any,
+                   share_class: str = "normal") -> RegisteredClient:
+        client = RegisteredClient(self._next_client_id, job_id, step_id, pid, user=user,
+                                  mem_limit=mem_limit, share_class=share_class, uid=uid,
+                                  connection=connection)
         self._next_client_id += 1
         self.clients[client.client_id] = client
         self.job_clients.setdefault(job_id, {})[client.client_id] = client
         return client
 
-    def remove_client(self, client_id: int) -> Client | None:
+    def remove_client(self, client_id: int) -> RegisteredClient | None:
         client = self.clients.pop(client_id, None)
         if client is not None:
             self.job_clients.get(client.job_id, {}).pop(client_id, None)
