@@ -22,6 +22,7 @@ MIRROR=${NVSHARE_TRIXIE_MIRROR:-http://deb.debian.org/debian}
 PACKAGES="slurm-wlm munge python3 python3-venv python3-dev gcc libc6-dev make procps passwd
           util-linux ca-certificates"
 say() { echo "test-slurm-2411.sh: $*"; }
+trap 'say "failed at line $LINENO: $BASH_COMMAND"' ERR
 [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mounts)"; exit 1; }
 
 # ---- the root filesystem, made once ----------------------------------------------------------
@@ -96,7 +97,7 @@ rm -rf "$ROOT/opt/nvshare-src"
 mkdir -p "$ROOT/opt/nvshare-src"
 if git -C "$CHECKOUT" rev-parse --git-dir >/dev/null 2>&1; then
   git -C "$CHECKOUT" ls-files -z --cached --others --exclude-standard \
-    | (cd "$CHECKOUT" && xargs -0 -r tar --no-recursion --ignore-failed-read -cf - 2>/dev/null) \
+    | tar -C "$CHECKOUT" --null --no-recursion --ignore-failed-read -T - -cf - \
     | tar -xf - -C "$ROOT/opt/nvshare-src"
 else
   tar -C "$CHECKOUT" --exclude=build --exclude='*.so' --exclude='*.egg-info' --exclude=__pycache__ \
@@ -127,6 +128,7 @@ if [ "${1:-}" = --record ]; then
   exit 0
 fi
 [ $# -gt 0 ] || set -- tests/slurm
+trap - ERR
 set +e
 inside sh -c 'cd /opt/nvshare-src && exec python -m pytest -p no:cacheprovider -ra "$@"' pytest "$@"
 rc=$?
