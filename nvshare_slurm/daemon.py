@@ -98,7 +98,7 @@ class Daemon:
                                             GpuSettings.from_config(cfg), name=info.name)
         self.by_index = {g.index: g for g in self.gpus.values()}
         self.gangs = GangPolicy()
-        self._in_gang_pass = False
+        self._work: list[tuple[GpuState, list[Action]]] | None = None   # while Actions go out
         self.rogues = RogueTracker()
         self.ledger = UsageLedger()
         self.burst_pages = BurstPages()
@@ -254,7 +254,52 @@ class Daemon:
 
     # --- actions from the policy ---------------------------------------------------------------
 
-    def apply(self, gpu: GpuState, actions: list[Action]) -> None:
+    def after_event(self, gpu: GpuState, actions: list[Action]) -> None:
+        """The one way Actions go out, after every event and timer: the event's Actions, then
+        what sending them brought about (an unresponsive holder's release, a client cut off), then
+        the gang pass over all GPUs and what its Actions bring about, then the GPUs' timers.
+
+        Sending may cut a peer off (Connection.abort), which drops its client: that event's
+        Actions join the work list here instead of going out in the middle of these."""
+        if self._work is not None:
+            self._work.append((gpu, actions))
+            return
+        work = self._work = [(gpu, actions)]
+        touched: dict[str, GpuState] = {}
+        try:
+            self._drain(work, touched)
+            # Again only while its Actions bring more about: each holder is reported unresponsive
+            # once per drop and each client is dropped once, so this ends.
+            while self.gangs.gangs:
+                work.extend(self.gangs.schedule(self.now()))
+                for note in self.gangs.notes:
+                    self.logger.warning(note)
+                self.gangs.notes.clear()
+                touched.update(self.gpus)
+                if not self._drain(work, touched):
+                    break
+        finally:
+            self._work = None
+        for armed in touched.values():
+            self._arm(armed)
+
+    def _drain(self, work: list[tuple[GpuState, list[Action]]],
+               touched: dict[str, GpuState]) -> bool:
+        """Send the work list in order; what sending brings about goes to its end. True when
+        sending brought anything about."""
+        followed = False
+        while work:
+            gpu, actions = work.pop(0)
+            touched[gpu.uuid] = gpu
+            left = len(work)
+            work.extend(self._send(gpu, actions))
+            followed = followed or len(work) > left
+        return followed
+
+    def _send(self, gpu: GpuState, actions: list[Action]) -> list[tuple[GpuState, list[Action]]]:
+        """Send one GPU's Actions to their clients and log them; the Actions this brings about
+        are returned, not sent."""
+        follow_ups: list[tuple[GpuState, list[Action]]] = []
         for action in actions:
             client = self.registry.clients.get(action.client.client_id)
             conn = client.connection if client is not None else None
@@ -308,11 +353,12 @@ class Daemon:
             elif action.kind == HANDOFF and action.source is not None:
                 self._hand_over(gpu, action.source, action.client, conn)
             elif action.kind == UNRESPONSIVE:
-                self._unresponsive(gpu, action.client)
+                released = self._unresponsive(gpu, action.client)
+                if released:
+                    follow_ups.append((gpu, released))
         self.ledger.observe(gpu, self.now())
-        self._gang_pass()
         self._log_sharing(gpu)
-        self._arm(gpu)
+        return follow_ups
 
     def _hand_over(self, gpu: GpuState, holder: ClientInfo, successor: ClientInfo,
                    successor_conn: Connection | None) -> None:
@@ -356,22 +402,6 @@ class Daemon:
         conn.burst_pages.add(uuid)
         return True
 
-    def _gang_pass(self) -> None:
-        """After every event: gang turns across GPUs (gang.py), then each GPU's timer again."""
-        if self._in_gang_pass or not self.gangs.gangs:
-            return
-        self._in_gang_pass = True
-        try:
-            for gpu, actions in self.gangs.schedule(self.now()):
-                self.apply(gpu, actions)
-            for note in self.gangs.notes:
-                self.logger.warning(note)
-            self.gangs.notes.clear()
-            for gpu in self.gpus.values():
-                self._arm(gpu)
-        finally:
-            self._in_gang_pass = False
-
     def _add_gang(self, job: Job) -> None:
         if self.gangs.add_job(job.job_id, [self.gpus[u] for u in job.gpus if u in self.gpus]):
             self.logger.info(f"job {job.job_id}: a gang on GPUs "
@@ -400,9 +430,10 @@ class Daemon:
                                             "available": decision.available,
                                             "total": decision.total}, seq)
 
-    def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> None:
+    def _unresponsive(self, gpu: GpuState, info: ClientInfo) -> list[Action]:
         """A holder that ignored DROP_LOCK for drop_grace_sec loses the lock here, whatever the
-        policy, so one client can never keep a GPU from the others; kill also signals it."""
+        policy, so one client can never keep a GPU from the others; kill also signals it (and
+        cutting its connection off drops it). The Actions of a release for it come back."""
         grace = self.cfg.drop_grace_sec
         where = f"gpu {gpu.uuid}: {info.label()}"
         client = self.registry.clients.get(info.client_id)
@@ -425,15 +456,15 @@ class Daemon:
             if conn is not None:
                 self.logger.warning(f"{where}: lock revoked, connection closed")
                 conn.abort()          # drops its lock and queue place: the next waiter runs
-            return
+            return []
         if not gpu.queue:
             self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
                                 f"(unresponsive; policy warn)")
-            return
+            return []
         self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
                             f"(unresponsive; policy warn): lock revoked and handed on; what it "
                             f"still runs there is not gated")
-        self.apply(gpu, gpu.release(info.client_id, self.now()))
+        return gpu.release(info.client_id, self.now())
 
     def _arm(self, gpu: GpuState) -> None:
         handle = self._timers.pop(gpu.uuid, None)
@@ -447,7 +478,7 @@ class Daemon:
     def _on_timer(self, uuid: str, deadline: float) -> None:
         self._timers.pop(uuid, None)
         gpu = self.gpus[uuid]
-        self.apply(gpu, gpu.tick(max(self.now(), deadline)))
+        self.after_event(gpu, gpu.tick(max(self.now(), deadline)))
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -478,7 +509,7 @@ class Daemon:
         now = self.now()
         for uuid in client.gpus:
             gpu = self.gpus[uuid]
-            self.apply(gpu, gpu.remove_client(client.client_id, now))
+            self.after_event(gpu, gpu.remove_client(client.client_id, now))
         self.logger.debug(f"{conn.who()}: client disconnected")
 
     def _reply(self, conn: Connection, frame: proto.Frame, status: int, message: str) -> None:
@@ -570,7 +601,7 @@ class Daemon:
             return self._reply(conn, frame, C.NVSHARE_ERR_NOGPU,
                                f"GPU {log.escape(proto.text(body.gpu_uuid))} is not managed "
                                f"for this job")
-        self.apply(gpu, gpu.request(_info(conn), self.now()))
+        self.after_event(gpu, gpu.request(_info(conn), self.now()))
 
     def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
@@ -589,7 +620,7 @@ class Daemon:
         else:
             self.logger.debug(f"{where}: lock released"
                               f"{' (idle)' if body.flags & C.NVSHARE_RELEASE_IDLE else ''}")
-        self.apply(gpu, gpu.release(_info(conn).client_id, self.now()))
+        self.after_event(gpu, gpu.release(_info(conn).client_id, self.now()))
 
     def _on_mem_update(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
@@ -614,7 +645,7 @@ class Daemon:
             self._mem_reply(conn, gpu, decision, frame.seq)
         elif request:
             self.logger.info(f"{where}: allocation of {_size(request)} waits for room")
-        self.apply(gpu, actions)
+        self.after_event(gpu, actions)
 
     def _on_drain_stuck(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
@@ -627,7 +658,7 @@ class Daemon:
             (gpu.uuid, info.client_id, "drain stuck"),
             f"gpu {gpu.uuid}: {info.label()}: its work there has not finished "
             f"{int(body.bytes)} ms after it was asked to release (DRAIN_STUCK); {resolution}")
-        self.apply(gpu, gpu.tick(self.now()))
+        self.after_event(gpu, gpu.tick(self.now()))
 
     def _on_demand(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()
@@ -642,7 +673,7 @@ class Daemon:
         if gpu.takes_turns(info.client_id) != before:
             self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: "
                               f"{'takes turns' if not before else 'co-runs'} ({demand.describe()})")
-        self.apply(gpu, actions)
+        self.after_event(gpu, actions)
 
     # --- request/reply messages ----------------------------------------------------------------
 
@@ -720,7 +751,7 @@ class Daemon:
         job = self.registry.remove_job(job_id)
         self.gangs.remove_job(job_id)
         for gpu in self.gpus.values():
-            self.apply(gpu, gpu.tick(self.now()))
+            self.after_event(gpu, gpu.tick(self.now()))
         self._save()
         usage = usage_line(self.ledger.job_usage(job_id, self.now()),
                            {u: self.gpus[u].index for u in job.gpus if u in self.gpus}
@@ -882,7 +913,7 @@ class Daemon:
         for gpu in targets:
             overrides = self.registry.gpu_overrides.setdefault(gpu.uuid, {})
             overrides.update(changes)
-            self.apply(gpu, gpu.update_settings(GpuSettings.from_config(self.cfg, overrides), now))
+            self.after_event(gpu, gpu.update_settings(GpuSettings.from_config(self.cfg, overrides), now))
         self._save()
         text = " ".join(f"{k}={v}" for k, v in changes.items())
         names = ", ".join(g.uuid for g in targets)
@@ -921,7 +952,7 @@ class Daemon:
         now = self.now()
         for uuid, gpu in self.gpus.items():
             settings = GpuSettings.from_config(new, self.registry.gpu_overrides.get(uuid))
-            self.apply(gpu, gpu.update_settings(settings, now))
+            self.after_event(gpu, gpu.update_settings(settings, now))
         self.logger.info(f"reload: configuration reloaded from "
                          f"{self.config_file or config.config_path()}")
 
