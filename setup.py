@@ -33,6 +33,8 @@ except ImportError:  # pragma: no cover - wheel is a build requirement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK_SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.c")))
+# A header change rebuilds the library (every part includes the headers of the parts below it).
+HOOK_HEADERS = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.h")))
 VERSION_SCRIPT = os.path.join("csrc", "libnvshare.map")
 HOOK_CFLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra",
                "-Wno-unused-parameter", "-Werror=implicit-function-declaration"]
@@ -117,6 +119,6 @@ DATA_FILES = [
 setup(
     data_files=DATA_FILES,
     ext_modules=[Extension("nvshare_slurm.libnvshare", sources=HOOK_SOURCES,
-                           depends=["csrc/nvshare_proto.h", VERSION_SCRIPT])],
+                           depends=HOOK_HEADERS + [VERSION_SCRIPT])],
     cmdclass=cmdclass,
 )

@@ -25,7 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "burst.h"
+#include "env.h"
+#include "gpus.h"
 
 #define BURST_WAIT_FACTOR 1.5
 #define BURST_WAIT_MIN_NS 500000ull        /* 0.5 ms */
@@ -62,13 +64,13 @@ void nvshare_burst_after_fork(void)
     atomic_store(&token, 0);
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
-        atomic_store(&nvshare_gpus[i].in_burst, 0);
-        atomic_store(&nvshare_gpus[i].burst_owner, 0);
-        atomic_store(&nvshare_gpus[i].burst_waiting, 0);
-        atomic_store(&nvshare_gpus[i].burst_armed, 0);
-        atomic_store(&nvshare_gpus[i].burst_mean_ns, 0);
-        nvshare_gpus[i].burst_timeouts_row = 0;
-        nvshare_gpus[i].burst_ignore_until = 0;
+        atomic_store(&nvshare_gpus[i].burst.in_burst, 0);
+        atomic_store(&nvshare_gpus[i].burst.owner, 0);
+        atomic_store(&nvshare_gpus[i].burst.waiting, 0);
+        atomic_store(&nvshare_gpus[i].burst.armed, 0);
+        atomic_store(&nvshare_gpus[i].burst.mean_ns, 0);
+        nvshare_gpus[i].burst.timeouts_row = 0;
+        nvshare_gpus[i].burst.ignore_until = 0;
     }
 }
 
@@ -89,14 +91,24 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd)
         return -1;
     /* A restarted daemon's page replaces the old one, which stays mapped (4 KiB per restart): a
      * thread may still be waiting on it. */
-    atomic_store(&g->burst_page, (struct nvshare_burst_page *)page);
+    atomic_store(&g->burst.page, (struct nvshare_burst_page *)page);
     nvshare_debug("gpu %s: burst page received", g->uuid);
     return 0;
 }
 
+void nvshare_burst_arm(struct nvshare_gpu *g, int on)
+{
+    atomic_store(&g->burst.armed, on && atomic_load(&g->burst.page) != NULL);
+}
+
+void nvshare_burst_note_mean(struct nvshare_gpu *g, uint64_t mean_ns)
+{
+    atomic_store_explicit(&g->burst.mean_ns, mean_ns, memory_order_relaxed);
+}
+
 static uint64_t wait_bound(struct nvshare_gpu *g)
 {
-    uint64_t mean = atomic_load_explicit(&g->burst_mean_ns, memory_order_relaxed);
+    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
     if (!mean)
         return BURST_WAIT_UNKNOWN_NS;
     uint64_t b = (uint64_t)(mean * BURST_WAIT_FACTOR);
@@ -106,21 +118,21 @@ static uint64_t wait_bound(struct nvshare_gpu *g)
 void nvshare_burst_begin(struct nvshare_gpu *g)
 {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&g->in_burst, &expected, 1))
+    if (!atomic_compare_exchange_strong(&g->burst.in_burst, &expected, 1))
         return;  /* another thread of this process began it */
-    struct nvshare_burst_page *p = atomic_load(&g->burst_page);
+    struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
-    if (!p || now < g->burst_ignore_until)
+    if (!p || now < g->burst.ignore_until)
         return;
     uint32_t me = my_token();
     uint64_t deadline = now + wait_bound(g);
-    atomic_fetch_add(&g->burst_waiting, 1);
+    atomic_fetch_add(&g->burst.waiting, 1);
     for (;;) {
         uint32_t seq = atomic_load(&p->seq);
         uint32_t cur = 0;
         if (atomic_compare_exchange_strong(&p->owner, &cur, me) || cur == me) {
-            atomic_store(&g->burst_owner, 1);
-            g->burst_timeouts_row = 0;
+            atomic_store(&g->burst.owner, 1);
+            g->burst.timeouts_row = 0;
             break;
         }
         now = nvshare_now_ns();
@@ -128,10 +140,10 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
             /* Run beside it, as co-location would, and take the page over: an owner that died
              * holding it would otherwise cost every later burst of the others a whole wait. */
             if (atomic_compare_exchange_strong(&p->owner, &cur, me))
-                atomic_store(&g->burst_owner, 1);
-            if (++g->burst_timeouts_row >= BURST_TIMEOUTS_IN_ROW) {
-                g->burst_timeouts_row = 0;
-                g->burst_ignore_until = now + BURST_IGNORE_NS;
+                atomic_store(&g->burst.owner, 1);
+            if (++g->burst.timeouts_row >= BURST_TIMEOUTS_IN_ROW) {
+                g->burst.timeouts_row = 0;
+                g->burst.ignore_until = now + BURST_IGNORE_NS;
                 nvshare_debug("gpu %s: waited in vain for %d co-runner bursts in a row; co-running "
                               "for %.0f s", g->uuid, BURST_TIMEOUTS_IN_ROW, BURST_IGNORE_NS / 1e9);
             }
@@ -143,16 +155,16 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         futex(&p->seq, FUTEX_WAIT, seq, &ts);
         atomic_fetch_sub(&p->waiters, 1);
     }
-    atomic_fetch_sub(&g->burst_waiting, 1);
+    atomic_fetch_sub(&g->burst.waiting, 1);
 }
 
 void nvshare_burst_end(struct nvshare_gpu *g)
 {
-    if (!atomic_exchange(&g->in_burst, 0))
+    if (!atomic_exchange(&g->burst.in_burst, 0))
         return;
-    if (!atomic_exchange(&g->burst_owner, 0))
+    if (!atomic_exchange(&g->burst.owner, 0))
         return;
-    struct nvshare_burst_page *p = atomic_load(&g->burst_page);
+    struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     if (!p)
         return;
     uint32_t me = my_token();

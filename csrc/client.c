@@ -1,14 +1,16 @@
 /* client.c: this process's one connection to nvshare-scheduler.
  *
  * A thread started lazily (cuInit or the first gated call) connects, sends CLIENT_REGISTER and then
- * reads daemon messages for the life of the process. Any thread may send (under send_mu). When the
- * daemon is unreachable the thread retries with backoff up to ~1 s; meanwhile gated work waits
- * (NVSHARE_ON_DAEMON_LOSS=wait) or passes (run). After a reconnect, memory is reported again and
- * waiting threads ask for their locks again.
+ * reads daemon messages for the life of the process; a writer thread sends what the outbox holds.
+ * When the daemon is unreachable the thread retries with backoff up to ~1 s; meanwhile gated work
+ * waits (NVSHARE_ON_DAEMON_LOSS=wait) or passes (run). The reader only decodes: answers go to the
+ * outbox, everything else to the handlers the top layer registered (events.c), so this file calls
+ * nothing above it. After a reconnect they report memory again and waiting threads ask again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -16,7 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "client.h"
+#include "driver.h"
+#include "env.h"
+#include "outbox.h"
+#include "sockio.h"
 
 /* How often the reader looks at the link while nothing arrives, and when it asks whether the daemon
  * is still there: a daemon that answers no heartbeat for NVSHARE_DAEMON_TIMEOUT_MS is treated as lost. */
@@ -30,6 +36,16 @@
 
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 static int started;
+static const struct nvshare_link_events *_Atomic handlers;
+
+void nvshare_client_set_events(const struct nvshare_link_events *events) { atomic_store(&handlers, events); }
+
+static const struct nvshare_link_events *events(void)
+{
+    static const struct nvshare_link_events none;
+    const struct nvshare_link_events *h = atomic_load(&handlers);
+    return h ? h : &none;
+}
 
 static int write_all(int fd, const void *buf, size_t len)
 {
@@ -155,59 +171,39 @@ static int register_client(int fd)
     return -1;
 }
 
-/* A gpu_event frame that came with a descriptor (BURST_PAGE, HANDOFF): its GPU, or NULL when the
- * frame is malformed or names a GPU this process does not use. */
-static struct nvshare_gpu *event_gpu(const struct nvshare_hdr *hdr, const char *payload,
-                                     struct nvshare_gpu_event *ev)
+/* A gpu_event payload, its uuid NUL-terminated; 0 when the frame is well formed. */
+static int gpu_event_of(const struct nvshare_hdr *hdr, const char *payload, struct nvshare_gpu_event *ev)
 {
     if (hdr->length != sizeof *ev)
-        return NULL;
+        return -1;
     memcpy(ev, payload, sizeof *ev);
     ev->gpu_uuid[sizeof ev->gpu_uuid - 1] = '\0';
-    return nvshare_gpu_by_uuid(ev->gpu_uuid);
+    return 0;
 }
 
 static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
 {
+    const struct nvshare_link_events *on = events();
+    struct nvshare_gpu_event ev;
     if (hdr->type == NVSHARE_MSG_HANDOFF || hdr->type == NVSHARE_MSG_BURST_PAGE) {
         int fd = take_passed_fd();
-        struct nvshare_gpu_event ev;
-        struct nvshare_gpu *g = event_gpu(hdr, payload, &ev);
-        if (hdr->type == NVSHARE_MSG_HANDOFF) {
-            if (fd >= 0 && g)
-                nvshare_on_handoff(g, ev.flags, fd);   /* takes the descriptor */
-            else if (fd >= 0)
-                close(fd);
-        } else if (fd < 0 || !g || nvshare_burst_attach(g, fd) != 0) {
-            if (fd >= 0 && !g)
-                close(fd);
-            nvshare_debug("burst page for %s not used (%s)", g ? g->uuid : "another GPU",
-                          fd < 0 ? "no descriptor came with it" : g ? "not a sealed page" : "not this process's");
-        }
-        return;
-    }
-    if (hdr->length == sizeof(struct nvshare_gpu_event) &&
-        (hdr->type == NVSHARE_MSG_LOCK_GRANT || hdr->type == NVSHARE_MSG_LOCK_CONTENDED ||
-         hdr->type == NVSHARE_MSG_DROP_LOCK || hdr->type == NVSHARE_MSG_WAIT_FOR_MEM ||
-         hdr->type == NVSHARE_MSG_MEM_AVAILABLE || hdr->type == NVSHARE_MSG_PREPARE_SWAP_OUT)) {
-        struct nvshare_gpu_event ev;
-        memcpy(&ev, payload, sizeof ev);
-        ev.gpu_uuid[sizeof ev.gpu_uuid - 1] = '\0';
-        struct nvshare_gpu *g = nvshare_gpu_by_uuid(ev.gpu_uuid);
-        if (!g) {
-            nvshare_debug("gpu %s: message %u for a GPU this process does not use", ev.gpu_uuid, hdr->type);
-            if (hdr->type == NVSHARE_MSG_LOCK_GRANT || hdr->type == NVSHARE_MSG_DROP_LOCK)
-                nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, ev.gpu_uuid, NVSHARE_RELEASE_DROPPED, 0, NULL);
+        if (gpu_event_of(hdr, payload, &ev) == 0 && on->gpu_event) {
+            on->gpu_event(hdr->type, &ev, fd);   /* takes the descriptor */
             return;
         }
-        switch (hdr->type) {
-        case NVSHARE_MSG_LOCK_GRANT: nvshare_on_grant(g, ev.flags, ev.switch_ms); break;
-        case NVSHARE_MSG_LOCK_CONTENDED: nvshare_on_contended(g, ev.bytes); break;
-        case NVSHARE_MSG_DROP_LOCK: nvshare_on_drop(g, ev.switch_ms, ev.bytes); break;
-        case NVSHARE_MSG_PREPARE_SWAP_OUT: nvshare_on_prepare_swap_out(g, ev.bytes); break;
-        default: nvshare_debug("gpu %s: message %u not handled yet", g->uuid, hdr->type); break;
-        }
+        if (fd >= 0)
+            close(fd);
+        nvshare_debug("message %u (%u bytes) not used: malformed", hdr->type, hdr->length);
         return;
+    }
+    if (hdr->type == NVSHARE_MSG_LOCK_GRANT || hdr->type == NVSHARE_MSG_LOCK_CONTENDED ||
+        hdr->type == NVSHARE_MSG_DROP_LOCK || hdr->type == NVSHARE_MSG_WAIT_FOR_MEM ||
+        hdr->type == NVSHARE_MSG_MEM_AVAILABLE || hdr->type == NVSHARE_MSG_PREPARE_SWAP_OUT) {
+        if (gpu_event_of(hdr, payload, &ev) == 0) {
+            if (on->gpu_event)
+                on->gpu_event(hdr->type, &ev, -1);
+            return;
+        }
     }
     if (hdr->type == NVSHARE_MSG_MEM_REPLY && hdr->length == sizeof(struct nvshare_mem_reply)) {
         struct nvshare_mem_reply rep;
@@ -221,8 +217,8 @@ static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
         rep.message[sizeof rep.message - 1] = '\0';
         if (nvshare_outbox_is_question(hdr->seq))
             nvshare_outbox_answer(hdr->seq, rep.status, NULL);
-        else
-            nvshare_on_request_refused(hdr->seq, rep.status, rep.message);
+        else if (on->request_refused)
+            on->request_refused(hdr->seq, rep.status, rep.message);
         return;
     }
     if (hdr->type == NVSHARE_MSG_HEARTBEAT)
@@ -334,7 +330,8 @@ static void *client_main(void *arg)
         if (reg == -2) {
             close(fd);
             nvshare_outbox_set_refused();
-            nvshare_gates_open_all("refused");
+            if (events()->refused)
+                events()->refused();
             nvshare_outbox_link(-1);
             return NULL;
         }
@@ -360,14 +357,15 @@ static void *client_main(void *arg)
         warned = 0;
         ever_connected = 1;
         nvshare_outbox_link(fd);
-        nvshare_on_connection_change(1);
-        nvshare_memory_resend();
+        if (events()->up)
+            events()->up();
         read_frames(fd);
         drop_passed_fds();
         shutdown(fd, SHUT_RDWR);
         nvshare_outbox_link(-1);
         close(fd);
-        nvshare_on_connection_change(0);
+        if (events()->down)
+            events()->down();
         nvshare_log("lost the connection to nvshare-scheduler; %s", loss_words());
         warned = 1;
     }
@@ -384,9 +382,8 @@ void nvshare_client_start(void)
         if (start_thread(writer_main) != 0 || start_thread(client_main) != 0) {
             nvshare_log("cannot start the connection threads; GPU work runs unshared");
             nvshare_outbox_set_refused();
-            nvshare_gates_open_all("no thread");
-        } else {
-            nvshare_demand_start();
+            if (events()->refused)
+                events()->refused();
         }
     }
     pthread_mutex_unlock(&start_mu);

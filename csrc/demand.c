@@ -16,7 +16,16 @@
  */
 #include <time.h>
 
-#include "nvshare_hook.h"
+#include <pthread.h>
+#include <string.h>
+
+#include "burst.h"
+#include "demand.h"
+#include "driver.h"
+#include "env.h"
+#include "gate.h"
+#include "gpus.h"
+#include "outbox.h"
 
 #define DEMAND_SAMPLE_NS 2000000ull            /* 2 ms */
 #define DEMAND_WINDOW_NS 1000000000ull         /* the busy share follows about the last second */
@@ -92,14 +101,14 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
 
 static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
 {
-    int busy = atomic_exchange_explicit(&g->demand_touched, 0, memory_order_relaxed)
-               || atomic_load_explicit(&g->inside, memory_order_relaxed) > 0
-               || atomic_load_explicit(&g->syncing, memory_order_relaxed) > 0;
+    int busy = nvshare_gate_take_touched(g)
+               || atomic_load_explicit(&g->gate.inside, memory_order_relaxed) > 0
+               || atomic_load_explicit(&g->gate.syncing, memory_order_relaxed) > 0;
     /* The real time since the last look: the sampler oversleeps on a loaded CPU. */
     uint64_t since = d->last_sample && now > d->last_sample ? now - d->last_sample : DEMAND_SAMPLE_NS;
     d->last_sample = now;
-    if (!busy && (__atomic_load_n(&g->waiters, __ATOMIC_RELAXED) > 0 ||
-                  atomic_load_explicit(&g->burst_waiting, memory_order_relaxed) > 0)) {
+    if (!busy && (__atomic_load_n(&g->gate.waiters, __ATOMIC_RELAXED) > 0 ||
+                  atomic_load_explicit(&g->burst.waiting, memory_order_relaxed) > 0)) {
         /* Only waiting for the lock or a co-runner's burst: the stretch under way is paused, not
          * lengthened. */
         if (d->seen)
@@ -130,13 +139,11 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         d->run_start = now;
     }
     /* For the keeper: idle since at least the first idle sample of the stretch under way. */
-    atomic_store_explicit(&g->idle_since_ns, d->busy_now ? 0 : d->run_start, memory_order_relaxed);
-    atomic_store_explicit(&g->gap_mean_ns, (uint64_t)d->gap_ns, memory_order_relaxed);
-    atomic_store_explicit(&g->burst_mean_ns, (uint64_t)d->burst_ns, memory_order_relaxed);
+    nvshare_gate_note_demand(g, d->busy_now ? 0 : d->run_start, (uint64_t)d->gap_ns, (unsigned)(d->busy * 1e6));
+    nvshare_burst_note_mean(g, (uint64_t)d->burst_ns);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
-    if (!busy && atomic_load_explicit(&g->in_burst, memory_order_relaxed))
+    if (!busy && atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))
         nvshare_burst_end(g);
-    atomic_store_explicit(&g->busy_ppm, (unsigned)(d->busy * 1e6), memory_order_relaxed);
     if (nvshare_outbox_connected())
         report(g, d, now);
 }
@@ -182,10 +189,4 @@ void nvshare_demand_after_fork(void)
     pthread_mutex_init(&start_mu, NULL);
     started = 0;
     memset(demands, 0, sizeof demands);
-    for (int i = 0; i < NVSHARE_MAX_GPUS; i++) {
-        atomic_store(&nvshare_gpus[i].idle_since_ns, 0);
-        atomic_store(&nvshare_gpus[i].gap_mean_ns, 0);
-        atomic_store(&nvshare_gpus[i].busy_ppm, 0);
-    }
-    nvshare_burst_after_fork();
 }

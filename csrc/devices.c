@@ -26,7 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "driver.h"
+#include "env.h"
+#include "outbox.h"
+#include "sockio.h"
 
 /* How long one request may wait for the daemon (a restarting daemon rebuilds its jobs first), and
  * for how long after a daemon that cannot be reached later requests fail at once: the driver opens

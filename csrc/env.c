@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "env.h"
 
 struct nvshare_settings nvshare_cfg;
 

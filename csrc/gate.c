@@ -1,7 +1,7 @@
 /* gate.c: per-GPU lock state, the gate every GPU-bound call passes, and hand-over.
  *
- * Events from the daemon arrive as nvshare_on_*() calls (client.c's reader thread); what the gate
- * tells the daemon goes into the outbox (outbox.c), never straight to the socket. Each gated GPU has a keeper thread that gives the lock back: at once on DROP_LOCK, and on
+ * Events from the daemon arrive as nvshare_gate_on_*() calls (events.c, on client.c's reader thread);
+ * what the gate tells the daemon goes into the outbox (outbox.c), never straight to the socket. Each gated GPU has a keeper thread that gives the lock back: at once on DROP_LOCK, and on
  * LOCK_CONTENDED as soon as nothing entered the gate, and no thread waited in a synchronising call,
  * for the adaptive idle threshold. Giving back =
  * close the gate, wait for the threads inside to leave and for open graph captures to end,
@@ -21,7 +21,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "burst.h"
+#include "client.h"
+#include "driver.h"
+#include "env.h"
+#include "gate.h"
+#include "gpus.h"
+#include "memory.h"
+#include "outbox.h"
+#include "swap.h"
 
 #define IDLE_MIN_NS 100000ull        /* 100 us */
 /* Measured on the H100: with a 100 ms cap a job whose start-up made many quick re-requests kept a
@@ -53,77 +61,77 @@ static void signal_fd(int fd)
         ;
 }
 
-/* With g->mu held: the GPU is free for the successor (the holder's work drained). */
+/* With g->gate.mu held: the GPU is free for the successor (the holder's work drained). */
 static void handoff_signal(struct nvshare_gpu *g)
 {
-    if (g->handoff_out_fd < 0)
+    if (g->gate.handoff_out_fd < 0)
         return;
-    signal_fd(g->handoff_out_fd);
-    close_fd(&g->handoff_out_fd);
+    signal_fd(g->gate.handoff_out_fd);
+    close_fd(&g->gate.handoff_out_fd);
     nvshare_debug("gpu %s: drained; the next holder may start (hand-over)", g->uuid);
 }
 
-/* With g->mu held: forget the hand-over we wait for; a thread polling a copy of it wakes up. */
+/* With g->gate.mu held: forget the hand-over we wait for; a thread polling a copy of it wakes up. */
 static void handoff_forget(struct nvshare_gpu *g)
 {
-    if (g->handoff_in_fd < 0)
+    if (g->gate.handoff_in_fd < 0)
         return;
-    if (g->handoff_polling)
-        signal_fd(g->handoff_in_fd);
-    close_fd(&g->handoff_in_fd);
+    if (g->gate.handoff_polling)
+        signal_fd(g->gate.handoff_in_fd);
+    close_fd(&g->gate.handoff_in_fd);
 }
 
 static void open_gate(struct nvshare_gpu *g);
 static void ensure_keeper(struct nvshare_gpu *g);
 
-/* With g->mu held: this process holds the lock from now on, by grant or by hand-over (the gate
+/* With g->gate.mu held: this process holds the lock from now on, by grant or by hand-over (the gate
  * opens after). bursts: co-running with the other holders, bursts taking turns (shared page). */
 static void hold_lock(struct nvshare_gpu *g, int bursts)
 {
     ensure_keeper(g);
     atomic_store(&g->mode, GPU_GATED);
-    g->held = 1;
-    g->contended = 0;
-    g->drop_pending = 0;
-    g->granted_ns = nvshare_now_ns();
-    g->no_room_until = 0;
-    atomic_store(&g->burst_armed, bursts && atomic_load(&g->burst_page) != NULL);
+    g->gate.held = 1;
+    g->gate.contended = 0;
+    g->gate.drop_pending = 0;
+    g->gate.granted_ns = nvshare_now_ns();
+    g->gate.no_room_until = 0;
+    nvshare_burst_arm(g, bursts);
 }
 
-/* With g->mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
+/* With g->gate.mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
  * memory must come back first, which the grant arranges: then we wait for it. */
 static void handoff_take(struct nvshare_gpu *g)
 {
     struct nvshare_mem_numbers numbers;
     nvshare_mem_numbers(g, &numbers);
-    if (g->held || !g->requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->swap_busy ||
+    if (g->gate.held || !g->gate.requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->gate.swap_busy ||
         !nvshare_outbox_connected())
         return;
-    hold_lock(g, 0);   /* g->requested stays: the grant that follows answers the request */
+    hold_lock(g, 0);   /* g->gate.requested stays: the grant that follows answers the request */
     open_gate(g);
     nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
 }
 
-/* With g->mu held; returns with it held. Polls a copy of handoff_in_fd, so that the reader thread
+/* With g->gate.mu held; returns with it held. Polls a copy of handoff_in_fd, so that the reader thread
  * may forget it meanwhile (and write it to wake us). */
 static void wait_for_handoff(struct nvshare_gpu *g)
 {
-    unsigned gen = g->handoff_gen;
-    int fd = fcntl(g->handoff_in_fd, F_DUPFD_CLOEXEC, 0);
+    unsigned gen = g->gate.handoff_gen;
+    int fd = fcntl(g->gate.handoff_in_fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
-        close_fd(&g->handoff_in_fd);
+        close_fd(&g->gate.handoff_in_fd);
         return;
     }
-    g->handoff_polling = 1;
-    pthread_mutex_unlock(&g->mu);
+    g->gate.handoff_polling = 1;
+    pthread_mutex_unlock(&g->gate.mu);
     struct pollfd p = {fd, POLLIN, 0};
     uint64_t value;
     int fired = poll(&p, 1, HANDOFF_POLL_MS) > 0 && read(fd, &value, sizeof value) == (ssize_t)sizeof value;
     close(fd);
-    pthread_mutex_lock(&g->mu);
-    g->handoff_polling = 0;
-    if (fired && gen == g->handoff_gen && g->handoff_in_fd >= 0) {
-        close_fd(&g->handoff_in_fd);
+    pthread_mutex_lock(&g->gate.mu);
+    g->gate.handoff_polling = 0;
+    if (fired && gen == g->gate.handoff_gen && g->gate.handoff_in_fd >= 0) {
+        close_fd(&g->gate.handoff_in_fd);
         handoff_take(g);
     }
 }
@@ -131,16 +139,16 @@ static void wait_for_handoff(struct nvshare_gpu *g)
 /* ---- waiting for the lock ------------------------------------------------------------------- */
 static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
 {
-    if (!g->last_release_idle)
+    if (!g->gate.last_release_idle)
         return;
-    g->last_release_idle = 0;
-    uint64_t gap = now - g->last_release_ns;
+    g->gate.last_release_idle = 0;
+    uint64_t gap = now - g->gate.last_release_ns;
     /* Asked again right after an early release: it was not idle, only between bursts. */
-    if (gap < 2 * g->idle_threshold_ns + 1000000ull)
-        g->idle_threshold_ns = g->idle_threshold_ns * 2 > IDLE_MAX_NS ? IDLE_MAX_NS : g->idle_threshold_ns * 2;
+    if (gap < 2 * g->gate.idle_threshold_ns + 1000000ull)
+        g->gate.idle_threshold_ns = g->gate.idle_threshold_ns * 2 > IDLE_MAX_NS ? IDLE_MAX_NS : g->gate.idle_threshold_ns * 2;
     else
-        g->idle_threshold_ns = g->idle_threshold_ns * 3 / 4 < IDLE_MIN_NS ? IDLE_MIN_NS
-                                                                          : g->idle_threshold_ns * 3 / 4;
+        g->gate.idle_threshold_ns = g->gate.idle_threshold_ns * 3 / 4 < IDLE_MIN_NS ? IDLE_MIN_NS
+                                                                          : g->gate.idle_threshold_ns * 3 / 4;
 }
 
 /* The idle threshold when others wait. A job with real pauses (busy below BURSTY_PPM, its mean
@@ -156,54 +164,54 @@ static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
 #define BURSTY_MAX_NS 1000000ull   /* an eighth of 45 ms pauses, 5.6 ms, was waited at each hand-over */
 static uint64_t contended_threshold(struct nvshare_gpu *g)
 {
-    uint64_t gap = atomic_load_explicit(&g->gap_mean_ns, memory_order_relaxed);
-    if (!gap || atomic_load_explicit(&g->busy_ppm, memory_order_relaxed) >= BURSTY_PPM)
-        return g->idle_threshold_ns;
+    uint64_t gap = atomic_load_explicit(&g->gate.gap_mean_ns, memory_order_relaxed);
+    if (!gap || atomic_load_explicit(&g->gate.busy_ppm, memory_order_relaxed) >= BURSTY_PPM)
+        return g->gate.idle_threshold_ns;
     uint64_t t = gap / 8 < IDLE_MIN_NS ? IDLE_MIN_NS : gap / 8 > BURSTY_MAX_NS ? BURSTY_MAX_NS : gap / 8;
-    return t < g->idle_threshold_ns ? t : g->idle_threshold_ns;
+    return t < g->gate.idle_threshold_ns ? t : g->gate.idle_threshold_ns;
 }
 
 /* Has nothing entered the gate, run inside it or waited for this GPU's work for `threshold`? */
 static int idle_for(struct nvshare_gpu *g, uint64_t threshold)
 {
-    uint64_t since = atomic_load_explicit(&g->idle_since_ns, memory_order_relaxed);
-    return since && since >= g->granted_ns && nvshare_now_ns() - since >= threshold &&
-           !atomic_load(&g->demand_touched) && atomic_load(&g->inside) == 0 &&
-           atomic_load(&g->captures) == 0 && atomic_load(&g->syncing) == 0;
+    uint64_t since = atomic_load_explicit(&g->gate.idle_since_ns, memory_order_relaxed);
+    return since && since >= g->gate.granted_ns && nvshare_now_ns() - since >= threshold &&
+           !atomic_load(&g->gate.demand_touched) && atomic_load(&g->gate.inside) == 0 &&
+           atomic_load(&g->gate.captures) == 0 && atomic_load(&g->gate.syncing) == 0;
 }
 
 /* Called with the gate found shut: ask for the lock if nobody has, then wait for the grant. */
 void nvshare_gate_wait(struct nvshare_gpu *g)
 {
-    nvshare_outbox_want_link();
-    pthread_mutex_lock(&g->mu);
-    g->waiters++;
-    while (!(atomic_load(&g->open) && !atomic_load(&g->closing))) {
+    nvshare_client_start();
+    pthread_mutex_lock(&g->gate.mu);
+    g->gate.waiters++;
+    while (!(atomic_load(&g->gate.open) && !atomic_load(&g->gate.closing))) {
         uint64_t now = nvshare_now_ns();
-        if (!g->held && !g->requested && g->no_room_until > now) {
+        if (!g->gate.held && !g->gate.requested && g->gate.no_room_until > now) {
             /* Our memory did not fit back last time: give the others time before asking again. */
-            struct timespec until = {(time_t)(g->no_room_until / 1000000000ull),
-                                     (long)(g->no_room_until % 1000000000ull)};
-            pthread_cond_timedwait(&g->waiters_cv, &g->mu, &until);
+            struct timespec until = {(time_t)(g->gate.no_room_until / 1000000000ull),
+                                     (long)(g->gate.no_room_until % 1000000000ull)};
+            pthread_cond_timedwait(&g->gate.waiters_cv, &g->gate.mu, &until);
             continue;
         }
-        if (!g->held && !g->requested && !atomic_load(&g->closing) && nvshare_outbox_connected()) {
+        if (!g->gate.held && !g->gate.requested && !atomic_load(&g->gate.closing) && nvshare_outbox_connected()) {
             adapt_threshold(g, now);
             uint32_t seq;
             if (nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_REQUEST, g->uuid, 0, 0, &seq) == 0) {
-                g->requested = 1;
-                g->request_seq = seq;
+                g->gate.requested = 1;
+                g->gate.request_seq = seq;
                 nvshare_debug("gpu %s: lock requested", g->uuid);
             }
         }
-        if (g->handoff_in_fd >= 0 && !g->handoff_polling && !g->held) {
+        if (g->gate.handoff_in_fd >= 0 && !g->gate.handoff_polling && !g->gate.held) {
             wait_for_handoff(g);
             continue;
         }
-        pthread_cond_wait(&g->waiters_cv, &g->mu);
+        pthread_cond_wait(&g->gate.waiters_cv, &g->gate.mu);
     }
-    g->waiters--;
-    pthread_mutex_unlock(&g->mu);
+    g->gate.waiters--;
+    pthread_mutex_unlock(&g->gate.mu);
 }
 
 /* ---- graph capture ------------------------------------------------------------------------- */
@@ -232,7 +240,7 @@ void nvshare_capture_began(struct nvshare_gpu *g, CUstream stream)
     pthread_mutex_lock(&capture_mu);
     if (n_captures < MAX_CAPTURES) {
         captures[n_captures++] = (struct capture){stream, g, &nvshare_tl_capturing};
-        atomic_fetch_add(&g->captures, 1);
+        atomic_fetch_add(&g->gate.captures, 1);
         atomic_fetch_add(&nvshare_tl_capturing, 1);
     } else {
         nvshare_log("gpu %s: more than %d graph captures open; a hand-over now may break one", g->uuid,
@@ -248,9 +256,9 @@ void nvshare_capture_ended(CUstream stream)
         struct capture *c = &captures[i];
         if (c->stream != stream || (per_thread_handle(stream) && c->owner != &nvshare_tl_capturing))
             continue;
-        atomic_fetch_sub(&c->gpu->captures, 1);
+        atomic_fetch_sub(&c->gpu->gate.captures, 1);
         atomic_fetch_sub(c->owner, 1);
-        pthread_cond_broadcast(&c->gpu->keeper_cv);
+        pthread_cond_broadcast(&c->gpu->gate.keeper_cv);
         *c = captures[--n_captures];
         break;
     }
@@ -272,10 +280,10 @@ static int capture_error(CUresult rc) { return rc >= 900 && rc <= 909; }
 static CUresult drain_now(struct nvshare_gpu *g)
 {
     struct timespec pause = {0, (long)DRAIN_POLL_NS};
-    while (atomic_load(&g->inside) > 0)
+    while (atomic_load(&g->gate.inside) > 0)
         nanosleep(&pause, NULL);
     struct timespec capture_pause = {0, (long)CAPTURE_POLL_NS};
-    while (atomic_load(&g->captures) > 0)
+    while (atomic_load(&g->gate.captures) > 0)
         nanosleep(&capture_pause, NULL);
     return nvshare_gpus_sync_contexts(g);
 }
@@ -285,19 +293,19 @@ static void *drainer_main(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->gate.mu);
     for (;;) {
-        while (g->drain_state != DRAIN_REQUESTED)
-            pthread_cond_wait(&g->drain_cv, &g->mu);
-        g->drain_state = DRAIN_RUNNING;
-        pthread_mutex_unlock(&g->mu);
+        while (g->gate.drain_state != DRAIN_REQUESTED)
+            pthread_cond_wait(&g->gate.drain_cv, &g->gate.mu);
+        g->gate.drain_state = DRAIN_RUNNING;
+        pthread_mutex_unlock(&g->gate.mu);
         CUresult rc = drain_now(g);
-        pthread_mutex_lock(&g->mu);
-        if (rc == CUDA_SUCCESS && g->handoff_on_drain)
+        pthread_mutex_lock(&g->gate.mu);
+        if (rc == CUDA_SUCCESS && g->gate.handoff_on_drain)
             handoff_signal(g);   /* here, not in the keeper: one thread wake-up less at the switch */
-        g->drain_rc = rc;
-        g->drain_state = DRAIN_DONE;
-        pthread_cond_broadcast(&g->keeper_cv);
+        g->gate.drain_rc = rc;
+        g->gate.drain_state = DRAIN_DONE;
+        pthread_cond_broadcast(&g->gate.keeper_cv);
     }
     return NULL;
 }
@@ -322,7 +330,7 @@ static void deadline_after(struct timespec *ts, uint64_t ns)
     ts->tv_nsec = (long)(ns % 1000000000ull);
 }
 
-/* With g->mu held and the gate closing: drains g, waiting as long as it takes. Past the drain deadline
+/* With g->gate.mu held and the gate closing: drains g, waiting as long as it takes. Past the drain deadline
  * a holder tells the daemon (DRAIN_STUCK) and keeps the lock meanwhile: LOCK_RELEASED is never sent
  * while this process's work may still run. A failed synchronise counts as not drained and is tried
  * again; only an error that is not about a capture and persists past the deadline (the context is
@@ -332,40 +340,40 @@ static int drain_with_deadline(struct nvshare_gpu *g)
     uint64_t started = nvshare_now_ns();
     uint64_t limit = (uint64_t)nvshare_cfg.drain_timeout_ms * 1000000ull;
     int stuck = 0, logged_error = 0;
-    if (!g->drainer_running) {
+    if (!g->gate.drainer_running) {
         if (start_detached(drainer_main, g) == 0) {
-            g->drainer_running = 1;
+            g->gate.drainer_running = 1;
         } else {
-            pthread_mutex_unlock(&g->mu);  /* no thread: drain here, without a deadline */
+            pthread_mutex_unlock(&g->gate.mu);  /* no thread: drain here, without a deadline */
             CUresult rc = drain_now(g);
-            pthread_mutex_lock(&g->mu);
+            pthread_mutex_lock(&g->gate.mu);
             return rc == CUDA_SUCCESS ? 0 : -1;
         }
     }
     for (;;) {
-        g->drain_state = DRAIN_REQUESTED;
-        pthread_cond_signal(&g->drain_cv);
-        while (g->drain_state != DRAIN_DONE) {
+        g->gate.drain_state = DRAIN_REQUESTED;
+        pthread_cond_signal(&g->gate.drain_cv);
+        while (g->gate.drain_state != DRAIN_DONE) {
             uint64_t waited = nvshare_now_ns() - started;
             if (stuck || waited >= limit) {
-                if (!stuck && g->held) {
+                if (!stuck && g->gate.held) {
                     nvshare_outbox_gpu_event(NVSHARE_MSG_DRAIN_STUCK, g->uuid, 0, waited / 1000000ull, NULL);
                     nvshare_log("gpu %s: its work did not finish within %u ms of being asked to release; the "
                                 "lock is kept until it does (told nvshare-scheduler)", g->uuid,
                                 nvshare_cfg.drain_timeout_ms);
                 }
                 stuck = 1;
-                pthread_cond_wait(&g->keeper_cv, &g->mu);
+                pthread_cond_wait(&g->gate.keeper_cv, &g->gate.mu);
             } else {
                 struct timespec deadline;
                 deadline_after(&deadline, limit - waited);
-                pthread_cond_timedwait(&g->keeper_cv, &g->mu, &deadline);
+                pthread_cond_timedwait(&g->gate.keeper_cv, &g->gate.mu, &deadline);
             }
         }
-        g->drain_state = DRAIN_IDLE;
-        CUresult rc = g->drain_rc;
+        g->gate.drain_state = DRAIN_IDLE;
+        CUresult rc = g->gate.drain_rc;
         uint64_t waited = nvshare_now_ns() - started;
-        if (rc == CUDA_SUCCESS || (!capture_error(rc) && waited >= limit) || !g->held) {
+        if (rc == CUDA_SUCCESS || (!capture_error(rc) && waited >= limit) || !g->gate.held) {
             if (stuck)
                 nvshare_log("gpu %s: drained after %.1f s%s", g->uuid, waited / 1e9,
                             rc == CUDA_SUCCESS ? "" : " (its context reports an error: nothing of it runs)");
@@ -378,132 +386,132 @@ static int drain_with_deadline(struct nvshare_gpu *g)
         }
         struct timespec retry;
         deadline_after(&retry, DRAIN_RETRY_NS);
-        pthread_cond_timedwait(&g->keeper_cv, &g->mu, &retry);
+        pthread_cond_timedwait(&g->gate.keeper_cv, &g->gate.mu, &retry);
     }
 }
 
-/* With g->mu held, the gate closing and g drained: moves `bytes` out; returns with mu held. */
+/* With g->gate.mu held, the gate closing and g drained: moves `bytes` out; returns with mu held. */
 static uint64_t swap_out_unlocked(struct nvshare_gpu *g, uint64_t bytes)
 {
     if (!bytes)
         return 0;
-    g->swap_busy = 1;
-    pthread_mutex_unlock(&g->mu);
+    g->gate.swap_busy = 1;
+    pthread_mutex_unlock(&g->gate.mu);
     nvshare_swap_lock(g);
     uint64_t moved = nvshare_swap_out(g, bytes);
     nvshare_swap_unlock(g);
     nvshare_memory_report(g);
-    pthread_mutex_lock(&g->mu);
-    g->swap_busy = 0;
+    pthread_mutex_lock(&g->gate.mu);
+    g->gate.swap_busy = 0;
     return moved;
 }
 
-/* With g->mu held; returns with it held. */
+/* With g->gate.mu held; returns with it held. */
 static void release_lock(struct nvshare_gpu *g, uint32_t how)
 {
-    atomic_store(&g->closing, 1);
-    uint64_t want = g->swap_out_bytes;
-    g->swap_out_bytes = 0;
-    g->handoff_on_drain = want == 0;
+    atomic_store(&g->gate.closing, 1);
+    uint64_t want = g->gate.swap_out_bytes;
+    g->gate.swap_out_bytes = 0;
+    g->gate.handoff_on_drain = want == 0;
     int drained = drain_with_deadline(g) == 0;
-    g->handoff_on_drain = 0;
-    atomic_store(&g->swap_abort, 0);  /* still holding: no grant can overtake this one */
+    g->gate.handoff_on_drain = 0;
+    nvshare_swap_set_abort(g, 0);  /* still holding: no grant can overtake this one */
     uint64_t moved = drained ? swap_out_unlocked(g, want) : 0;
-    if (g->held && drained) {
+    if (g->gate.held && drained) {
         handoff_signal(g);   /* after moving memory out, if it had to */
-        g->held = 0;
-        atomic_store(&g->open, 0);
-        atomic_store(&g->burst_armed, 0);
+        g->gate.held = 0;
+        atomic_store(&g->gate.open, 0);
+        nvshare_burst_arm(g, 0);
         nvshare_burst_end(g);
-        g->last_release_ns = nvshare_now_ns();
-        g->last_release_idle = how == NVSHARE_RELEASE_IDLE;
+        g->gate.last_release_ns = nvshare_now_ns();
+        g->gate.last_release_idle = how == NVSHARE_RELEASE_IDLE;
         nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid,
                                how | (moved ? NVSHARE_RELEASE_SWAPPED : 0), moved, NULL);
         nvshare_debug("gpu %s: lock released (%s, held %.1f ms, idle threshold %.2f ms, when others wait "
                       "%.2f ms, %.1f MiB swapped out)",
                       g->uuid, how == NVSHARE_RELEASE_IDLE ? "idle" : "dropped",
-                      (g->last_release_ns - g->granted_ns) / 1e6, g->idle_threshold_ns / 1e6,
+                      (g->gate.last_release_ns - g->gate.granted_ns) / 1e6, g->gate.idle_threshold_ns / 1e6,
                       contended_threshold(g) / 1e6,
                       moved / 1048576.0);
     }
-    g->contended = 0;
-    g->drop_pending = 0;
-    atomic_store(&g->closing, 0);
-    pthread_cond_broadcast(&g->waiters_cv);
+    g->gate.contended = 0;
+    g->gate.drop_pending = 0;
+    atomic_store(&g->gate.closing, 0);
+    pthread_cond_broadcast(&g->gate.waiters_cv);
 }
 
-/* With g->mu held: may work pass the gate now (holding the lock, or ungated)? */
+/* With g->gate.mu held: may work pass the gate now (holding the lock, or ungated)? */
 static int should_open(struct nvshare_gpu *g)
 {
-    return g->held || atomic_load(&g->mode) == GPU_PASS ||
+    return g->gate.held || atomic_load(&g->mode) == GPU_PASS ||
            (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_outbox_connected());
 }
 
 static void ensure_keeper(struct nvshare_gpu *g);
 
-/* With g->mu held: open the gate, unless memory must come back first (then the keeper opens it). */
+/* With g->gate.mu held: open the gate, unless memory must come back first (then the keeper opens it). */
 static void open_gate(struct nvshare_gpu *g)
 {
     struct nvshare_mem_numbers numbers;
     nvshare_mem_numbers(g, &numbers);
-    if (numbers.swapped || g->swap_busy) {
-        g->swap_in_pending = 1;
+    if (numbers.swapped || g->gate.swap_busy) {
+        g->gate.swap_in_pending = 1;
         ensure_keeper(g);
-        pthread_cond_signal(&g->keeper_cv);
+        pthread_cond_signal(&g->gate.keeper_cv);
         return;
     }
-    atomic_store(&g->open, 1);
-    pthread_cond_broadcast(&g->waiters_cv);
+    atomic_store(&g->gate.open, 1);
+    pthread_cond_broadcast(&g->gate.waiters_cv);
 }
 
-/* With g->mu held (the keeper): bring swapped memory back, then open the gate if it may open. */
+/* With g->gate.mu held (the keeper): bring swapped memory back, then open the gate if it may open. */
 static void swap_in_and_open(struct nvshare_gpu *g)
 {
-    g->swap_in_pending = 0;
-    g->swap_busy = 1;
-    pthread_mutex_unlock(&g->mu);
+    g->gate.swap_in_pending = 0;
+    g->gate.swap_busy = 1;
+    pthread_mutex_unlock(&g->gate.mu);
     nvshare_swap_lock(g);
     int rc = nvshare_swap_in(g);
     /* Open under swap_mu: an allocation decides "born swapped" under it by looking at the gate. */
-    pthread_mutex_lock(&g->mu);
-    g->swap_busy = 0;
+    pthread_mutex_lock(&g->gate.mu);
+    g->gate.swap_busy = 0;
     if (rc == 0 && should_open(g)) {
-        atomic_store(&g->open, 1);
-        pthread_cond_broadcast(&g->waiters_cv);
+        atomic_store(&g->gate.open, 1);
+        pthread_cond_broadcast(&g->gate.waiters_cv);
     }
     nvshare_swap_unlock(g);
     nvshare_memory_report(g);
     if (rc == 0)
         return;
-    g->no_room_until = nvshare_now_ns() + NO_ROOM_RETRY_NS;
-    if (g->held) {
+    g->gate.no_room_until = nvshare_now_ns() + NO_ROOM_RETRY_NS;
+    if (g->gate.held) {
         /* Let the others run and free room; the waiting threads ask again after no_room_until. */
-        g->held = 0;
-        g->contended = g->drop_pending = 0;
-        g->swap_out_bytes = 0;
+        g->gate.held = 0;
+        g->gate.contended = g->gate.drop_pending = 0;
+        g->gate.swap_out_bytes = 0;
         nvshare_outbox_gpu_event(NVSHARE_MSG_LOCK_RELEASED, g->uuid, NVSHARE_RELEASE_NO_ROOM, 0, NULL);
-        pthread_cond_broadcast(&g->waiters_cv);
+        pthread_cond_broadcast(&g->gate.waiters_cv);
     } else if (should_open(g)) {
-        g->swap_in_pending = 1;  /* ungated: keep trying */
+        g->gate.swap_in_pending = 1;  /* ungated: keep trying */
     }
 }
 
-/* With g->mu held, not holding the lock: PREPARE_SWAP_OUT. */
+/* With g->gate.mu held, not holding the lock: PREPARE_SWAP_OUT. */
 static void swap_out_now(struct nvshare_gpu *g)
 {
-    uint64_t want = g->swap_now_bytes;
-    g->swap_now_bytes = 0;
-    if (atomic_load(&g->open) || g->held) {
+    uint64_t want = g->gate.swap_now_bytes;
+    g->gate.swap_now_bytes = 0;
+    if (atomic_load(&g->gate.open) || g->gate.held) {
         /* Ungated work may run at any moment: its memory cannot move. Say so in the numbers. */
         nvshare_memory_report(g);
         return;
     }
-    atomic_store(&g->closing, 1);
+    atomic_store(&g->gate.closing, 1);
     int drained = drain_with_deadline(g) == 0;
-    atomic_store(&g->swap_abort, 0);
-    uint64_t moved = g->held || !drained ? 0 : swap_out_unlocked(g, want);
-    atomic_store(&g->closing, 0);
-    pthread_cond_broadcast(&g->waiters_cv);
+    nvshare_swap_set_abort(g, 0);
+    uint64_t moved = g->gate.held || !drained ? 0 : swap_out_unlocked(g, want);
+    atomic_store(&g->gate.closing, 0);
+    pthread_cond_broadcast(&g->gate.waiters_cv);
     if (!moved)
         nvshare_memory_report(g);
     nvshare_debug("gpu %s: asked to move %.1f MiB to host memory while waiting: moved %.1f MiB", g->uuid,
@@ -514,27 +522,27 @@ static void *keeper_main(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;  /* driver calls of this thread are the hook's own */
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->gate.mu);
     for (;;) {
-        while (!(g->swap_in_pending || g->swap_now_bytes || (g->held && (g->drop_pending || g->contended))))
-            pthread_cond_wait(&g->keeper_cv, &g->mu);
-        if (g->swap_in_pending) {
+        while (!(g->gate.swap_in_pending || g->gate.swap_now_bytes || (g->gate.held && (g->gate.drop_pending || g->gate.contended))))
+            pthread_cond_wait(&g->gate.keeper_cv, &g->gate.mu);
+        if (g->gate.swap_in_pending) {
             uint64_t now = nvshare_now_ns();
-            if (!g->held && g->no_room_until > now) {
+            if (!g->gate.held && g->gate.no_room_until > now) {
                 struct timespec until;
-                deadline_after(&until, g->no_room_until - now);
-                pthread_cond_timedwait(&g->keeper_cv, &g->mu, &until);
-                if (nvshare_now_ns() < g->no_room_until)
+                deadline_after(&until, g->gate.no_room_until - now);
+                pthread_cond_timedwait(&g->gate.keeper_cv, &g->gate.mu, &until);
+                if (nvshare_now_ns() < g->gate.no_room_until)
                     continue;
             }
             swap_in_and_open(g);
             continue;
         }
-        if (g->swap_now_bytes) {
+        if (g->gate.swap_now_bytes) {
             swap_out_now(g);
             continue;
         }
-        if (g->drop_pending) {
+        if (g->gate.drop_pending) {
             release_lock(g, NVSHARE_RELEASE_DROPPED);
             continue;
         }
@@ -546,20 +554,20 @@ static void *keeper_main(void *arg)
             release_lock(g, NVSHARE_RELEASE_IDLE);
             continue;
         }
-        atomic_store(&g->touched, 0);
+        atomic_store(&g->gate.touched, 0);
         struct timespec deadline;
         deadline_after(&deadline, threshold);
         int rc = 0;
-        while (rc != ETIMEDOUT && g->held && g->contended && !g->drop_pending)
-            rc = pthread_cond_timedwait(&g->keeper_cv, &g->mu, &deadline);
-        if (!g->held || !g->contended || g->drop_pending)
+        while (rc != ETIMEDOUT && g->gate.held && g->gate.contended && !g->gate.drop_pending)
+            rc = pthread_cond_timedwait(&g->gate.keeper_cv, &g->gate.mu, &deadline);
+        if (!g->gate.held || !g->gate.contended || g->gate.drop_pending)
             continue;
         /* An open capture is work in progress too: it will launch what it records. So is a thread
          * waiting in cuCtx/Stream/EventSynchronize: its kernels still run. Counted idle, a
          * compute-bound job gave the GPU back in every step's synchronise (20 ms steps, 137
          * hand-overs in 4 s on the H100: 1.032x serial), not at the end of its turn. */
-        if (!atomic_load(&g->touched) && atomic_load(&g->inside) == 0 && atomic_load(&g->captures) == 0 &&
-            atomic_load(&g->syncing) == 0)
+        if (!atomic_load(&g->gate.touched) && atomic_load(&g->gate.inside) == 0 && atomic_load(&g->gate.captures) == 0 &&
+            atomic_load(&g->gate.syncing) == 0)
             release_lock(g, NVSHARE_RELEASE_IDLE);
     }
     return NULL;
@@ -567,116 +575,116 @@ static void *keeper_main(void *arg)
 
 static void ensure_keeper(struct nvshare_gpu *g)
 {
-    if (g->keeper_running)
+    if (g->gate.keeper_running)
         return;
     if (start_detached(keeper_main, g) == 0)
-        g->keeper_running = 1;
+        g->gate.keeper_running = 1;
     else
         nvshare_log("gpu %s: cannot start the hand-over thread; the lock is given back only on DROP_LOCK",
                     g->uuid);
 }
 
 /* ---- daemon messages (client thread) -------------------------------------------------------- */
-void nvshare_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
+void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->gate.mu);
     /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
     hold_lock(g, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS));
-    g->requested = 0;
+    g->gate.requested = 0;
     handoff_forget(g);
     /* A PREPARE_SWAP_OUT not yet done, or being done, is overtaken by the grant: moving memory
      * out only to bring it back would stall this job (measured: 11 s for 22 GiB, pinning first). */
-    int unanswered_ask = g->swap_now_bytes != 0 && !g->swap_busy;
-    g->swap_now_bytes = 0;
-    if (g->swap_busy)
-        atomic_store(&g->swap_abort, 1);
+    int unanswered_ask = g->gate.swap_now_bytes != 0 && !g->gate.swap_busy;
+    g->gate.swap_now_bytes = 0;
+    if (g->gate.swap_busy)
+        nvshare_swap_set_abort(g, 1);
     open_gate(g);
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
     if (unanswered_ask)
         nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
     nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
                   !(flags & NVSHARE_GRANT_SHARED) ? "exclusive"
-                  : atomic_load(&g->burst_armed) ? "shared, bursts take turns" : "shared", switch_ms);
+                  : atomic_load(&g->burst.armed) ? "shared, bursts take turns" : "shared", switch_ms);
 }
 
 static void want_out(struct nvshare_gpu *g, uint64_t bytes)
 {
-    if (bytes > g->swap_out_bytes)
-        g->swap_out_bytes = bytes;
+    if (bytes > g->gate.swap_out_bytes)
+        g->gate.swap_out_bytes = bytes;
 }
 
-void nvshare_on_contended(struct nvshare_gpu *g, uint64_t bytes)
+void nvshare_gate_on_contended(struct nvshare_gpu *g, uint64_t bytes)
 {
-    pthread_mutex_lock(&g->mu);
-    if (g->held) {
+    pthread_mutex_lock(&g->gate.mu);
+    if (g->gate.held) {
         want_out(g, bytes);
-        g->contended = 1;
-        pthread_cond_signal(&g->keeper_cv);
+        g->gate.contended = 1;
+        pthread_cond_signal(&g->gate.keeper_cv);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
 }
 
-void nvshare_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes)
+void nvshare_gate_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes)
 {
-    pthread_mutex_lock(&g->mu);
-    if (g->held && reason == NVSHARE_DROP_TIMESLICE) {
+    pthread_mutex_lock(&g->gate.mu);
+    if (g->gate.held && reason == NVSHARE_DROP_TIMESLICE) {
         /* Others waited a whole interval and no pause was long enough: be quicker next time. */
-        g->idle_threshold_ns = g->idle_threshold_ns / 2 < IDLE_MIN_NS ? IDLE_MIN_NS : g->idle_threshold_ns / 2;
+        g->gate.idle_threshold_ns = g->gate.idle_threshold_ns / 2 < IDLE_MIN_NS ? IDLE_MIN_NS : g->gate.idle_threshold_ns / 2;
     }
-    if (g->held) {
+    if (g->gate.held) {
         want_out(g, bytes);
-        g->drop_pending = 1;
-        pthread_cond_signal(&g->keeper_cv);
+        g->gate.drop_pending = 1;
+        pthread_cond_signal(&g->gate.keeper_cv);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
     nvshare_debug("gpu %s: drop requested (reason %u, %.1f MiB to move out)", g->uuid, reason,
                   bytes / 1048576.0);
 }
 
-void nvshare_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
+void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
 {
-    pthread_mutex_lock(&g->mu);
-    if (g->held) {
+    pthread_mutex_lock(&g->gate.mu);
+    if (g->gate.held) {
         want_out(g, bytes);  /* moved at the next release */
     } else if (bytes) {
-        g->swap_now_bytes = bytes > g->swap_now_bytes ? bytes : g->swap_now_bytes;
+        g->gate.swap_now_bytes = bytes > g->gate.swap_now_bytes ? bytes : g->gate.swap_now_bytes;
         ensure_keeper(g);
-        pthread_cond_signal(&g->keeper_cv);
+        pthread_cond_signal(&g->gate.keeper_cv);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
 }
 
-void nvshare_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd)
+void nvshare_gate_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd)
 {
-    pthread_mutex_lock(&g->mu);
-    if (role == NVSHARE_HANDOFF_FROM && g->held) {
-        close_fd(&g->handoff_out_fd);
-        g->handoff_out_fd = fd;
+    pthread_mutex_lock(&g->gate.mu);
+    if (role == NVSHARE_HANDOFF_FROM && g->gate.held) {
+        close_fd(&g->gate.handoff_out_fd);
+        g->gate.handoff_out_fd = fd;
         fd = -1;
-    } else if (role == NVSHARE_HANDOFF_TO && !g->held && g->requested) {
+    } else if (role == NVSHARE_HANDOFF_TO && !g->gate.held && g->gate.requested) {
         handoff_forget(g);
-        g->handoff_in_fd = fd;
-        g->handoff_gen++;
+        g->gate.handoff_in_fd = fd;
+        g->gate.handoff_gen++;
         fd = -1;
-        pthread_cond_broadcast(&g->waiters_cv);   /* a waiting thread starts to poll it */
+        pthread_cond_broadcast(&g->gate.waiters_cv);   /* a waiting thread starts to poll it */
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
     if (fd >= 0)
         close(fd);   /* not for us now (released meanwhile, or granted already) */
 }
 
 /* A REPLY to LOCK_REQUEST: this GPU is not the daemon's, or not this job's. Never block on it. */
-void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *message)
+void nvshare_gate_on_request_refused(uint32_t seq, int32_t status, const char *message)
 {
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        pthread_mutex_lock(&g->mu);
-        if (g->requested && g->request_seq == seq) {
-            g->requested = 0;
+        pthread_mutex_lock(&g->gate.mu);
+        if (g->gate.requested && g->gate.request_seq == seq) {
+            g->gate.requested = 0;
             atomic_store(&g->mode, GPU_PASS);
             open_gate(g);
-            pthread_mutex_unlock(&g->mu);
+            pthread_mutex_unlock(&g->gate.mu);
             if (status == NVSHARE_ERR_NOGPU)
                 nvshare_debug("gpu %s: not managed for this job (%s); not gated", g->uuid, message);
             else
@@ -684,80 +692,96 @@ void nvshare_on_request_refused(uint32_t seq, int32_t status, const char *messag
                             status, message);
             return;
         }
-        pthread_mutex_unlock(&g->mu);
+        pthread_mutex_unlock(&g->gate.mu);
     }
 }
 
 /* Connection up: waiters ask again. Down: nobody holds anything; 'run' lets work pass meanwhile. */
-void nvshare_on_connection_change(int connected)
+void nvshare_gate_on_connection_change(int connected)
 {
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        pthread_mutex_lock(&g->mu);
+        pthread_mutex_lock(&g->gate.mu);
         if (atomic_load(&g->mode) != GPU_PASS) {
-            g->held = 0;
-            g->requested = 0;
-            g->contended = 0;
-            g->drop_pending = 0;
-            g->swap_in_pending = 0;
-            g->swap_out_bytes = 0;
-            atomic_store(&g->open, 0);
-            atomic_store(&g->burst_armed, 0);
+            g->gate.held = 0;
+            g->gate.requested = 0;
+            g->gate.contended = 0;
+            g->gate.drop_pending = 0;
+            g->gate.swap_in_pending = 0;
+            g->gate.swap_out_bytes = 0;
+            atomic_store(&g->gate.open, 0);
+            nvshare_burst_arm(g, 0);
             nvshare_burst_end(g);
             handoff_forget(g);
-            close_fd(&g->handoff_out_fd);
+            close_fd(&g->gate.handoff_out_fd);
             if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN)
                 open_gate(g);
         }
-        pthread_cond_broadcast(&g->waiters_cv);
-        pthread_mutex_unlock(&g->mu);
+        pthread_cond_broadcast(&g->gate.waiters_cv);
+        pthread_mutex_unlock(&g->gate.mu);
     }
 }
 
 /* The daemon refused this process as a client: gating would only block the job. */
-void nvshare_gates_open_all(const char *why)
+void nvshare_gates_open_all(void)
 {
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        pthread_mutex_lock(&g->mu);
+        pthread_mutex_lock(&g->gate.mu);
         atomic_store(&g->mode, GPU_PASS);
         open_gate(g);
-        pthread_mutex_unlock(&g->mu);
+        pthread_mutex_unlock(&g->gate.mu);
     }
-    (void)why;
+}
+
+void nvshare_gate_pass_through(struct nvshare_gpu *g)
+{
+    atomic_store(&g->mode, GPU_PASS);
+    atomic_store(&g->gate.open, 1);
+}
+
+void nvshare_gate_note_demand(struct nvshare_gpu *g, uint64_t idle_since_ns, uint64_t gap_mean_ns,
+                              unsigned busy_ppm)
+{
+    atomic_store_explicit(&g->gate.idle_since_ns, idle_since_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->gate.gap_mean_ns, gap_mean_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->gate.busy_ppm, busy_ppm, memory_order_relaxed);
 }
 
 /* The child of fork holds no lock and has no threads but this one. */
 void nvshare_gate_after_fork(void)
 {
-    nvshare_gpus_after_fork();
     pthread_mutex_init(&capture_mu, NULL);
     n_captures = 0;
     atomic_store(&nvshare_tl_capturing, 0);
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        nvshare_gpu_init_sync(g);
-        g->held = g->requested = g->waiters = g->contended = g->drop_pending = 0;
-        g->swap_in_pending = g->swap_busy = 0;
-        g->swap_out_bytes = g->swap_now_bytes = g->no_room_until = 0;
-        g->keeper_running = 0;
-        g->drainer_running = 0;
+        pthread_mutex_init(&g->gate.mu, NULL);
+        nvshare_cond_init(&g->gate.waiters_cv);
+        nvshare_cond_init(&g->gate.keeper_cv);
+        nvshare_cond_init(&g->gate.drain_cv);
+        nvshare_gate_note_demand(g, 0, 0, 0);   /* the child's sampler starts afresh */
+        g->gate.held = g->gate.requested = g->gate.waiters = g->gate.contended = g->gate.drop_pending = 0;
+        g->gate.swap_in_pending = g->gate.swap_busy = 0;
+        g->gate.swap_out_bytes = g->gate.swap_now_bytes = g->gate.no_room_until = 0;
+        g->gate.keeper_running = 0;
+        g->gate.drainer_running = 0;
         /* Copies of the parent's hand-over eventfds: not this process's to write or wait on. */
-        close_fd(&g->handoff_in_fd);
-        close_fd(&g->handoff_out_fd);
-        g->handoff_polling = g->handoff_on_drain = 0;
-        g->drain_state = DRAIN_IDLE;
-        atomic_store(&g->captures, 0);
-        g->last_release_idle = 0;
-        atomic_store(&g->inside, 0);
-        atomic_store(&g->closing, 0);
+        close_fd(&g->gate.handoff_in_fd);
+        close_fd(&g->gate.handoff_out_fd);
+        g->gate.handoff_polling = g->gate.handoff_on_drain = 0;
+        g->gate.drain_state = DRAIN_IDLE;
+        atomic_store(&g->gate.captures, 0);
+        g->gate.last_release_idle = 0;
+        atomic_store(&g->gate.inside, 0);
+        atomic_store(&g->gate.closing, 0);
         if (atomic_load(&g->mode) == GPU_GATED)
             atomic_store(&g->mode, GPU_UNKNOWN);
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(g->uuid);
         atomic_store(&g->mode, managed ? GPU_UNKNOWN : GPU_PASS);
-        atomic_store(&g->open, managed ? (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN) : 1);
+        atomic_store(&g->gate.open, managed ? (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN) : 1);
     }
 }

@@ -3,7 +3,7 @@
  * The calling thread's current context, cached per thread and in a table of (context -> GPU), so the
  * hot path is one cuCtxGetCurrent plus atomics. A GPU is identified by the UUID the driver reports,
  * so CUDA_VISIBLE_DEVICES may use indices or UUIDs. The gate, the memory accounting and swap all
- * look GPUs up here; this file calls none of them.
+ * look GPUs up here; this file calls none of them (only outbox.c and client.c, for the link).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -11,7 +11,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "nvshare_hook.h"
+#include "client.h"
+#include "driver.h"
+#include "env.h"
+#include "gpus.h"
+#include "outbox.h"
 
 struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
 atomic_int nvshare_n_gpus;
@@ -54,16 +58,12 @@ static void format_uuid(char *out, const CUuuid *u)
              b[14], b[15]);
 }
 
-void nvshare_gpu_init_sync(struct nvshare_gpu *g)
+void nvshare_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_mutex_init(&g->swap_mu, NULL);
-    pthread_cond_init(&g->waiters_cv, &attr);
-    pthread_cond_init(&g->keeper_cv, &attr);
-    pthread_cond_init(&g->drain_cv, &attr);
+    pthread_cond_init(cv, &attr);
     pthread_condattr_destroy(&attr);
 }
 
@@ -89,16 +89,22 @@ static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
         memset(g->uuid, 0, sizeof g->uuid);
         nvshare_copy_str(g->uuid, NVSHARE_UUID_LEN, uuid);
         g->device = dev;
-        g->vmm = -1;
-        nvshare_gpu_init_sync(g);
-        g->handoff_out_fd = g->handoff_in_fd = -1;
+        /* Each part's starting state: the gate shut for a managed GPU until granted, no hand-over,
+         * the daemon's idle threshold; swap does not know yet whether the GPU has VMM. */
+        pthread_mutex_init(&g->gate.mu, NULL);
+        nvshare_cond_init(&g->gate.waiters_cv);
+        nvshare_cond_init(&g->gate.keeper_cv);
+        nvshare_cond_init(&g->gate.drain_cv);
+        g->gate.handoff_out_fd = g->gate.handoff_in_fd = -1;
+        pthread_mutex_init(&g->swap.mu, NULL);
+        g->swap.vmm = -1;
         uint32_t us = nvshare_outbox_idle_release_us();
-        g->idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
+        g->gate.idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(uuid);
         atomic_store(&g->mode, managed ? GPU_UNKNOWN : GPU_PASS);
-        atomic_store(&g->open, managed ? (nvshare_outbox_refused() ? 1 : 0) : 1);
+        atomic_store(&g->gate.open, managed ? (nvshare_outbox_refused() ? 1 : 0) : 1);
         if (managed && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_outbox_connected())
-            atomic_store(&g->open, 1);
+            atomic_store(&g->gate.open, 1);
         atomic_store(&nvshare_n_gpus, n + 1);  /* publish after the slot is complete */
         if (!managed && nvshare_cfg.active)
             nvshare_debug("gpu %s: not in NVSHARE_MANAGED_GPUS; not gated", uuid);
@@ -251,7 +257,7 @@ struct nvshare_gpu *nvshare_gpu_for_current(void)
         if (!g)
             return NULL;
         g = ctx_insert(ctx, g);
-        nvshare_outbox_want_link();  /* with 'run' and no daemon the gate is open: connect anyway */
+        nvshare_client_start();  /* with 'run' and no daemon the gate is open: connect anyway */
     }
     tl_ctx = ctx;
     tl_gpu = g;

@@ -6,6 +6,8 @@
  *    RTLD_NEXT resolves to the wrapper (only when the driver has that name, so absence stays visible);
  *  - cuGetProcAddress(_v2): the driver picks the versioned entry point for (name, cudaVersion, flags);
  *    the hook finds which real function that is and hands back its wrapper.
+ * The top layer: it calls the gate, bursts, GPU lookup and the driver's block, and its constructor
+ * wires the rest together (the daemon's events to events.c, the fork handlers). Nothing calls it.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -15,17 +17,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
-
-struct nvshare_real nvshare_real;
-atomic_int nvshare_driver_ok;
-NVSHARE_TLS int nvshare_in_hook;
-
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
-static void *driver_handle;
-static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
-static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+#include "burst.h"
+#include "client.h"
+#include "demand.h"
+#include "driver.h"
+#include "env.h"
+#include "events.h"
+#include "gate.h"
+#include "gpus.h"
+#include "ipc.h"
+#include "memory.h"
+#include "outbox.h"
+#include "swap.h"
 
 /* ---- the table ------------------------------------------------------------------------------ */
 #define NVSHARE_DECLARE(name, params, ...) NVSHARE_EXPORT CUresult name params;
@@ -52,100 +55,23 @@ static const struct hook_entry *entry_by_name(const char *name)
 }
 
 /* ---- initialisation ------------------------------------------------------------------------- */
-static void resolve_dlsym(void)
-{
-    /* The real dlsym of whichever glibc this is; dlvsym is not interposed. */
-    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-#if defined(__x86_64__)
-    if (!real_dlsym)
-        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-#elif defined(__aarch64__)
-    if (!real_dlsym)
-        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
-#endif
-}
-
-static void read_settings_once(void)
-{
-    nvshare_read_settings();
-    resolve_dlsym();
-}
-
-static void load_driver_once(void)
-{
-    pthread_once(&settings_once, read_settings_once);
-    nvshare_in_hook++;
-    driver_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!driver_handle || !real_dlsym) {
-        if (nvshare_cfg.active)
-            nvshare_log("cannot load libcuda.so.1 (%s); CUDA calls will fail as without nvshare",
-                        driver_handle ? "no dlsym" : dlerror());
-        nvshare_in_hook--;
-        return;
-    }
-    for (size_t i = 0; i < HOOK_COUNT; i++)  /* optional: absent in older drivers */
-        *hook_table[i].real = real_dlsym(driver_handle, hook_table[i].name);
-#define RESOLVE(name) nvshare_real.name = (name##_fn)real_dlsym(driver_handle, #name)
-    RESOLVE(cuCtxGetCurrent);
-    RESOLVE(cuCtxGetDevice);
-    RESOLVE(cuCtxPushCurrent_v2);
-    RESOLVE(cuCtxPopCurrent_v2);
-    RESOLVE(cuDeviceGetUuid);
-    RESOLVE(cuDeviceGetUuid_v2);
-    RESOLVE(cuDeviceGet);
-    RESOLVE(cuStreamGetCtx);
-    RESOLVE(cuDeviceGetAttribute);
-    RESOLVE(cuDeviceGetCount);
-    RESOLVE(cuDeviceCanAccessPeer);
-    RESOLVE(cuMemGetAllocationGranularity);
-    RESOLVE(cuMemAddressReserve);
-    RESOLVE(cuMemAddressFree);
-    RESOLVE(cuMemSetAccess);
-    RESOLVE(cuMemHostAlloc);
-    RESOLVE(cuMemFreeHost);
-    RESOLVE(cuMemPoolGetAttribute);
-    RESOLVE(cuDeviceGetDefaultMemPool);
-    RESOLVE(cuDeviceGetMemPool);
-    RESOLVE(cuDeviceGetGraphMemAttribute);
-    RESOLVE(cuCtxFromGreenCtx);
-    RESOLVE(cuDevicePrimaryCtxGetState);
-    RESOLVE(cuMemExportToShareableHandle);
-    RESOLVE(cuMemImportFromShareableHandle);
-#undef RESOLVE
-    nvshare_in_hook--;
-    /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */
-    if (!nvshare_real.cuInit || !nvshare_real.cuCtxGetCurrent || !nvshare_real.cuCtxGetDevice ||
-        !nvshare_real.cuCtxSynchronize || !nvshare_real.cuCtxPushCurrent_v2 ||
-        !nvshare_real.cuCtxPopCurrent_v2 || !nvshare_real.cuDeviceGet ||
-        (!nvshare_real.cuDeviceGetUuid && !nvshare_real.cuDeviceGetUuid_v2)) {
-        if (nvshare_cfg.active)
-            nvshare_log("libcuda.so.1 lacks functions nvshare needs; GPU sharing is off");
-        nvshare_cfg.active = 0;
-    }
-    atomic_store(&nvshare_driver_ok, 1);
-}
-
-int nvshare_load_driver(void)
-{
-    pthread_once(&driver_once, load_driver_once);
-    return atomic_load(&nvshare_driver_ok) ? 0 : -1;
-}
-
 static void after_fork_child(void)
 {
     nvshare_outbox_after_fork();
     nvshare_client_after_fork();
+    nvshare_gpus_after_fork();
     nvshare_gate_after_fork();
     nvshare_memory_after_fork();
     nvshare_swap_after_fork();
     nvshare_ipc_after_fork();
     nvshare_demand_after_fork();
+    nvshare_burst_after_fork();
 }
 
 __attribute__((constructor)) static void nvshare_init(void)
 {
-    pthread_once(&settings_once, read_settings_once);
-    nvshare_outbox_set_starter(nvshare_client_start);
+    nvshare_driver_prepare();
+    nvshare_events_install();   /* client.c's reader hands what the daemon says to events.c */
     pthread_atfork(nvshare_memory_before_fork, nvshare_memory_parent_after_fork, after_fork_child);
 }
 
@@ -154,8 +80,8 @@ __attribute__((constructor)) static void nvshare_init(void)
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
-        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(nvshare_gpu_for_current());            \
-        nvshare_in_hook++; /* calls the driver makes to itself are not gated twice */          \
+        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(nvshare_gpu_for_current());           \
+        nvshare_in_hook++; /* calls the driver makes to itself are not gated twice */            \
         CUresult gate_rc_ = nvshare_real.name args;                                              \
         nvshare_in_hook--;                                                                       \
         nvshare_gate_leave(gate_gpu_);                                                           \
@@ -214,7 +140,7 @@ PEER_COPY_WRAPPER(cuMemcpyPeerAsync_ptsz, NVP_PEER_A, NVA_6)
  * it may be stale or garbage: it names no GPU to enter (arrays never leave their GPU). */
 #define SIDE_GPU(type, ctx) ((type) == CU_MEMORYTYPE_ARRAY ? NULL : nvshare_gpu_for_ctx(ctx))
 #define PEER_3D_WRAPPER(name, params, args)                                                      \
-    PAIR_COPY_WRAPPER(name, params, args, a ? SIDE_GPU(a->dstMemoryType, a->dstContext) : NULL, \
+    PAIR_COPY_WRAPPER(name, params, args, a ? SIDE_GPU(a->dstMemoryType, a->dstContext) : NULL,  \
                       a ? SIDE_GPU(a->srcMemoryType, a->srcContext) : NULL)
 PEER_3D_WRAPPER(cuMemcpy3DPeer, NVP_3DP, NVA_1)
 PEER_3D_WRAPPER(cuMemcpy3DPeer_ptds, NVP_3DP, NVA_1)
@@ -331,8 +257,8 @@ NVSHARE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         CUresult rc = nvshare_real.name(dev);                                                    \
         unsigned int flags;                                                                      \
         int active = 0;                                                                          \
-        if ((may_survive) && primary && nvshare_real.cuDevicePrimaryCtxGetState &&            \
-            nvshare_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&  \
+        if ((may_survive) && primary && nvshare_real.cuDevicePrimaryCtxGetState &&               \
+            nvshare_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&     \
             active)                                                                              \
             nvshare_primary_ctx_retained(dev, primary);                                          \
         return rc;                                                                               \
@@ -360,7 +286,7 @@ NVSHARE_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags
         }
         nvshare_in_hook--;
         struct nvshare_gpu *g = known ? nvshare_gpu_for_device(dev) : NULL;
-        if (g && !atomic_exchange(&g->peer_access, 1))
+        if (g && nvshare_swap_keep_resident(g))
             nvshare_debug("gpu %s: peer access enabled; its memory stays on the GPU from now on", g->uuid);
     }
     return rc;
@@ -411,11 +337,11 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *sync_gpu_ = (gpu);                                                   \
         if (sync_gpu_)                                                                           \
-            atomic_fetch_add_explicit(&sync_gpu_->syncing, 1, memory_order_relaxed);            \
+            nvshare_gate_sync_begin(sync_gpu_);                                                  \
         CUresult sync_rc_ = call;                                                                \
-        if (sync_gpu_ && atomic_fetch_sub(&sync_gpu_->syncing, 1) == 1 &&                         \
-            atomic_load_explicit(&sync_gpu_->in_burst, memory_order_relaxed) &&                  \
-            atomic_load(&sync_gpu_->inside) == 0)                                                \
+        if (sync_gpu_ && nvshare_gate_sync_end(sync_gpu_) &&                                     \
+            atomic_load_explicit(&sync_gpu_->burst.in_burst, memory_order_relaxed) &&            \
+            atomic_load(&sync_gpu_->gate.inside) == 0)                                           \
             nvshare_burst_end(sync_gpu_); /* its work is done: a co-runner's burst may begin */  \
         return sync_rc_;                                                                         \
     } while (0)
@@ -489,6 +415,7 @@ static int is_driver_handle(void *handle)
 {
     if (handle == RTLD_DEFAULT || handle == RTLD_NEXT)
         return 1;
+    void *driver_handle = nvshare_driver_handle();
     if (driver_handle && handle == driver_handle)
         return 1;
     /* The caller may have opened the driver before the hook did: same object, same handle. */
@@ -514,22 +441,22 @@ static void *wrapper_for(void *handle, const char *name)
 /* Tail calls to the real dlsym keep the caller's return address, which glibc uses for RTLD_NEXT. */
 NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_new(void *handle, const char *name)
 {
-    if (!real_dlsym)
-        pthread_once(&settings_once, read_settings_once);
+    if (!nvshare_real_dlsym)
+        nvshare_driver_prepare();
     void *w = wrapper_for(handle, name);
     if (w)
         return w;
-    return real_dlsym(handle, name);
+    return nvshare_real_dlsym(handle, name);
 }
 
 NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_old(void *handle, const char *name)
 {
-    if (!real_dlsym)
-        pthread_once(&settings_once, read_settings_once);
+    if (!nvshare_real_dlsym)
+        nvshare_driver_prepare();
     void *w = wrapper_for(handle, name);
     if (w)
         return w;
-    return real_dlsym(handle, name);
+    return nvshare_real_dlsym(handle, name);
 }
 
 __asm__(".symver nvshare_dlsym_new, dlsym@@GLIBC_2.34");

@@ -15,7 +15,8 @@
  *    memory (checked on the H100: a handle taken from an interior pointer opens at the base).
  * Handles that are not nvshare's go to the driver unchanged, both ways.
  *
- * Layering: memory.c's wrappers call in here; this file calls swap.c and the driver, nothing above.
+ * Layering: hook_memory.c's cuIpc* wrappers call in here; this file calls swap.c and the driver,
+ * nothing above.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -31,7 +32,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "driver.h"
+#include "env.h"
+#include "gpus.h"
+#include "ipc.h"
+#include "swap.h"
 
 #define IPC_MAGIC 0x3143504948535654ull   /* "TVSHIPC1" little-endian: not what a driver handle starts with */
 #define IPC_FDS_PER_MESSAGE 250           /* under the kernel's SCM_MAX_FD (253) */

@@ -13,7 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "env.h"
+#include "outbox.h"
 
 /* Frames waiting for the writer: lock events, memory reports, questions. A process has a handful
  * outstanding per GPU; memory reports for one GPU are merged while unsent. */
@@ -74,17 +78,7 @@ static void lock_outbox(void)
     pthread_mutex_lock(&out_mu);
 }
 
-static void (*_Atomic starter)(void);
-
 int nvshare_outbox_connected(void) { return atomic_load(&link_up); }
-void nvshare_outbox_set_starter(void (*start)(void)) { atomic_store(&starter, start); }
-
-void nvshare_outbox_want_link(void)
-{
-    void (*start)(void) = atomic_load(&starter);
-    if (start)
-        start();
-}
 int nvshare_outbox_refused(void) { return atomic_load(&link_refused); }
 int nvshare_outbox_silent(void) { return atomic_load(&link_silent); }
 uint32_t nvshare_outbox_idle_release_us(void) { return atomic_load(&idle_release_us); }

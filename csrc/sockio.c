@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "sockio.h"
 
 ssize_t nvshare_recv_fds(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds)
 {

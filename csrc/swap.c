@@ -21,7 +21,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "nvshare_hook.h"
+#include "driver.h"
+#include "env.h"
+#include "gpus.h"
+#include "swap.h"
 
 #define CHUNK_BYTES (256ull << 20)
 /* Host memory kept free beyond what a swap pins: the job needs some for itself. */
@@ -45,12 +48,14 @@ struct nvshare_swap_entry {
 /* The counters memory.c reports: swap.c alone moves bytes between them. */
 static void counted(struct nvshare_gpu *g, int64_t d_swappable, int64_t d_swapped)
 {
-    atomic_fetch_add(&g->swappable, (uint64_t)d_swappable);
-    atomic_fetch_add(&g->swapped, (uint64_t)d_swapped);
+    atomic_fetch_add(&g->swap.swappable, (uint64_t)d_swappable);
+    atomic_fetch_add(&g->swap.swapped, (uint64_t)d_swapped);
 }
 
-void nvshare_swap_lock(struct nvshare_gpu *g) { pthread_mutex_lock(&g->swap_mu); }
-void nvshare_swap_unlock(struct nvshare_gpu *g) { pthread_mutex_unlock(&g->swap_mu); }
+void nvshare_swap_lock(struct nvshare_gpu *g) { pthread_mutex_lock(&g->swap.mu); }
+void nvshare_swap_unlock(struct nvshare_gpu *g) { pthread_mutex_unlock(&g->swap.mu); }
+void nvshare_swap_set_abort(struct nvshare_gpu *g, int on) { atomic_store(&g->swap.abort, on); }
+int nvshare_swap_keep_resident(struct nvshare_gpu *g) { return !atomic_exchange(&g->swap.peer_access, 1); }
 
 static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
 {
@@ -59,9 +64,9 @@ static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = g->device;
-    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)g->rdma;
+    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)g->swap.rdma;
     /* The driver exports a chunk (CUDA IPC, ipc.c) only when it was made exportable. */
-    if (g->fd_export)
+    if (g->swap.fd_export)
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return prop;
 }
@@ -69,9 +74,9 @@ static CUmemAllocationProp device_prop(const struct nvshare_gpu *g)
 /* With swap_mu held: can g's allocations be backed this way? Found out once per GPU. */
 static int vmm_usable(struct nvshare_gpu *g)
 {
-    if (g->vmm >= 0)
-        return g->vmm;
-    g->vmm = 0;
+    if (g->swap.vmm >= 0)
+        return g->swap.vmm;
+    g->swap.vmm = 0;
     const struct nvshare_real *r = &nvshare_real;
     if (!r->cuDeviceGetAttribute || !r->cuMemGetAllocationGranularity || !r->cuMemAddressReserve ||
         !r->cuMemAddressFree || !r->cuMemMap || !r->cuMemUnmap || !r->cuMemSetAccess || !r->cuMemCreate ||
@@ -85,59 +90,59 @@ static int vmm_usable(struct nvshare_gpu *g)
     size_t granularity = 0;
     if (r->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, g->device) ==
         CUDA_SUCCESS)
-        g->rdma = rdma != 0;
+        g->swap.rdma = rdma != 0;
     int fd_export = 0;
     if (r->cuMemExportToShareableHandle &&
         r->cuDeviceGetAttribute(&fd_export, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                 g->device) == CUDA_SUCCESS)
-        g->fd_export = fd_export != 0;
+        g->swap.fd_export = fd_export != 0;
     CUmemAllocationProp prop = device_prop(g);
     if (r->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                 g->device) == CUDA_SUCCESS && supported &&
         r->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
             CUDA_SUCCESS && granularity && CHUNK_BYTES % granularity == 0) {
-        g->granularity = granularity;
+        g->swap.granularity = granularity;
         /* Every chunk asks for the fd handle type: make sure cuMemCreate takes it here, or every
          * swappable allocation would fail; without it only CUDA IPC on this memory is lost. */
         CUmemGenericAllocationHandle probe;
-        if (g->fd_export && r->cuMemCreate(&probe, granularity, &prop, 0) == CUDA_SUCCESS) {
+        if (g->swap.fd_export && r->cuMemCreate(&probe, granularity, &prop, 0) == CUDA_SUCCESS) {
             r->cuMemRelease(probe);
-        } else if (g->fd_export) {
-            g->fd_export = 0;
+        } else if (g->swap.fd_export) {
+            g->swap.fd_export = 0;
             prop = device_prop(g);
             nvshare_log("gpu %s: its memory cannot be made exportable; CUDA IPC on swappable memory "
                         "is off (NVSHARE_SWAP=off gives the driver's own IPC)", g->uuid);
         }
         /* Like cuMemAlloc: read-write for this GPU and for every GPU that can reach it as a peer. */
-        g->n_access = 0;
-        g->access[g->n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, g->device},
+        g->swap.n_access = 0;
+        g->swap.access[g->swap.n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, g->device},
                                                      CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         int count = 0;
         if (r->cuDeviceGetCount && r->cuDeviceCanAccessPeer && r->cuDeviceGetCount(&count) == CUDA_SUCCESS)
-            for (int d = 0; d < count && g->n_access < NVSHARE_MAX_GPUS; d++) {
+            for (int d = 0; d < count && g->swap.n_access < NVSHARE_MAX_GPUS; d++) {
                 int can = 0;
                 if (d != g->device && r->cuDeviceCanAccessPeer(&can, d, g->device) == CUDA_SUCCESS && can)
-                    g->access[g->n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, d},
+                    g->swap.access[g->swap.n_access++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_DEVICE, d},
                                                                  CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
             }
-        g->vmm = 1;
+        g->swap.vmm = 1;
     } else {
         nvshare_debug("gpu %s: no virtual memory management on this GPU; allocations stay fixed", g->uuid);
     }
     nvshare_in_hook--;
-    return g->vmm;
+    return g->swap.vmm;
 }
 
 size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size)
 {
     if (!g || !nvshare_cfg.active || !nvshare_cfg.swap || atomic_load(&g->mode) == GPU_PASS ||
-        atomic_load(&g->peer_access))
+        atomic_load(&g->swap.peer_access))
         return 0;
     size_t rounded = 0;
-    pthread_mutex_lock(&g->swap_mu);
-    if (vmm_usable(g) && size >= g->granularity && size <= SIZE_MAX - g->granularity)
-        rounded = (size + g->granularity - 1) / g->granularity * g->granularity;
-    pthread_mutex_unlock(&g->swap_mu);
+    pthread_mutex_lock(&g->swap.mu);
+    if (vmm_usable(g) && size >= g->swap.granularity && size <= SIZE_MAX - g->swap.granularity)
+        rounded = (size + g->swap.granularity - 1) / g->swap.granularity * g->swap.granularity;
+    pthread_mutex_unlock(&g->swap.mu);
     return rounded;
 }
 
@@ -155,12 +160,12 @@ static CUresult map_physical(struct nvshare_gpu *g, struct nvshare_swap_entry *e
         r->cuMemRelease(handle);
         return rc;
     }
-    rc = r->cuMemSetAccess(e->va, e->size, g->access, (size_t)g->n_access);
-    if (rc != CUDA_SUCCESS && g->n_access > 1) {
+    rc = r->cuMemSetAccess(e->va, e->size, g->swap.access, (size_t)g->swap.n_access);
+    if (rc != CUDA_SUCCESS && g->swap.n_access > 1) {
         nvshare_log("gpu %s: peer GPUs cannot be given access to its memory (CUDA error %d); only the GPU "
                     "itself can reach it from now on", g->uuid, rc);
-        g->n_access = 1;
-        rc = r->cuMemSetAccess(e->va, e->size, g->access, 1);
+        g->swap.n_access = 1;
+        rc = r->cuMemSetAccess(e->va, e->size, g->swap.access, 1);
     }
     if (rc != CUDA_SUCCESS) {
         r->cuMemUnmap(e->va, e->size);
@@ -175,16 +180,16 @@ static CUresult map_physical(struct nvshare_gpu *g, struct nvshare_swap_entry *e
 /* With swap_mu held: room for n more entries. */
 static int reserve_entries(struct nvshare_gpu *g, size_t n)
 {
-    if (g->swap_count + n <= g->swap_cap)
+    if (g->swap.count + n <= g->swap.cap)
         return 0;
-    size_t cap = g->swap_cap ? g->swap_cap : 64;
-    while (cap < g->swap_count + n)
+    size_t cap = g->swap.cap ? g->swap.cap : 64;
+    while (cap < g->swap.count + n)
         cap *= 2;
-    struct nvshare_swap_entry *grown = realloc(g->swap_entries, cap * sizeof *grown);
+    struct nvshare_swap_entry *grown = realloc(g->swap.entries, cap * sizeof *grown);
     if (!grown)
         return -1;
-    g->swap_entries = grown;
-    g->swap_cap = cap;
+    g->swap.entries = grown;
+    g->swap.cap = cap;
     return 0;
 }
 
@@ -211,9 +216,9 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
 {
     const struct nvshare_real *r = &nvshare_real;
     size_t chunks = (size + CHUNK_BYTES - 1) / CHUNK_BYTES;
-    pthread_mutex_lock(&g->swap_mu);
+    pthread_mutex_lock(&g->swap.mu);
     if (!vmm_usable(g) || reserve_entries(g, chunks) != 0) {
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     nvshare_in_hook++;
@@ -221,10 +226,10 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     CUresult rc = r->cuMemAddressReserve(&base, size, 0, 0, 0);
     if (rc != CUDA_SUCCESS) {
         nvshare_in_hook--;
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
         return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_NOT_SUPPORTED;
     }
-    struct nvshare_swap_entry *first = &g->swap_entries[g->swap_count];
+    struct nvshare_swap_entry *first = &g->swap.entries[g->swap.count];
     for (size_t i = 0; i < chunks; i++) {
         size_t offset = i * CHUNK_BYTES;
         first[i] = (struct nvshare_swap_entry){base, base + offset,
@@ -232,14 +237,14 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
                                                0, NULL, 0, 0, 0};
     }
     /* Born swapped only while this process cannot be running on g: the decision and the counters
-     * change under g->mu, where a grant looks at them before it opens the gate. */
-    pthread_mutex_lock(&g->mu);
-    int born_swapped = deferred && !atomic_load(&g->open);
+     * change under the gate's mutex, where a grant looks at them before it opens the gate. */
+    pthread_mutex_lock(&g->gate.mu);
+    int born_swapped = deferred && !atomic_load(&g->gate.open);
     if (born_swapped) {
-        g->swap_count += chunks;
+        g->swap.count += chunks;
         counted(g, 0, (int64_t)size);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->gate.mu);
     if (!born_swapped) {
         for (size_t i = 0; i < chunks && rc == CUDA_SUCCESS; i++) {
             rc = map_physical(g, &first[i]);
@@ -248,14 +253,14 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
                     unmap_chunk(g, &first[j]);
         }
         if (rc == CUDA_SUCCESS) {
-            g->swap_count += chunks;
+            g->swap.count += chunks;
             counted(g, (int64_t)size, 0);
         } else {
             r->cuMemAddressFree(base, size);
         }
     }
     nvshare_in_hook--;
-    pthread_mutex_unlock(&g->swap_mu);
+    pthread_mutex_unlock(&g->swap.mu);
     if (rc == CUDA_SUCCESS)
         *dptr = base;
     return rc;
@@ -267,19 +272,19 @@ struct nvshare_gpu *nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_
     struct nvshare_gpu *found = NULL;
     for (int k = 0; k < n && !found; k++) {
         struct nvshare_gpu *g = &nvshare_gpus[k];
-        pthread_mutex_lock(&g->swap_mu);
-        for (size_t i = 0; i < g->swap_count && !found; i++) {
-            struct nvshare_swap_entry *e = &g->swap_entries[i];
+        pthread_mutex_lock(&g->swap.mu);
+        for (size_t i = 0; i < g->swap.count && !found; i++) {
+            struct nvshare_swap_entry *e = &g->swap.entries[i];
             if (ptr < e->va || ptr - e->va >= e->size)
                 continue;
             found = g;
             *base = e->base;
             *size = 0;
-            for (size_t j = 0; j < g->swap_count; j++)
-                if (g->swap_entries[j].base == e->base)
-                    *size += g->swap_entries[j].size;
+            for (size_t j = 0; j < g->swap.count; j++)
+                if (g->swap.entries[j].base == e->base)
+                    *size += g->swap.entries[j].size;
         }
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
     }
     return found;
 }
@@ -287,12 +292,12 @@ struct nvshare_gpu *nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_
 int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
 {
     const struct nvshare_real *r = &nvshare_real;
-    pthread_mutex_lock(&g->swap_mu);
+    pthread_mutex_lock(&g->swap.mu);
     size_t found = 0;
-    for (size_t i = 0; i < g->swap_count; i++)
-        found += g->swap_entries[i].base == va;
+    for (size_t i = 0; i < g->swap.count; i++)
+        found += g->swap.entries[i].base == va;
     if (!found) {
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
         return 0;
     }
     nvshare_in_hook++;
@@ -303,8 +308,8 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
      * whole allocation, so cuMemFree reports the error and a retry can finish the job. */
     uint64_t size = 0, was_swapped = 0, unmapped_swappable = 0, unmapped_all = 0;
     CUresult unmapped = CUDA_SUCCESS;
-    for (size_t i = 0; i < g->swap_count; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->base != va)
             continue;
         size += e->size;
@@ -328,7 +333,7 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
         /* Still an allocation; the chunks that did go count as swapped, as every chunk off the GPU. */
         counted(g, -(int64_t)unmapped_swappable, (int64_t)unmapped_all);
         nvshare_in_hook--;
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
         nvshare_log("gpu %s: cuMemFree of %llu bytes at 0x%llx failed: the driver would not unmap them "
                     "(CUDA error %d); they stay allocated", g->uuid, (unsigned long long)size,
                     (unsigned long long)va, unmapped);
@@ -336,20 +341,20 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
         return 1;
     }
     size_t kept = 0;
-    for (size_t i = 0; i < g->swap_count; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->base != va) {
-            g->swap_entries[kept++] = *e;
+            g->swap.entries[kept++] = *e;
             continue;
         }
         if (e->host)
             r->cuMemFreeHost(e->host);
     }
-    g->swap_count = kept;
+    g->swap.count = kept;
     *rc = r->cuMemAddressFree(va, size);
     nvshare_in_hook--;
     counted(g, -(int64_t)unmapped_swappable, -(int64_t)was_swapped);
-    pthread_mutex_unlock(&g->swap_mu);
+    pthread_mutex_unlock(&g->swap.mu);
     return 1;
 }
 
@@ -358,21 +363,21 @@ CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvsh
 {
     const struct nvshare_real *r = &nvshare_real;
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&g->swap_mu);
+    pthread_mutex_lock(&g->swap.mu);
     CUdeviceptr base = 0;
-    for (size_t i = 0; i < g->swap_count && !base; i++)
-        if (ptr >= g->swap_entries[i].va && ptr - g->swap_entries[i].va < g->swap_entries[i].size)
-            base = g->swap_entries[i].base;
+    for (size_t i = 0; i < g->swap.count && !base; i++)
+        if (ptr >= g->swap.entries[i].va && ptr - g->swap.entries[i].va < g->swap.entries[i].size)
+            base = g->swap.entries[i].base;
     size_t n = 0, size = 0;
     int resident = 1;
-    for (size_t i = 0; i < g->swap_count; i++)
-        if (base && g->swap_entries[i].base == base) {
+    for (size_t i = 0; i < g->swap.count; i++)
+        if (base && g->swap.entries[i].base == base) {
             n++;
-            size += g->swap_entries[i].size;
-            resident &= g->swap_entries[i].resident;
+            size += g->swap.entries[i].size;
+            resident &= g->swap.entries[i].resident;
         }
     CUresult rc = !base ? CUDA_ERROR_INVALID_VALUE
-                : !g->fd_export ? CUDA_ERROR_NOT_SUPPORTED
+                : !g->swap.fd_export ? CUDA_ERROR_NOT_SUPPORTED
                 : !resident ? CUDA_ERROR_OUT_OF_MEMORY  /* the caller is inside the gate: a swap-in failed */
                 : CUDA_SUCCESS;
     int *fds = rc == CUDA_SUCCESS ? malloc(n * sizeof *fds) : NULL;
@@ -380,8 +385,8 @@ CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvsh
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     size_t done = 0;
     nvshare_in_hook++;
-    for (size_t i = 0; i < g->swap_count && rc == CUDA_SUCCESS; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count && rc == CUDA_SUCCESS; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->base != base)
             continue;
         int fd = -1;
@@ -396,20 +401,20 @@ CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvsh
         while (done)
             close(fds[--done]);
         free(fds);
-        pthread_mutex_unlock(&g->swap_mu);
+        pthread_mutex_unlock(&g->swap.mu);
         return rc;
     }
     /* Another process maps these chunks from now on: they can never leave the GPU again. */
     uint64_t newly_fixed = 0;
-    for (size_t i = 0; i < g->swap_count; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->base == base && !e->fixed) {
             e->fixed = 1;
             newly_fixed += e->size;
         }
     }
     counted(g, -(int64_t)newly_fixed, 0);
-    pthread_mutex_unlock(&g->swap_mu);
+    pthread_mutex_unlock(&g->swap.mu);
     *out = (struct nvshare_swap_export){base, size, CHUNK_BYTES, n, fds, newly_fixed};
     return CUDA_SUCCESS;
 }
@@ -539,18 +544,18 @@ static void pop_context(void)
 uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
 {
     const struct nvshare_real *r = &nvshare_real;
-    if (!bytes || !g->swap_count)
+    if (!bytes || !g->swap.count)
         return 0;
-    if (atomic_load(&g->peer_access)) {
+    if (atomic_load(&g->swap.peer_access)) {
         /* Another GPU of this process may reach this memory from its kernels, past this GPU's gate:
          * it stays where it is (reported fixed). */
-        g->swap_blocked = 1;
+        g->swap.blocked = 1;
         return 0;
     }
     /* Newest first: what moves is decided by the bytes the next job needs, not by use. */
     uint64_t plan = 0, to_pin = 0;
-    for (size_t i = g->swap_count; i-- > 0 && plan < bytes;) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = g->swap.count; i-- > 0 && plan < bytes;) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (!e->resident || e->fixed)
             continue;
         plan += e->size;
@@ -566,7 +571,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
             nvshare_log("gpu %s: swap needs %.2f GiB more host memory but %s leaves only %.2f GiB; its "
                         "memory stays on the GPU (ask Slurm for more memory with --mem, or set "
                         "NVSHARE_SWAP=off)", g->uuid, to_pin / 1073741824.0, what, room / 1073741824.0);
-            g->swap_blocked = 1;
+            g->swap.blocked = 1;
             return 0;
         }
     }
@@ -577,11 +582,11 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
         return 0;
     }
     uint64_t started = nvshare_now_ns(), moved = 0;
-    for (size_t i = g->swap_count; i-- > 0 && moved < bytes;) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = g->swap.count; i-- > 0 && moved < bytes;) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (!e->resident || e->fixed)
             continue;
-        if (atomic_load(&g->swap_abort)) {
+        if (atomic_load(&g->swap.abort)) {
             nvshare_debug("gpu %s: swap-out stopped: the GPU was granted meanwhile", g->uuid);
             break;
         }
@@ -589,14 +594,14 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
             e->host = NULL;
             nvshare_log("gpu %s: cannot pin %zu bytes of host memory for swap; the rest stays on the GPU",
                         g->uuid, e->size);
-            g->swap_blocked = 1;
+            g->swap.blocked = 1;
             break;
         }
         CUresult rc = r->cuMemcpyDtoH_v2(e->host, e->va, e->size);
         if (rc != CUDA_SUCCESS) {
             nvshare_log("gpu %s: copying %zu bytes to host memory failed (CUDA error %d); they stay on the GPU",
                         g->uuid, e->size, rc);
-            g->swap_blocked = 1;
+            g->swap.blocked = 1;
             break;
         }
         if (unmap_chunk(g, e) != CUDA_SUCCESS) {
@@ -628,8 +633,8 @@ static void free_pinned_if_short(struct nvshare_gpu *g)
     if (room >= PINNED_KEEP_HEADROOM_BYTES)
         return;
     uint64_t freed = 0;
-    for (size_t i = 0; i < g->swap_count; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->resident && e->host && nvshare_real.cuMemFreeHost(e->host) == CUDA_SUCCESS) {
             freed += e->size;
             e->host = NULL;
@@ -645,8 +650,8 @@ int nvshare_swap_in(struct nvshare_gpu *g)
 {
     const struct nvshare_real *r = &nvshare_real;
     int missing = 0;
-    for (size_t i = 0; i < g->swap_count; i++)
-        missing += !g->swap_entries[i].resident;
+    for (size_t i = 0; i < g->swap.count; i++)
+        missing += !g->swap.entries[i].resident;
     if (!missing)
         return 0;
     nvshare_in_hook++;
@@ -657,8 +662,8 @@ int nvshare_swap_in(struct nvshare_gpu *g)
     }
     uint64_t started = nvshare_now_ns(), moved = 0;
     CUresult rc = CUDA_SUCCESS;
-    for (size_t i = 0; i < g->swap_count && rc == CUDA_SUCCESS; i++) {
-        struct nvshare_swap_entry *e = &g->swap_entries[i];
+    for (size_t i = 0; i < g->swap.count && rc == CUDA_SUCCESS; i++) {
+        struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->resident)
             continue;
         rc = map_physical(g, e);
@@ -677,7 +682,7 @@ int nvshare_swap_in(struct nvshare_gpu *g)
     nvshare_in_hook--;
     counted(g, (int64_t)moved, -(int64_t)moved);
     if (rc == CUDA_SUCCESS) {
-        g->swap_blocked = 0;
+        g->swap.blocked = 0;
         free_pinned_if_short(g);
     }
     double ms = (nvshare_now_ns() - started) / 1e6;
@@ -696,10 +701,10 @@ void nvshare_swap_after_fork(void)
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n; i++) {
         struct nvshare_gpu *g = &nvshare_gpus[i];
-        pthread_mutex_init(&g->swap_mu, NULL);
-        free(g->swap_entries);
-        g->swap_entries = NULL;
-        g->swap_count = g->swap_cap = 0;
-        g->swap_blocked = 0;
+        pthread_mutex_init(&g->swap.mu, NULL);
+        free(g->swap.entries);
+        g->swap.entries = NULL;
+        g->swap.count = g->swap.cap = 0;
+        g->swap.blocked = 0;
     }
 }

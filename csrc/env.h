@@ -1,0 +1,50 @@
+/* env.h: the settings of this process (the job environment nvshare-taskprolog wrote), the clock and
+ * log lines (env.c). Calls nothing of the hook's: every part may use it.
+ */
+#ifndef NVSHARE_ENV_H
+#define NVSHARE_ENV_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "nvshare_proto.h"
+
+enum nvshare_loss_policy { NVSHARE_LOSS_WAIT = 0, NVSHARE_LOSS_RUN = 1 };
+struct nvshare_settings {
+    int active;                  /* in a job with a socket: gate and account; else pure pass-through */
+    uint32_t job_id;
+    uint32_t step_id;
+    char socket_path[108];
+    int loss_policy;
+    uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
+    int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
+    int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
+    int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
+    int n_managed;
+    char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
+    uint32_t drain_timeout_ms;   /* NVSHARE_DRAIN_TIMEOUT_MS: then DRAIN_STUCK, and keep waiting */
+    uint32_t daemon_timeout_ms;  /* NVSHARE_DAEMON_TIMEOUT_MS: an unanswered daemon counts as lost */
+    int debug;
+    int log_time;                /* NVSHARE_LOG_TIME=1: each line carries its wall-clock time */
+};
+#define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
+#define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
+extern struct nvshare_settings nvshare_cfg;
+void nvshare_read_settings(void);
+int nvshare_parse_size(const char *text, uint64_t *out);
+int nvshare_gpu_is_managed(const char *uuid);
+uint64_t nvshare_now_ns(void);
+
+/* Logging: "nvshare: job 12 step 0 pid 345: <message>", to stderr, one write per line. */
+void nvshare_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void nvshare_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* strncpy without its truncation warnings: always NUL-terminated. */
+static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
+{
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+#endif

@@ -1,0 +1,94 @@
+/* gate.h: the lock of each GPU and the gate every GPU-bound call passes (gate.c). Owns
+ * `struct nvshare_gate_state` of each GPU's record. The hot path (enter, leave) is here, inline.
+ *
+ * Calls down only: memory.c (numbers, reports), swap.c (moving memory), burst.c, gpus.c, client.c
+ * (start the link), outbox.c (what it tells the daemon), driver.c, env.c. What the daemon says
+ * arrives as nvshare_gate_on_*() calls from events.c, above.
+ */
+#ifndef NVSHARE_GATE_H
+#define NVSHARE_GATE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "burst.h"
+#include "driver.h"
+#include "gpus.h"
+
+/* Called with the gate found shut: ask for the lock if nobody has, then wait for the grant. */
+void nvshare_gate_wait(struct nvshare_gpu *g);
+
+/* Graph captures this thread has open: its calls only record work, so they pass. */
+extern NVSHARE_TLS atomic_int nvshare_tl_capturing;
+void nvshare_capture_began(struct nvshare_gpu *g, CUstream stream);
+void nvshare_capture_ended(CUstream stream);
+
+/* Entering: announce first, then look; a release sets closing first, then waits for inside == 0.
+ * Both sides use sequentially consistent atomics, so one of them always sees the other. */
+static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
+{
+    if (!g)
+        return NULL;
+    if (atomic_load_explicit(&g->burst.armed, memory_order_relaxed) &&
+        !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed) &&
+        !atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+        nvshare_burst_begin(g);
+    for (;;) {
+        atomic_fetch_add(&g->gate.inside, 1);
+        if (atomic_load(&g->gate.open) && !atomic_load(&g->gate.closing)) {
+            if (!atomic_load_explicit(&g->gate.touched, memory_order_relaxed))
+                atomic_store_explicit(&g->gate.touched, 1, memory_order_relaxed);
+            if (!atomic_load_explicit(&g->gate.demand_touched, memory_order_relaxed))
+                atomic_store_explicit(&g->gate.demand_touched, 1, memory_order_relaxed);
+            return g;
+        }
+        if (atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+            return g;
+        atomic_fetch_sub(&g->gate.inside, 1);
+        nvshare_gate_wait(g);
+    }
+}
+
+static inline void nvshare_gate_leave(struct nvshare_gpu *g)
+{
+    if (g)
+        atomic_fetch_sub_explicit(&g->gate.inside, 1, memory_order_release);
+}
+
+/* A thread waits in a synchronising call for g's work: counted as demand, never gated. end returns
+ * 1 for the last one out. */
+static inline void nvshare_gate_sync_begin(struct nvshare_gpu *g)
+{
+    atomic_fetch_add_explicit(&g->gate.syncing, 1, memory_order_relaxed);
+}
+
+static inline int nvshare_gate_sync_end(struct nvshare_gpu *g)
+{
+    return atomic_fetch_sub(&g->gate.syncing, 1) == 1;
+}
+
+/* For the demand sampler: did work enter the gate since the last look (and forget it). */
+static inline int nvshare_gate_take_touched(struct nvshare_gpu *g)
+{
+    return atomic_exchange_explicit(&g->gate.demand_touched, 0, memory_order_relaxed);
+}
+
+/* What the demand sampler saw, for the keeper: idle since (0: busy), mean pause, busy share. */
+void nvshare_gate_note_demand(struct nvshare_gpu *g, uint64_t idle_since_ns, uint64_t gap_mean_ns,
+                              unsigned busy_ppm);
+/* Not this job's GPU as far as the daemon knows (a NOGPU answer to a memory question): open for good. */
+void nvshare_gate_pass_through(struct nvshare_gpu *g);
+
+/* Events from the daemon (events.c). */
+void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms);
+void nvshare_gate_on_contended(struct nvshare_gpu *g, uint64_t bytes);
+void nvshare_gate_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
+void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+/* HANDOFF (NVSHARE_HANDOFF_FROM or _TO) with its eventfd, which the gate then owns. */
+void nvshare_gate_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd);
+void nvshare_gate_on_request_refused(uint32_t seq, int32_t status, const char *message);
+void nvshare_gate_on_connection_change(int connected);
+void nvshare_gates_open_all(void);
+void nvshare_gate_after_fork(void);
+
+#endif

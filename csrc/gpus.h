@@ -1,0 +1,143 @@
+/* gpus.h: the record of each GPU this process uses, and which GPU a call is for (gpus.c).
+ *
+ * The record is one part per owner: `gate` is written only by gate.c (and the interposition layer's
+ * counters on its hot path), `burst` only by burst.c, `mem` only by memory.c, `swap` only by swap.c.
+ * A part is read by the layers above its owner, through the owner's header where it takes more than a
+ * load. The identity (uuid, device, primary context, mode) belongs to gpus.c, which also gives a new
+ * record each part's starting state. Calls only outbox.c (is the link up), client.c (start it),
+ * driver.c and env.c.
+ */
+#ifndef NVSHARE_GPUS_H
+#define NVSHARE_GPUS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cuda_subset.h"
+#include "nvshare_proto.h"
+
+enum nvshare_gpu_mode { GPU_UNKNOWN = 0, GPU_GATED = 1, GPU_PASS = 2 };
+#define NVSHARE_MAX_POOLS 32
+struct nvshare_swap_entry;
+struct nvshare_burst_page;
+
+/* gate.c's: the lock of this GPU and the gate every GPU-bound call passes. */
+struct nvshare_gate_state {
+    /* hot path: atomics only */
+    atomic_int open;              /* entries pass straight in: lock held, or pass-through */
+    atomic_int closing;           /* a release is draining the gate: new entries wait */
+    atomic_int inside;            /* threads between gate_enter and gate_leave */
+    atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
+    atomic_int demand_touched;    /* set by every entry, taken by the demand sampler */
+    atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
+    atomic_int captures;          /* graph captures open on this GPU: no synchronise meanwhile */
+    /* What the demand sampler saw (demand.c tells it, nvshare_gate_note_demand): since when no work
+     * entered or ran (0: busy now, or nothing seen yet), the mean idle stretch, the busy share. */
+    _Atomic uint64_t idle_since_ns;
+    _Atomic uint64_t gap_mean_ns;
+    atomic_uint busy_ppm;
+    /* slow path, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t waiters_cv;    /* threads waiting for the lock */
+    pthread_cond_t keeper_cv;     /* the keeper thread: contended / drop / grant */
+    int held;
+    int requested;
+    uint32_t request_seq;
+    int waiters;
+    int contended;
+    int drop_pending;
+    int keeper_running;
+    pthread_t keeper;
+    pthread_cond_t drain_cv;      /* the drainer thread: a drain was asked for */
+    int drainer_running;
+    int drain_state;              /* gate.c's DRAIN_*: the keeper asks, the drainer answers */
+    CUresult drain_rc;
+    uint64_t idle_threshold_ns;
+    uint64_t last_release_ns;
+    int last_release_idle;
+    uint64_t granted_ns;
+    uint64_t swap_out_bytes;      /* move at least this much to host memory at the next release */
+    uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */
+    int swap_in_pending;          /* granted with memory in host memory: bring it back, then open */
+    int swap_busy;                /* the keeper moves memory now: a grant must wait for it */
+    uint64_t no_room_until;       /* swap-in failed for lack of GPU memory: ask again after this */
+    /* Hand-over between exclusive turns (HANDOFF): eventfds shared with one other process. */
+    int handoff_out_fd;           /* holding: write it once drained (-1: none) */
+    int handoff_in_fd;            /* waiting: the holder writes it when the GPU is ours (-1: none) */
+    unsigned handoff_gen;         /* bumped with every new handoff_in_fd */
+    int handoff_polling;          /* a waiting thread polls (a copy of) handoff_in_fd */
+    int handoff_on_drain;         /* this release moves nothing: the drainer writes handoff_out_fd */
+};
+
+/* burst.c's: co-runners take turns burst by burst through a page they share. */
+struct nvshare_burst_state {
+    _Atomic(struct nvshare_burst_page *) page;  /* the shared page (BURST_PAGE), NULL: none */
+    atomic_int armed;             /* co-running with bursts taking turns (a shared grant) */
+    atomic_int in_burst;          /* a burst of this process is under way (or waiting to begin) */
+    atomic_int owner;             /* ... and owns the page */
+    atomic_int waiting;           /* threads waiting for another job's burst to end */
+    _Atomic uint64_t mean_ns;     /* this process's mean burst (demand.c measures it) */
+    int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
+    uint64_t ignore_until;
+};
+
+/* memory.c's, under memory.c's mutex: what this process allocated here. */
+struct nvshare_mem_state {
+    uint64_t allocated;           /* every byte this process allocated here: resident + swapped */
+    CUmemoryPool pools[NVSHARE_MAX_POOLS];  /* stream-ordered pools on this GPU */
+    int n_pools;
+    _Atomic uint64_t pool_bytes;  /* their reserved memory (and graph memory), last sampled */
+    _Atomic uint64_t small_budget;  /* small allocations admitted without asking */
+};
+
+/* swap.c's: swappable backing (VMM) and where its bytes are. */
+struct nvshare_swap_state {
+    _Atomic uint64_t swappable;   /* resident bytes that can move */
+    _Atomic uint64_t swapped;     /* bytes not on the GPU now (in host memory, or not yet created) */
+    pthread_mutex_t mu;           /* around swap-out, swap-in, and swappable allocations and frees */
+    struct nvshare_swap_entry *entries;
+    size_t count, cap;
+    int vmm;                      /* -1 not known yet, 0 unsupported, 1 usable */
+    int blocked;                  /* host memory could not take a swap: report everything fixed */
+    atomic_int peer_access;       /* another GPU's context may reach this one's memory: never swapped */
+    atomic_int abort;             /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
+    size_t granularity;
+    int fd_export;                /* chunks are made exportable as file descriptors (CUDA IPC) */
+    int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */
+    int n_access;
+    CUmemAccessDesc access[NVSHARE_MAX_GPUS];
+};
+
+struct nvshare_gpu {
+    char uuid[NVSHARE_UUID_LEN];
+    CUdevice device;              /* ordinal in this process */
+    atomic_int mode;              /* enum nvshare_gpu_mode: gated, or pass-through (gate.c decides) */
+    CUcontext primary;            /* the primary context, as retained through the hook */
+    struct nvshare_gate_state gate;
+    struct nvshare_burst_state burst;
+    struct nvshare_mem_state mem;
+    struct nvshare_swap_state swap;
+};
+
+extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];
+extern atomic_int nvshare_n_gpus;
+
+struct nvshare_gpu *nvshare_gpu_for_current(void);
+struct nvshare_gpu *nvshare_gpu_for_device(CUdevice dev);
+struct nvshare_gpu *nvshare_gpu_for_ctx(CUcontext ctx);
+struct nvshare_gpu *nvshare_gpu_by_uuid(const char *uuid);
+void nvshare_ctx_forget(CUcontext ctx);
+void nvshare_ctx_remember(CUcontext ctx, CUdevice dev);
+/* A context of this process on g (for the hook's own copies), or NULL. */
+CUcontext nvshare_ctx_for_gpu(struct nvshare_gpu *g);
+/* Synchronises every context of g, without holding the table's lock across a synchronise. */
+CUresult nvshare_gpus_sync_contexts(struct nvshare_gpu *g);
+/* The primary context of dev, retained through the hook; gone after a reset or its last release. */
+void nvshare_primary_ctx_retained(CUdevice dev, CUcontext ctx);
+CUcontext nvshare_primary_ctx_gone(CUdevice dev);
+/* A condition variable on CLOCK_MONOTONIC, as every timed wait of the hook expects. */
+void nvshare_cond_init(pthread_cond_t *cv);
+void nvshare_gpus_after_fork(void);
+
+#endif

@@ -1,0 +1,59 @@
+/* memory.h: the accounting of every device allocation of this process, per GPU, and what the daemon
+ * is asked and told about it (memory.c). Owns `struct nvshare_mem_state` of each GPU's record. The
+ * wrappers that call it are hook_memory.c's. Calls swap.c (its counters), gpus.c, client.c (start the
+ * link), outbox.c, driver.c and env.c.
+ */
+#ifndef NVSHARE_MEMORY_H
+#define NVSHARE_MEMORY_H
+
+#include <stdint.h>
+
+#include "gpus.h"
+
+/* What an allocation is, as counted: a pointer, the app's own cuMemCreate handle, a mapping of such
+ * a handle (counts nothing itself: the handle counts until released *and* unmapped), a CUDA array. */
+enum nvshare_alloc_kind { NVSHARE_ALLOC_PTR = 1, NVSHARE_ALLOC_HANDLE = 2, NVSHARE_ALLOC_MAP = 3,
+                          NVSHARE_ALLOC_ARRAY = 4 };
+
+/* Accounted at all: this process is in a job and g is gated. */
+int nvshare_memory_accounted(struct nvshare_gpu *g);
+/* CUDA_SUCCESS when an allocation of `bytes` may go to the driver (a question to the daemon unless a
+ * small one fits the budget). With NVSHARE_MEM_CAN_DEFER in flags, *deferred says whether the daemon
+ * said to make it without GPU memory for now. *not_managed: the daemon does not gate g for this job
+ * (NOGPU): the caller opens its gate for good. */
+CUresult nvshare_memory_admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int *deferred,
+                              int *not_managed);
+/* After the driver allocated / freed: counted and reported. */
+void nvshare_memory_record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size);
+void nvshare_memory_unrecord(uint64_t key, int kind);
+/* The GPU a counted allocation lies on, or NULL. */
+struct nvshare_gpu *nvshare_memory_gpu_of(uint64_t key, int kind);
+/* The app's virtual memory: a handle mapped at ptr, unmapped, released. */
+void nvshare_memory_mapped(uint64_t ptr, uint64_t handle);
+void nvshare_memory_unmapped(uint64_t ptr);
+void nvshare_memory_released(uint64_t handle);
+/* Stream-ordered pools: what the pool must still reserve for `bytes`, which pools are g's, and a
+ * fresh sample of their reserve (reported when it moved). */
+uint64_t nvshare_memory_pool_shortfall(struct nvshare_gpu *g, CUmemoryPool pool, uint64_t bytes);
+void nvshare_memory_pool_seen(struct nvshare_gpu *g, CUmemoryPool pool);
+/* Forgets the pool; its GPU (NULL when not known). */
+struct nvshare_gpu *nvshare_memory_pool_destroyed(CUmemoryPool pool);
+struct nvshare_gpu *nvshare_memory_gpu_of_pool(CUmemoryPool pool);
+void nvshare_memory_pools_changed(struct nvshare_gpu *g);
+/* The job's view of the current GPU's memory: the driver's figures in, the job's out. */
+void nvshare_memory_job_view(struct nvshare_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes,
+                             int *not_managed);
+
+/* MEM_UPDATE with this process's current numbers for g, through the outbox. */
+void nvshare_memory_report(struct nvshare_gpu *g);
+/* Every GPU's numbers again (a new connection). */
+void nvshare_memory_resend(void);
+struct nvshare_mem_numbers {
+    uint64_t resident, fixed, swapped;
+};
+void nvshare_mem_numbers(struct nvshare_gpu *g, struct nvshare_mem_numbers *out);
+void nvshare_memory_before_fork(void);
+void nvshare_memory_parent_after_fork(void);
+void nvshare_memory_after_fork(void);
+
+#endif

@@ -1,0 +1,48 @@
+/* swap.h: the mechanism that moves memory between a GPU and host memory (swap.c). Owns
+ * `struct nvshare_swap_state` of each GPU's record. Calls gpus.c, driver.c and env.c; takes the
+ * gate's mutex of a GPU (never calls the gate) to decide whether a new allocation is born swapped.
+ */
+#ifndef NVSHARE_SWAP_H
+#define NVSHARE_SWAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpus.h"
+
+/* The size a swappable allocation of `size` bytes takes on g, or 0 when it is not backed that way. */
+size_t nvshare_swap_size(struct nvshare_gpu *g, size_t size);
+/* Makes it; deferred = address only, counted as swapped. CUDA_ERROR_NOT_SUPPORTED: use cuMemAlloc. */
+CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred);
+/* Frees va if it is a swappable allocation of g: 1 (rc in *rc) or 0 when it is not one. */
+int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc);
+/* The whole swappable allocation that ptr lies in (what cuMemAlloc would describe): its GPU, or NULL. */
+struct nvshare_gpu *nvshare_swap_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+/* Another GPU's kernels may reach g's memory from now on: it is never swapped. 1 the first time. */
+int nvshare_swap_keep_resident(struct nvshare_gpu *g);
+/* swap.mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
+void nvshare_swap_lock(struct nvshare_gpu *g);
+void nvshare_swap_unlock(struct nvshare_gpu *g);
+/* A grant came while a PREPARE_SWAP_OUT swap runs (on) / may come from now on (off). */
+void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
+/* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
+ * (UINT64_MAX: all) to host memory; returns the bytes moved. */
+uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+/* Under nvshare_swap_lock, gate shut: brings all of g's swapped memory back; 0 when all is resident. */
+int nvshare_swap_in(struct nvshare_gpu *g);
+void nvshare_swap_after_fork(void);
+
+/* CUDA IPC (ipc.c) of swappable memory. */
+struct nvshare_swap_export {
+    CUdeviceptr base;      /* the whole allocation, as cuIpcGetMemHandle on real cuMemAlloc memory */
+    size_t size;
+    size_t chunk_bytes;    /* every chunk this size, the last one the rest */
+    size_t n;
+    int *fds;              /* one exported handle per chunk (malloc'd; the caller owns them) */
+    uint64_t newly_fixed;  /* bytes that were swappable until now */
+};
+/* With the caller inside g's gate (so it is resident): fixes the allocation that ptr lies in for good
+ * and exports its chunks. NOT_SUPPORTED where the GPU cannot export them as file descriptors. */
+CUresult nvshare_swap_export(struct nvshare_gpu *g, CUdeviceptr ptr, struct nvshare_swap_export *out);
+
+#endif
