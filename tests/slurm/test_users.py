@@ -35,11 +35,25 @@ GPU0 = "GPU-fa4e0000-0000-0000-0000-000000000000"
 NODE = "u1"
 
 
+def gpus_with_devices(workdir: Path) -> list[dict]:
+    """The fake GPUs, each with a device file that slurmd can find for its gpu GRES (a character
+    device with a live driver, /dev/full's 1:7), named as the driver names them."""
+    devdir = workdir / "dev"
+    devdir.mkdir(exist_ok=True)
+    gpus = []
+    for i, gpu in enumerate(FAKE_GPUS):
+        path = devdir / f"nvidia{i}"
+        if not path.exists():
+            os.mknod(path, 0o20666, os.makedev(1, 7))
+        gpus.append(dict(gpu, device=str(path)))
+    return gpus
+
+
 def node_gres_from_the_helper(workdir: Path) -> tuple[str, str, list[str]]:
     """(node, Gres=, gres.conf lines) as nvshare-node-config prints them for the fake GPUs, so that
     real slurmd judges the helper's output."""
     config = workdir / "node-config.yaml"
-    config.write_text(yaml.safe_dump({"gpus": FAKE_GPUS}))
+    config.write_text(yaml.safe_dump({"gpus": gpus_with_devices(workdir)}))
     out = subprocess.run([entry_point("nvshare-node-config"), "--config", str(config), "--node", NODE,
                           "--typed", "--sharers", "4", "--json"],
                          capture_output=True, text=True, check=True, timeout=30)
@@ -51,9 +65,10 @@ class SiteCluster(SlurmCluster):
     """SlurmCluster with SlurmUser an unprivileged user, who owns slurmctld's state and log files."""
 
     def __init__(self, base: Path, slurm_user: pwd.struct_passwd):
-        super().__init__(base, [node_gres_from_the_helper(base)])
+        super().__init__(base, [node_gres_from_the_helper(base)], gres_types="gpu,nvshare")
         self.slurm_user = slurm_user
         self.nodes[NODE].settings["slurm_user"] = slurm_user.pw_name
+        self.nodes[NODE].settings["gpus"] = gpus_with_devices(base)
 
     def write(self) -> None:
         super().write()
