@@ -35,12 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK_SOURCES = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.c")))
 # A header change rebuilds the library (every part includes the headers of the parts below it).
 HOOK_HEADERS = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.h")))
-VERSION_SCRIPT = os.path.join("csrc", "libnvshare.map")
-HOOK_CFLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra",
-               "-Wno-unused-parameter", "-Werror=implicit-function-declaration"]
 
 sys.path.insert(0, os.path.join(HERE, "buildtools"))
 from elf_needs import MANYLINUX_BASELINE, glibc_needed  # noqa: E402
+from hook_build import HOOK_CFLAGS, HOOK_LDFLAGS, HOOK_LIBRARIES, VERSION_SCRIPT  # noqa: E402
 
 
 def hook_compiler() -> list[str] | None:
@@ -74,8 +72,7 @@ class BuildLibnvshare(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         self.compiler.link_shared_object(
-            objects, target, libraries=["dl", "pthread"],
-            extra_postargs=["-Wl,-z,defs", "-Wl,--version-script=" + VERSION_SCRIPT, "-pthread"])
+            objects, target, libraries=HOOK_LIBRARIES, extra_postargs=HOOK_LDFLAGS)
 
 
 class BuildPyWithHeader(build_py):
