@@ -1,5 +1,6 @@
 """nvshare-scheduler's connections: accepting, framing, and the bounds that keep one peer from
-stalling or blinding the others. The message handlers are the daemon's (daemon.py).
+stalling or blinding the others. The message handlers are the daemon's (clienthandlers.py,
+requesthandlers.py), reached through daemon.py's dispatch.
 
 Every peer is a local process, but not every local process is friendly. So:
 - each uid has a connection cap; root (prolog, epilog, admins) has connections of its own held back

@@ -5,8 +5,8 @@ daemon places nothing twice and keeps `update gpu=...` settings. Clients are not
 reconnect and register again. Writes go to a temp file, fsync, rename (never a half-written file).
 
 Each job's JSON is made once, when it is added, so a snapshot of the whole file costs one join,
-whatever the number of jobs; the daemon writes snapshots off its event loop (daemon.py). Loading
-checks every job on its own: one damaged entry is left out and reported, never fatal.
+whatever the number of jobs; the daemon writes snapshots off its event loop (statekeeper.py).
+Loading checks every job on its own: one damaged entry is left out and reported, never fatal.
 """
 from __future__ import annotations
 
