@@ -8,10 +8,8 @@ environment) and exec the installed entry points.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from nvshare_slurm import localcluster
 
 # Where Slurm's daemons and commands are; a Slurm built into another prefix names its own.
 SBIN = Path(os.environ.get("NVSHARE_TEST_SLURM_SBIN", "/usr/sbin"))
@@ -32,12 +32,6 @@ FAKE_GPUS = [
 
 # The test cluster's share classes: its partitions stand in for a site's QOS names.
 PRIORITY_CLASSES = {"partition": {"prod": "high", "scavenge": "low"}, "default": "normal"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def entry_point(name: str) -> str:
@@ -75,30 +69,35 @@ class Node:
 
 # A site's device confinement: task/cgroup, proctrack/cgroup and cgroup.conf ConstrainDevices=yes.
 # cgroup v1 here (this machine mounts v1 with a devices controller); the GPU machine's is v2.
-CONSTRAINED = {"ProctrackType": "proctrack/cgroup", "TaskPlugin": "task/cgroup,task/affinity"}
-CONSTRAINED_CGROUP_CONF = ("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
-                           "ConstrainDevices=yes\n")
+CONSTRAINED = {"proctrack": "proctrack/cgroup", "task_plugin": "task/cgroup,task/affinity"}
+CONSTRAINED_CGROUP_CONF = localcluster.CgroupConf(version=1, constrain_devices=True)
+
+# slurm.conf keys beyond what every local cluster has: Slurm's defaults said out loud, a finished
+# job kept 10 minutes for `scontrol show job`, a slurmd that stops answering noticed in 30 s.
+TEST_SLURM_CONF = {"SlurmctldDebug": "info", "SlurmdDebug": "info",
+                   "SchedulerType": "sched/backfill", "SwitchType": "switch/none",
+                   "MinJobAge": "600", "MessageTimeout": "10", "SlurmdTimeout": "30",
+                   "InactiveLimit": "0"}
 
 
 class SlurmCluster:
     def __init__(self, base: Path, nodes: list[tuple[str, str, list[str]]],
-                 settings: dict[str, str] | None = None, cgroup_conf: str | None = None,
-                 gres_types: str = "nvshare"):
-        """settings: slurm.conf keys that replace the plain ones (ProctrackType, TaskPlugin);
-        cgroup_conf: the text of cgroup.conf, when the cluster has one."""
-        self.settings = {"ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
-                         **(settings or {})}
+                 settings: dict[str, str] | None = None,
+                 cgroup_conf: localcluster.CgroupConf | None = None, gres_types: str = "nvshare"):
+        """settings: fields of localcluster.LocalCluster that replace the plain ones (proctrack,
+        task_plugin, slurm_user, ...); cgroup_conf: the cluster's cgroup.conf, when it has one."""
+        self.settings = dict(settings or {})
         self.cgroup_conf = cgroup_conf
         self.gres_types = gres_types
         self.base = base
-        self.host = socket.gethostname().split(".")[0]
-        self.ctld_port = free_port()
+        self.host = localcluster.short_hostname()
+        self.ctld_port = localcluster.free_port()
         self.nodes: dict[str, Node] = {}
         for name, gres, gres_conf in nodes:
             workdir = base / name
             workdir.mkdir(parents=True)
             (base / "spool" / name).mkdir(parents=True)
-            self.nodes[name] = Node(name, free_port(), gres, gres_conf, workdir)
+            self.nodes[name] = Node(name, localcluster.free_port(), gres, gres_conf, workdir)
         self.conf = base / "slurm.conf"
         self.munge_socket = base / "munge" / "munge.sock"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -108,67 +107,39 @@ class SlurmCluster:
         self.env["SLURM_CONF"] = str(self.conf)
 
     # ---- configuration -------------------------------------------------------------------------
+    def description(self) -> localcluster.LocalCluster:
+        """The cluster's Slurm files as nvshare_slurm.localcluster writes them: every node on this
+        host, three partitions over all of them."""
+        names = tuple(self.nodes)
+        nodes = tuple(localcluster.Node(n.name, n.port, n.gres, tuple(n.gres_conf), cpus=8,
+                                        real_memory=2000, hostname=self.host, one_socket=True)
+                      for n in self.nodes.values())
+        # Two partitions beside debug, over the same nodes, for share classes (no slurmdbd here,
+        # so no QOS): see PRIORITY_CLASSES.
+        partitions = (localcluster.Partition("debug", names, default=True, oversubscribe="NO"),
+                      localcluster.Partition("prod", names, oversubscribe="NO"),
+                      localcluster.Partition("scavenge", names, oversubscribe="NO"))
+        return localcluster.LocalCluster(
+            name="nvstest", base=self.base, host=self.host, ctld_port=self.ctld_port, nodes=nodes,
+            partitions=partitions, gres_types=self.gres_types, per_node_files=True,
+            cgroup=self.cgroup_conf, extra=TEST_SLURM_CONF, **self.settings)
+
+    def wrappers(self) -> localcluster.Wrappers:
+        # slurmd gives Prolog/Epilog only SLURM_* variables: the wrapper names the node's config
+        # and Slurm's config for scontrol. TaskProlog runs as the user; it needs the node's config
+        # too. A checkout under test given by PYTHONPATH (a second worktree) is what Slurm runs too.
+        pythonpath = os.environ.get("PYTHONPATH")
+        return localcluster.Wrappers(
+            nvshare_config=f"{self.base}/{{node}}/nvshare.yaml",
+            commands={kind: [entry_point("nvshare-" + kind)] for kind in localcluster.ENTRY_POINTS},
+            env={"PYTHONPATH": pythonpath} if pythonpath else {})
+
     def write(self) -> None:
         b = self.base
         for sub in ("state", "jobs", "munge"):
             (b / sub).mkdir(exist_ok=True)
         os.chmod(b / "jobs", 0o1777)
-        self._write_wrappers()
-        node_lines = "\n".join(
-            f"NodeName={n.name} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={n.port} "
-            f"CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=2000 Gres={n.gres} "
-            f"State=UNKNOWN" for n in self.nodes.values())
-        self.conf.write_text(f"""\
-ClusterName=nvstest
-SlurmctldHost={self.host}(127.0.0.1)
-SlurmctldPort={self.ctld_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
-StateSaveLocation={b}/state
-SlurmdSpoolDir={b}/spool/%n
-SlurmctldPidFile={b}/slurmctld.pid
-SlurmdPidFile={b}/slurmd-%n.pid
-SlurmctldLogFile={b}/slurmctld.log
-SlurmdLogFile={b}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType={self.settings["ProctrackType"]}
-TaskPlugin={self.settings["TaskPlugin"]}
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# A job submitted while the last one's nodes still complete is marked "Resources" and would wait
-# for the next periodic pass (60 s main, 30 s backfill by default): schedule every second instead.
-SchedulerParameters=sched_interval=1,bf_interval=1
-SchedulerType=sched/backfill
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-SlurmdParameters=config_overrides
-KillWait=2
-MinJobAge=600
-MessageTimeout=10
-SlurmdTimeout=30
-InactiveLimit=0
-GresTypes={self.gres_types}
-PrologFlags=Alloc
-Prolog={b}/prolog.sh
-Epilog={b}/epilog.sh
-TaskProlog={b}/taskprolog.sh
-{node_lines}
-PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
-# Two more over the same nodes, for share classes (no slurmdbd here, so no QOS): see PRIORITY_CLASSES.
-PartitionName=prod Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
-PartitionName=scavenge Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP OverSubscribe=NO
-""")
-        if self.cgroup_conf is not None:
-            (b / "cgroup.conf").write_text(self.cgroup_conf)
-        (b / "gres.conf").write_text(
-            "".join(line + "\n" for n in self.nodes.values() for line in n.gres_conf))
+        localcluster.write(self.description(), self.wrappers())
         for node in self.nodes.values():
             # node_name: every node runs on this host, so the host name names none of them.
             config = {"socket": node.socket, "state_dir": str(node.workdir / "state"),
@@ -178,22 +149,6 @@ PartitionName=scavenge Nodes={','.join(self.nodes)} MaxTime=INFINITE State=UP Ov
             node.config_path.write_text(yaml.safe_dump(config))
             os.chmod(node.workdir, 0o755)
         os.chmod(b, 0o755)
-
-    def _write_wrappers(self) -> None:
-        # slurmd gives Prolog/Epilog only SLURM_* variables: the wrapper names the config and Slurm's
-        # config for scontrol. TaskProlog runs as the user; it needs the node's config too.
-        # A checkout under test given by PYTHONPATH (a second worktree) is what Slurm runs too.
-        pythonpath = os.environ.get("PYTHONPATH")
-        extra = f"export PYTHONPATH={shlex.quote(pythonpath)}\n" if pythonpath else ""
-        for kind in ("prolog", "epilog", "taskprolog"):
-            path = self.base / f"{kind}.sh"
-            path.write_text(
-                "#!/bin/sh\n"
-                f"export NVSHARE_CONFIG={self.base}/$SLURMD_NODENAME/nvshare.yaml\n"
-                f"export SLURM_CONF={self.conf}\n"
-                f"{extra}"
-                f"exec {entry_point('nvshare-' + kind)}\n")
-            path.chmod(0o755)
 
     # ---- processes -----------------------------------------------------------------------------
     def start(self, schedulers: bool = True) -> "SlurmCluster":

@@ -18,6 +18,7 @@ failing site TaskProlog fails the task with its status.
 """
 from __future__ import annotations
 
+import dataclasses
 import ctypes
 import os
 import shlex
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import libnvshare_file
+from nvshare_slurm import libnvshare_file, localcluster
 
 from .cluster import BIN, SBIN, SlurmCluster, read_env, registered_jobs, wait_until
 
@@ -81,8 +82,12 @@ class ChainedCluster(SlurmCluster):
         self.nodes[NODE].settings.update(site_task_prolog=str(base / "site-taskprolog"),
                                          site_task_prolog_timeout=20)
 
-    def _write_wrappers(self) -> None:
-        super()._write_wrappers()           # prolog.sh, epilog.sh, taskprolog.sh: nvshare's
+    def description(self) -> localcluster.LocalCluster:
+        return dataclasses.replace(super().description(), prolog=f"{self.base}/prolog.d/*",
+                                   epilog=f"{self.base}/epilog.d/*")
+
+    def write(self) -> None:
+        super().write()                     # prolog.sh, epilog.sh, taskprolog.sh: nvshare's
         b = self.base
         for kind, ours, site in (("prolog", "00-nvshare", SITE_PROLOG),
                                  ("epilog", "99-nvshare", SITE_EPILOG)):
@@ -94,15 +99,6 @@ class ChainedCluster(SlurmCluster):
             (b / f"{kind}.d" / "50-site").chmod(0o755)
         (b / "site-taskprolog").write_text(SITE_TASKPROLOG.format(base=b, site_lib=SITE_LIB))
         (b / "site-taskprolog").chmod(0o755)
-
-    def write(self) -> None:
-        super().write()
-        text = self.conf.read_text()
-        for kind in ("Prolog", "Epilog"):
-            line = f"\n{kind}={self.base}/{kind.lower()}.sh\n"
-            assert line in text, f"{kind}= not where the test expects it"
-            text = text.replace(line, f"\n{kind}={self.base}/{kind.lower()}.d/*\n")
-        self.conf.write_text(text)
 
     def site_log(self) -> list[str]:
         path = self.base / "site.log"

@@ -12,6 +12,7 @@ taken from the SlurmUser but refused from a job's user.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from nvshare_slurm import localcluster
 
 from .cluster import BIN, FAKE_GPUS, SBIN, SlurmCluster, entry_point, registered_jobs, wait_until
 
@@ -70,11 +73,11 @@ class SiteCluster(SlurmCluster):
         self.nodes[NODE].settings["slurm_user"] = slurm_user.pw_name
         self.nodes[NODE].settings["gpus"] = gpus_with_devices(base)
 
+    def description(self) -> localcluster.LocalCluster:
+        return dataclasses.replace(super().description(), slurm_user=self.slurm_user.pw_name)
+
     def write(self) -> None:
         super().write()
-        text = self.conf.read_text()
-        assert "SlurmUser=root\n" in text
-        self.conf.write_text(text.replace("SlurmUser=root\n", f"SlurmUser={self.slurm_user.pw_name}\n"))
         owner = (self.slurm_user.pw_uid, self.slurm_user.pw_gid)
         os.chown(self.base / "state", *owner)
         for name in ("slurmctld.log", "slurmctld.pid"):
