@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from nvshare_slurm import localcluster
 
 
 class OneNodeSlurm:
@@ -25,7 +26,7 @@ class OneNodeSlurm:
         self.base, self.slurm_root, self.slots, self.scheduler = base, slurm_root, slots, scheduler
         self.sbin = Path(slurm_root) / "usr" / "sbin"
         self.bin_dir = Path(shutil.which("sbatch") or "/usr/bin/sbatch").parent
-        self.host = socket.gethostname().split(".")[0]
+        self.host = localcluster.short_hostname()
         self.conf = self.base / "slurm.conf"
         self.nv_conf = self.base / "nvshare" / "nvshare.yaml"
         self.sched_log = self.base / "nvshare" / "scheduler.log"
@@ -48,64 +49,21 @@ class OneNodeSlurm:
             (self.base / sub).mkdir(parents=True)
         os.chmod(self.base, 0o755)
         os.chmod(self.jobs, 0o1777)
-        py, pythonpath = sys.executable, os.environ.get("PYTHONPATH", "")
         lines = [f"socket: {self.base}/nvshare/scheduler.sock", f"state_dir: {self.base}/nvshare/state",
                  f"slurm_bin_dir: {self.bin_dir}", *self.scheduler]
         self.nv_conf.write_text("\n".join(lines) + "\n")
-        for kind in ("prolog", "epilog", "taskprolog"):
-            # slurmd passes no environment: the wrapper names the configs and where Python and
-            # Slurm's libraries are (Slurm may be unpacked, nvshare-slurm is this checkout).
-            path = self.base / f"{kind}.sh"
-            path.write_text(f"#!/bin/sh\nexport NVSHARE_CONFIG={self.nv_conf}\n"
-                            f"export SLURM_CONF={self.conf}\nexport PYTHONPATH='{pythonpath}'\n"
-                            f"export LD_LIBRARY_PATH='{os.environ.get('LD_LIBRARY_PATH', '')}'\n"
-                            f"exec {py} -m nvshare_slurm.{kind}\n")
-            path.chmod(0o755)
-        slots = self.slots
-        cpus = max(8, os.cpu_count() or 8)
-        conf = f"""\
-ClusterName=nvsnode
-SlurmctldHost={self.host}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={self.base}/munge/munge.sock
-StateSaveLocation={self.base}/state
-SlurmdSpoolDir={self.base}/spool
-SlurmctldPidFile={self.base}/slurmctld.pid
-SlurmdPidFile={self.base}/slurmd.pid
-SlurmctldLogFile={self.base}/slurmctld.log
-SlurmdLogFile={self.base}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerParameters=sched_interval=1,bf_interval=1
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-ReturnToService=2
-SlurmdParameters=config_overrides
-KillWait=2
-MinJobAge=3600
-GresTypes=nvshare
-PrologFlags=Alloc
-Prolog={self.base}/prolog.sh
-Epilog={self.base}/epilog.sh
-TaskProlog={self.base}/taskprolog.sh
-NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} RealMemory=1000 Gres=nvshare:{slots} State=UNKNOWN
-PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
-"""
-        if self.slurm_root != "/":
-            # Unpacked, not installed (scripts/demo.sh says why): plugins, and no systemd cgroups.
-            conf += f"PluginDir={self.slurm_root}/usr/lib/x86_64-linux-gnu/slurm-wlm\n"
-            if Path("/sys/fs/cgroup/cgroup.controllers").exists():
-                (self.base / "cgroup.conf").write_text(
-                    "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n")
-        self.conf.write_text(conf)
-        (self.base / "gres.conf").write_text(f"NodeName={self.host} Name=nvshare Count={slots}\n")
+        unpacked = self.slurm_root != "/"
+        cluster = localcluster.one_node(
+            self.base, name="nvsnode", partition="proof", gres=f"nvshare:{self.slots}",
+            gres_conf=[f"NodeName={self.host} Name=nvshare Count={self.slots}"],
+            cpus=max(8, os.cpu_count() or 8), slurm_root=self.slurm_root if unpacked else None,
+            host=self.host, extra={"MinJobAge": "3600"})
+        # Slurm may be unpacked and nvshare-slurm is this checkout: the wrappers say where Python
+        # and Slurm's libraries are.
+        localcluster.write(cluster, localcluster.Wrappers(
+            str(self.nv_conf), localcluster.python_commands(sys.executable),
+            {"PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+             "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}))
 
     def start(self) -> None:
         self.write()
@@ -177,12 +135,6 @@ PartitionName=proof Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
 
 # What a pid file of an earlier run may name; a pid reused since by anything else is left alone.
 LEFTOVER_DAEMONS = {"slurmctld", "slurmd", "munged", "slurmstepd"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(path: Path, n: int = 2000) -> str:
