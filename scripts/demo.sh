@@ -90,8 +90,6 @@ else
 fi
 
 HOST=$(hostname -s)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CTLD_PORT=$(port); SLURMD_PORT=$(port)
 export SLURM_CONF=$DEMO/slurm.conf
 
 cat > "$DEMO/nvshare/nvshare.yaml" <<YAML
@@ -106,76 +104,30 @@ switch_time_mode: fixed
 switch_time_fixed: 1.0
 $GPUS_YAML
 YAML
-for kind in prolog epilog taskprolog; do
-  # slurmd passes no environment: the wrapper names the config files (and, when nvshare-slurm or
-  # Slurm are not installed, where Python and scontrol find their libraries).
-  {
-    printf '#!/bin/sh\nexport NVSHARE_CONFIG=%s\nexport SLURM_CONF=%s\n' "$DEMO/nvshare/nvshare.yaml" "$SLURM_CONF"
-    [ -n "${NVSHARE_PYTHON:-}" ] && printf "export PYTHONPATH='%s'\n" "${PYTHONPATH:-}"
-    [ -n "$SLURM_ROOT" ] && printf "export LD_LIBRARY_PATH='%s'\n" "${LD_LIBRARY_PATH:-}"
-    printf 'exec %s\n' "$(nvshare_cmd $kind)"
-  } > "$DEMO/$kind.sh"
-  chmod 755 "$DEMO/$kind.sh"
-done
-
-cat > "$SLURM_CONF" <<CONF
-ClusterName=nvsdemo
-SlurmctldHost=$HOST(127.0.0.1)
-SlurmctldPort=$CTLD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$DEMO/munge/munge.sock
-StateSaveLocation=$DEMO/state
-SlurmdSpoolDir=$DEMO/spool
-SlurmctldPidFile=$DEMO/slurmctld.pid
-SlurmdPidFile=$DEMO/slurmd.pid
-SlurmctldLogFile=$DEMO/slurmctld.log
-SlurmdLogFile=$DEMO/slurmd.log
-ProctrackType=$PROCTRACK
-TaskPlugin=$TASK_PLUGIN
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-# A job submitted while the last one's nodes still complete is marked "Resources" and would wait
-# for the next periodic pass (60 s main, 30 s backfill by default): schedule every second instead.
-SchedulerParameters=sched_interval=1,bf_interval=1
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-ReturnToService=2
-SlurmdParameters=config_overrides
-KillWait=2
-GresTypes=$GRES_TYPES
-PrologFlags=Alloc
-Prolog=$DEMO/prolog.sh
-Epilog=$DEMO/epilog.sh
-TaskProlog=$DEMO/taskprolog.sh
-NodeName=$HOST NodeAddr=127.0.0.1 Port=$SLURMD_PORT CPUs=4 RealMemory=1000 Gres=$NODE_GRES State=UNKNOWN
-PartitionName=demo Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
-CONF
-if [ -n "$SLURM_ROOT" ]; then
-  # Unpacked, not installed: Slurm's plugins are not where it looks by default, and on a cgroup v2
-  # machine without systemd (a container) slurmd needs a cgroup.conf beside slurm.conf that keeps
-  # it away from systemd.
-  echo "PluginDir=$SLURM_ROOT/usr/lib/x86_64-linux-gnu/slurm-wlm" >> "$SLURM_CONF"
-  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-    printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
-  fi
+# slurm.conf, gres.conf, cgroup.conf where one is needed, and the Prolog, Epilog and TaskProlog
+# wrappers (slurmd passes no environment: they name the config files and, when nvshare-slurm or Slurm
+# are not installed, where Python and scontrol find their libraries). nvshare_slurm/localcluster.py
+# writes them, as it does for the tests' and the benchmarks' clusters; this checkout's copy of it.
+CLUSTER=(--name nvsdemo --host "$HOST" --partition demo --cpus 4 --gres "$NODE_GRES"
+  --gres-conf "NodeName=$HOST Name=nvshare Type=gpu0 Count=4" --gres-types "$GRES_TYPES"
+  --proctrack "$PROCTRACK" --task-plugin "$TASK_PLUGIN" --nvshare-config "$DEMO/nvshare/nvshare.yaml")
+if [ -n "${NVSHARE_PYTHON:-}" ]; then
+  CLUSTER+=(--python "$PY_BIN" --wrapper-env "PYTHONPATH=${PYTHONPATH:-}")
+else
+  CLUSTER+=(--bin-dir "$PREFIX/bin")
 fi
-echo "NodeName=$HOST Name=nvshare Type=gpu0 Count=4" > "$DEMO/gres.conf"
+if [ -n "$SLURM_ROOT" ]; then
+  # Unpacked, not installed: PluginDir=, and on a cgroup v2 machine without systemd (a container)
+  # a cgroup.conf that keeps slurmd away from systemd.
+  CLUSTER+=(--slurm-root "$SLURM_ROOT" --wrapper-env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
+fi
 if [ -n "$CONSTRAIN" ]; then
   # Slurm denies the GPU's device file to every job that holds no `gpu` GRES; nvshare jobs get it
   # from nvshare-scheduler (docs/admin-guide.md, "Device cgroups").
-  echo "NodeName=$HOST Name=gpu File=$GPU_DEVICE" >> "$DEMO/gres.conf"
-  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-    [ -f "$DEMO/cgroup.conf" ] || printf 'CgroupPlugin=cgroup/v2\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
-  else
-    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n' > "$DEMO/cgroup.conf"
-  fi
-  echo "ConstrainDevices=yes" >> "$DEMO/cgroup.conf"
+  CLUSTER+=(--constrain-devices --gres-conf "NodeName=$HOST Name=gpu File=$GPU_DEVICE")
   echo "== a site's device cgroups: $TASK_PLUGIN, $PROCTRACK, ConstrainDevices=yes, gpu GRES on $GPU_DEVICE"
 fi
+PYTHONPATH=$REPO "${PY_BIN:-python3}" -m nvshare_slurm.localcluster "$DEMO" "${CLUSTER[@]}"
 
 echo "== starting munged, nvshare-scheduler, slurmctld, slurmd (logs in $DEMO)"
 install -m 600 /etc/munge/munge.key "$DEMO/munge/munge.key"
