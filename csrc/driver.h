@@ -10,6 +10,11 @@
 #include "cuda_subset.h"
 #include "hook_symbols.h"
 
+/* Hidden as declared, not only as defined: another file's global is then read with one rip-relative
+ * load, as in its own file, not through the GOT (the launch path reads nvshare_real and
+ * nvshare_driver_ok, which moved out of hook.c into driver.c). */
+#pragma GCC visibility push(hidden)
+
 #define NVSHARE_EXPORT __attribute__((visibility("default")))
 /* Thread-locals without __tls_get_addr on the launch path: the library is loaded at start-up. */
 #define NVSHARE_TLS __thread __attribute__((tls_model("initial-exec")))
@@ -111,5 +116,7 @@ extern atomic_int nvshare_driver_ok;
 /* Re-entrancy guard: set while the hook itself calls into the driver or the loader, and for the
  * whole life of the hook's own threads. */
 extern NVSHARE_TLS int nvshare_in_hook;
+
+#pragma GCC visibility pop
 
 #endif

@@ -9,6 +9,9 @@
 
 #include "nvshare_proto.h"
 
+/* Hidden as declared (driver.h says why). */
+#pragma GCC visibility push(hidden)
+
 enum nvshare_loss_policy { NVSHARE_LOSS_WAIT = 0, NVSHARE_LOSS_RUN = 1 };
 struct nvshare_settings {
     int active;                  /* in a job with a socket: gate and account; else pure pass-through */
@@ -46,5 +49,7 @@ static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
     memcpy(dst, src, n);
     dst[n] = '\0';
 }
+
+#pragma GCC visibility pop
 
 #endif

@@ -15,6 +15,9 @@
 #include "driver.h"
 #include "gpus.h"
 
+/* Hidden as declared (driver.h says why). */
+#pragma GCC visibility push(hidden)
+
 /* Called with the gate found shut: ask for the lock if nobody has, then wait for the grant. */
 void nvshare_gate_wait(struct nvshare_gpu *g);
 
@@ -90,5 +93,7 @@ void nvshare_gate_on_request_refused(uint32_t seq, int32_t status, const char *m
 void nvshare_gate_on_connection_change(int connected);
 void nvshare_gates_open_all(void);
 void nvshare_gate_after_fork(void);
+
+#pragma GCC visibility pop
 
 #endif

@@ -17,6 +17,9 @@
 #include "cuda_subset.h"
 #include "nvshare_proto.h"
 
+/* Hidden as declared (driver.h says why). */
+#pragma GCC visibility push(hidden)
+
 enum nvshare_gpu_mode { GPU_UNKNOWN = 0, GPU_GATED = 1, GPU_PASS = 2 };
 #define NVSHARE_MAX_POOLS 32
 struct nvshare_swap_entry;
@@ -139,5 +142,7 @@ CUcontext nvshare_primary_ctx_gone(CUdevice dev);
 /* A condition variable on CLOCK_MONOTONIC, as every timed wait of the hook expects. */
 void nvshare_cond_init(pthread_cond_t *cv);
 void nvshare_gpus_after_fork(void);
+
+#pragma GCC visibility pop
 
 #endif
