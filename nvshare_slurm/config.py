@@ -252,6 +252,24 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("NVSHARE_CONFIG", DEFAULT_PATH))
 
 
+def load_for_job(environ: Mapping[str, str]) -> tuple[Config, str]:
+    """The config for a job's Prolog or Epilog, and an error text ('' when fine). A bad file still
+    yields its slurm_bin_dir when that one is usable, so that scontrol can tell whether the job is
+    affected by the bad config at all."""
+    try:
+        return load(environ=environ), ""
+    except ConfigError as exc:
+        fallback = Config()
+        try:
+            raw = yaml.safe_load(config_path(environ).read_text()) or {}
+            bin_dir = raw.get("slurm_bin_dir") if isinstance(raw, dict) else None
+            if isinstance(bin_dir, str) and bin_dir.startswith("/"):
+                fallback = Config(slurm_bin_dir=bin_dir)
+        except (OSError, yaml.YAMLError):
+            pass
+        return fallback, str(exc)
+
+
 def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
          require_file: bool = False) -> Config:
     """The config: defaults, then the file (if it exists), then NVSHARE_<KEY> variables."""

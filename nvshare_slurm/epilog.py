@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
-
 from . import config as config_mod
 from . import slurm
 from .accounting import usage_line
 from .client import Client, DaemonUnavailable, RequestFailed
-from .prolog import DAEMON_WAIT_SEC, answer_help, drain, load_config, node_name, say, with_daemon
-from .proto import C
+from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
+from .wire import C
 
 ME = "nvshare-epilog"
 
@@ -26,7 +25,7 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
         say(ME, None, f"no usable SLURM_JOB_ID ({environ.get('SLURM_JOB_ID')!r}): not run by slurmd?")
         return 0
     node = node_name(environ)
-    cfg, config_error = load_config(environ)
+    cfg, config_error = config_mod.load_for_job(environ)
     client = Client(cfg.socket, timeout=10.0)
     problem = ""
     if config_error:

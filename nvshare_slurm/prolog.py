@@ -10,83 +10,14 @@ the same way; draining makes the problem visible at once and the requeued job ru
 """
 from __future__ import annotations
 
-import argparse
 import os
-import socket
 import sys
-import textwrap
-import time
-from typing import Callable, TypeVar
-
-import yaml
 
 from . import config as config_mod
 from . import priority, slurm
 from .client import Client, DaemonUnavailable, RequestFailed
-from .proto import C
-
-DAEMON_WAIT_SEC = 5.0
-T = TypeVar("T")
-
-
-def say(component: str, job_id: int | None, message: str) -> None:
-    """One stderr line for slurmd's log: 'nvshare-prolog: job 12: ...' (never more than one line)."""
-    where = f"job {job_id}: " if job_id is not None else ""
-    text = " ".join(message.split())
-    print(f"{component}: {where}{text}", file=sys.stderr, flush=True)
-
-
-def answer_help(prog: str, doc: str, argv: list[str]) -> None:
-    """`--help`: print doc and exit 0. Slurm passes no arguments; any other is ignored, never a
-    failure, because a failing Prolog or Epilog drains the node."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=textwrap.fill(
-            "Slurm runs it as root from slurmd, with SLURM_JOB_ID, SLURM_JOB_UID, SLURMD_NODENAME, "
-            f"... and no PATH; the config is NVSHARE_CONFIG or {config_mod.DEFAULT_PATH}. Exit "
-            "status 0: done, or nothing to do; 1: this node cannot serve nvshare jobs (the last "
-            "stderr line says why, and becomes the node's drain reason).", 100))
-    parser.parse_known_args(argv)
-
-
-def node_name(environ: dict[str, str]) -> str:
-    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def with_daemon(call: Callable[[], T], wait_sec: float) -> T:
-    """Run call(); while the daemon is unreachable, retry with backoff for wait_sec."""
-    deadline = time.monotonic() + wait_sec
-    delay = 0.1
-    while True:
-        try:
-            return call()
-        except DaemonUnavailable:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-
-def drain(cfg: config_mod.Config, node: str, reason: str, environ: dict[str, str]) -> None:
-    """Set our reason on the node; slurmd drains it anyway, but with a generic 'Prolog error'."""
-    slurm.drain_node(node, reason, cfg.slurm_bin_dir, environ)
-
-
-def load_config(environ: dict[str, str]) -> tuple[config_mod.Config, str]:
-    """The config, and an error text ('' when fine). A bad file still yields slurm_bin_dir's default."""
-    try:
-        return config_mod.load(environ=environ), ""
-    except config_mod.ConfigError as exc:
-        # Still find scontrol, to tell whether this job is affected by the bad config at all.
-        fallback = config_mod.Config()
-        try:
-            raw = yaml.safe_load(config_mod.config_path(environ).read_text()) or {}
-            bin_dir = raw.get("slurm_bin_dir") if isinstance(raw, dict) else None
-            if isinstance(bin_dir, str) and bin_dir.startswith("/"):
-                fallback = config_mod.Config(slurm_bin_dir=bin_dir)
-        except (OSError, yaml.YAMLError):
-            pass
-        return fallback, str(exc)
+from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
+from .wire import C
 
 
 def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
@@ -96,7 +27,7 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
         say(me, None, f"no usable SLURM_JOB_ID ({environ.get('SLURM_JOB_ID')!r}): not run by slurmd?")
         return 0
     node = node_name(environ)
-    cfg, config_error = load_config(environ)
+    cfg, config_error = config_mod.load_for_job(environ)
     try:
         env_gpus = slurm.job_gpus_from_env(environ.get("SLURM_JOB_GPUS"))
     except slurm.SlurmError as exc:

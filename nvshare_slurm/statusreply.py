@@ -15,7 +15,7 @@ from .proto import C
 from .registry import Job
 
 # Room for the STATUS_REPLY struct in front of the JSON.
-STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.ffi.sizeof("struct nvshare_status_reply")
+STATUS_JSON_MAX = proto.MAX_PAYLOAD - proto.sizeof("nvshare_status_reply")
 
 
 def status_reply(core: Core, what: int, job_id: int = 0) -> tuple[int, bytes]:

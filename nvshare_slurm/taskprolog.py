@@ -21,8 +21,8 @@ only passed on when it is safe. The config comes from the node's file (NVSHARE_C
 /etc/nvshare/nvshare.yaml) only, never from NVSHARE_* overrides in the job's environment.
 
 It runs for every task (`srun -n 64` runs it 64 times), so the way through for a registered job
-imports neither cffi nor yaml (bench/bench_taskprolog.py measures it): taskconfig reads the
-settings it needs from a plain config file, jobquery asks the daemon with the struct module. Every
+imports no yaml (bench/bench_taskprolog.py measures it): taskconfig reads the settings it needs
+from a plain config file, client.query_job asks the daemon with wire.py's codec. Every
 other way (a config taskconfig does not read, the daemon unreachable, an error to report) imports
 what it needs when it gets there.
 """
@@ -34,6 +34,7 @@ import sys
 import time
 
 from . import libnvshare_file, taskconfig
+from .jobenv import DAEMON_WAIT_SEC
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from .config import Config
 
 ME = "nvshare-taskprolog"
-DAEMON_WAIT_SEC = 5.0
 CHAIN_VAR = "NVSHARE_TASKPROLOG_PID"   # in the site's program's environment only
 USAGE = """usage: nvshare-taskprolog
 
@@ -151,8 +151,8 @@ def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict
                  wait_sec: float) -> tuple[dict[str, Any], Config | taskconfig.TaskConfig] | None:
     """The job's placement and the config to export it with, or None: nothing to export.
     Imported here, so that the site's TaskProlog already runs while these load."""
-    from .jobquery import DaemonUnavailable, RequestFailed, query_job
-    from .wire import wire_format
+    from .client import DaemonUnavailable, RequestFailed, query_job
+    from .wire import C
     socket_path, started = cfg.socket, time.monotonic()
 
     def ask() -> dict[str, Any]:
@@ -162,7 +162,7 @@ def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict
         try:
             return ask(), cfg
         except DaemonUnavailable:   # restarting, or its backlog full: retry what is left of wait_sec
-            from .prolog import with_daemon
+            from .jobenv import with_daemon
             return with_daemon(ask, wait_sec - (time.monotonic() - started)), cfg
     except DaemonUnavailable as exc:
         full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else full_config(job_id, environ)
@@ -177,7 +177,7 @@ def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict
                     f"{where}, on_daemon_loss={full.on_daemon_loss}")
         return placement, full
     except RequestFailed as exc:
-        if exc.status != wire_format().constants["NVSHARE_ERR_NOJOB"]:
+        if exc.status != C.NVSHARE_ERR_NOJOB:
             say(job_id, f"scheduler refused the placement query: {exc}")
         return None
 
@@ -247,7 +247,7 @@ def valid_job_id(value: str | None) -> int | None:
 
 
 def say(job_id: int | None, message: str) -> None:
-    from .prolog import say as say_line
+    from .jobenv import say as say_line
     say_line(ME, job_id, message)
 
 
@@ -267,10 +267,10 @@ def placement_without_daemon(job_id: int, cfg: Config,
     """The job's GPUs when the daemon cannot be asked: its entry in the daemon's state.json, else
     (unless Slurm says the job holds no nvshare GPU here) every GPU the node manages."""
     import json
-    import socket
     from pathlib import Path
 
     from . import slurm
+    from .jobenv import node_name
     try:
         state = json.loads((Path(cfg.state_dir) / "state.json").read_text())
         for job in state.get("jobs", []):
@@ -280,7 +280,7 @@ def placement_without_daemon(job_id: int, cfg: Config,
                     return {"gpu_uuid": uuids}
     except (OSError, ValueError, AttributeError):
         pass
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = node_name(environ)
     try:
         gres = slurm.show_job(job_id, cfg.slurm_bin_dir, timeout=5.0, attempts=1).on_node(node)
         if not gres.holds_nvshare and not gres.gpu_index:

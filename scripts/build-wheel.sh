@@ -8,7 +8,7 @@ OUT=$(realpath -m "${1:-dist}")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q setuptools wheel cffi ziglang auditwheel
+"$WORK/venv/bin/pip" install -q setuptools wheel ziglang auditwheel
 NVSHARE_HOOK_CC=zig "$WORK/venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$OUT" .
 wheel=$(ls -t "$OUT"/nvshare_slurm-*.whl | head -1)
 case $wheel in

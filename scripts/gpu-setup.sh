@@ -1,8 +1,9 @@
 #!/bin/bash
-# Prepare the GPU machine (no network, no cffi, Slurm not installed) for tier-4 tests and benchmarks:
+# Prepare the GPU machine (no network, Slurm not installed) for tier-4 tests and benchmarks:
 #   . scripts/gpu-setup.sh
-# Expects the carried folders .whl/ (cffi and pycparser wheels for its Python) and, for Slurm,
-# .slurmdeb/ (see ../shared/tools/gpu-machine-slurm.sh). Builds libnvshare.so in place.
+# Installs the wheels of a carried .whl/ folder, if any (for a Python that lacks a dependency), and
+# expects, for Slurm, .slurmdeb/ (see ../shared/tools/gpu-machine-slurm.sh). Builds libnvshare.so
+# in place.
 set -e
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then

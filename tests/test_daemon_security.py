@@ -105,7 +105,7 @@ def _hdr(msg_type: int, length: int, magic: int = proto.MAGIC, version: int = pr
     return struct.pack("=IHHII", magic, version, msg_type, length, 0)
 
 
-EVENT_SIZE = proto.ffi.sizeof("struct nvshare_gpu_event")
+EVENT_SIZE = proto.sizeof("nvshare_gpu_event")
 MALFORMED = {
     "bad magic": _hdr(C.NVSHARE_MSG_HEARTBEAT, 8, magic=0xDEADBEEF) + b"\0" * 8,
     "bad version": _hdr(C.NVSHARE_MSG_HEARTBEAT, 8, version=99) + b"\0" * 8,

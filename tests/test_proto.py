@@ -6,15 +6,17 @@ import json
 import re
 import shutil
 import socket
+import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C, ProtocolError, ffi
+from nvshare_slurm import proto, wire
+from nvshare_slurm.proto import C, ProtocolError
 
-HEADER = proto.header_path()
-CDEF = proto._cdef_block(HEADER.read_text())
+HEADER = Path(proto.header_path())
+CDEF = wire.cdef_block(HEADER.read_text())
 LAYOUT_C = HEADER.parent.parent / "tests" / "proto_layout.c"
 if not LAYOUT_C.exists():  # the header came from the installed package
     from pathlib import Path
@@ -25,7 +27,7 @@ _FIELD_RE = re.compile(r"^\s*(?:unsigned\s+)?(\w+)\s+(\w+)((?:\[\d+\])*)\s*;(.*)
 
 
 def header_structs() -> dict[str, list[tuple[str, str, list[int], str]]]:
-    """struct name -> [(type, field, dims, comment)] read from the header text (not from cffi)."""
+    """struct name -> [(type, field, dims, comment)] read from the header text (not by wire.py)."""
     structs = {}
     for name, body in _STRUCT_RE.findall(CDEF):
         structs[name] = [(ctype, field, [int(d) for d in re.findall(r"\d+", dims)], comment)
@@ -33,13 +35,12 @@ def header_structs() -> dict[str, list[tuple[str, str, list[int], str]]]:
     return structs
 
 
-def test_header_parse_sees_what_cffi_sees():
-    # The C side's field list is generated from this parse; it must miss nothing cffi knows.
+def test_header_parse_sees_what_the_codec_sees():
+    # The C side's field list is generated from this parse; it must miss nothing the codec knows.
     parsed = header_structs()
-    assert sorted(parsed) == sorted(ffi.list_types()[1])
+    assert sorted(parsed) == sorted(proto.STRUCTS)
     for name, parsed_fields in parsed.items():
-        cffi_fields = [f for f, _ in ffi.typeof(f"struct {name}").fields]
-        assert [f for _, f, _, _ in parsed_fields] == cffi_fields
+        assert [f for _, f, _, _ in parsed_fields] == [f.name for f in proto.STRUCTS[name].fields]
 
 
 @pytest.fixture(scope="module")
@@ -73,25 +74,25 @@ def c_layout(tmp_path_factory):
 
 
 @pytest.mark.parametrize("struct_name", sorted(header_structs()))
-def test_layout_matches_between_c_and_cffi(c_layout, struct_name):
-    ctype = f"struct {struct_name}"
-    assert c_layout[struct_name] == ffi.sizeof(ctype)
-    for field, ftype in ffi.typeof(ctype).fields:
-        assert c_layout[f"{struct_name}.{field}"] == (ffi.offsetof(ctype, field),
-                                                       ffi.sizeof(ftype.type)), field
+def test_layout_matches_between_c_and_the_codec(c_layout, struct_name):
+    layout = proto.STRUCTS[struct_name]
+    assert c_layout[struct_name] == layout.size
+    for f in layout.fields:
+        assert c_layout[f"{struct_name}.{f.name}"] == (f.offset, f.size), f.name
     # Naturally aligned, no padding: the fields tile the struct exactly (the header promises it).
     end = 0
-    for field, ftype in ffi.typeof(ctype).fields:
-        assert ffi.offsetof(ctype, field) == end, f"padding before {struct_name}.{field}"
-        end += ffi.sizeof(ftype.type)
-    assert end == ffi.sizeof(ctype), f"tail padding in {struct_name}"
+    for field in [f for _, f, _, _ in header_structs()[struct_name]]:
+        offset, size = c_layout[f"{struct_name}.{field}"]
+        assert offset == end, f"padding before {struct_name}.{field}"
+        end += size
+    assert end == c_layout[struct_name], f"tail padding in {struct_name}"
 
 
 def test_header_size_constant(c_layout):
     assert c_layout["NVSHARE_HDR_SIZE"] == c_layout["nvshare_hdr"] == proto.HDR_SIZE == 16
 
 
-# Which constant each array dimension must equal: cffi needs literal sizes in the header, so the
+# Which constant each array dimension must equal: wire.py reads literal sizes in the header, so the
 # constants and the literals could drift apart without this.
 ARRAY_DIMS = {
     ("char", "gpu_uuid"): ["NVSHARE_UUID_LEN"],
@@ -122,18 +123,18 @@ def test_array_sizes_equal_their_constants():
 # --- encode / decode ----------------------------------------------------------------------------
 
 def sample_fields(struct_name: str, seed: int) -> dict:
-    """A distinct non-zero value for every field of a struct, within the field's range."""
+    """A distinct non-zero value for every field of a struct, within the field's range (types and
+    array sizes from the header's text, as the C compiler reads them)."""
     fields: dict = {}
-    for i, (field, ftype) in enumerate(ffi.typeof(struct_name).fields):
-        t = ftype.type
+    for i, (ctype, field, dims, _) in enumerate(header_structs()[struct_name]):
         value = seed * 100 + i + 1
-        if t.kind == "array" and t.item.kind == "array":
-            fields[field] = [f"GPU-{seed}-{i}-{k}" for k in range(t.length)]
-        elif t.kind == "array" and t.item.cname == "char":
-            fields[field] = f"{field}-{seed}-\u00e9" + "x" * (t.length - len(field) - 12)
-        elif t.kind == "array":
-            fields[field] = [value + k for k in range(t.length)]
-        elif t.cname.startswith("int"):
+        if ctype == "char" and len(dims) == 2:
+            fields[field] = [f"GPU-{seed}-{i}-{k}" for k in range(dims[0])]
+        elif ctype == "char":
+            fields[field] = f"{field}-{seed}-\u00e9" + "x" * (dims[0] - len(field) - 12)
+        elif dims:
+            fields[field] = [value + k for k in range(dims[0])]
+        elif ctype.startswith("int"):
             fields[field] = -value
         else:
             fields[field] = value
@@ -160,9 +161,8 @@ def test_round_trip_every_message(msg_type):
 
 def header_bytes(magic=proto.MAGIC, version=proto.VERSION, msg_type=C.NVSHARE_MSG_HEARTBEAT,
                  length=8, seq=1) -> bytes:
-    hdr = ffi.new("struct nvshare_hdr *", {"magic": magic, "version": version, "type": msg_type,
-                                          "length": length, "seq": seq})
-    return bytes(ffi.buffer(hdr))
+    # struct nvshare_hdr by hand (uint32 magic, uint16 version, uint16 type, uint32 length, seq)
+    return struct.pack("=IHHII", magic, version, msg_type, length, seq)
 
 
 @pytest.mark.parametrize("kwargs,reason", [
@@ -187,7 +187,7 @@ def test_decode_header_refuses_short_header_and_accepts_the_limit():
 
 @pytest.mark.parametrize("msg_type", sorted(proto.MSG_STRUCT), ids=lambda t: proto.MSG_NAME[t])
 def test_unpack_refuses_wrong_payload_size(msg_type):
-    size = ffi.sizeof(proto.MSG_STRUCT[msg_type])
+    size = proto.sizeof(proto.MSG_STRUCT[msg_type])
     with pytest.raises(ProtocolError, match=f"expected {size}"):
         proto.unpack(msg_type, b"\0" * (size - 1))
     with pytest.raises(ProtocolError):
@@ -224,8 +224,8 @@ def test_set_field_refuses_strings_that_do_not_fit():
 
 
 def test_text_replaces_undecodable_bytes():
-    obj = proto.new(C.NVSHARE_MSG_REPLY)
-    ffi.memmove(obj.message, b"ok\xff\xfe", 4)
+    obj = proto.new(C.NVSHARE_MSG_REPLY, {"message": b"ok\xff\xfe"})
+    assert proto.raw(obj.message) == b"ok\xff\xfe"
     assert proto.text(obj.message) == "ok\ufffd\ufffd"
 
 
@@ -338,66 +338,61 @@ def test_peer_credentials_of_a_uid_above_2_31():
     assert creds == (pid, big, big)
 
 
-# --- wire.py: the same header read with the struct module (the TaskProlog's way) -----------------
-
-from nvshare_slurm import jobquery, wire  # noqa: E402
+# --- the codec against the C compiler: every field where C reads it ------------------------------
 
 WIRE = wire.wire_format()
 
 
-@pytest.mark.parametrize("struct_name", sorted(header_structs()))
-def test_wire_layout_matches_cffi(struct_name):
-    ctype = f"struct {struct_name}"
-    layout = WIRE.structs[struct_name]
-    assert layout.size == ffi.sizeof(ctype)
-    cffi_fields = ffi.typeof(ctype).fields
-    assert [f.name for f in layout.fields] == [name for name, _ in cffi_fields]
-    for f, (name, ftype) in zip(layout.fields, cffi_fields):
-        assert (f.offset, f.size) == (ffi.offsetof(ctype, name), ffi.sizeof(ftype.type)), name
+def test_constants_and_message_types():
+    assert C.NVSHARE_HDR_SIZE == proto.HDR_SIZE and C.NVSHARE_MAGIC == proto.MAGIC
+    assert WIRE.msg_types == set(proto.MSG_STRUCT) == set(proto.MSG_NAME)
+    # Each message's struct is the one its comment in enum nvshare_msg_type names.
+    enum = re.search(r"enum nvshare_msg_type \{(.*?)\};", CDEF, re.S).group(1)
+    for name, comment in re.findall(r"NVSHARE_MSG_(\w+) = \d+,?\s*/\*(.*?)\*/", enum, re.S):
+        number = getattr(C, "NVSHARE_MSG_" + name)
+        assert proto.MSG_NAME[number] == name
+        assert proto.MSG_STRUCT[number] == re.search(r"struct (\w+)", comment).group(1), name
+    assert proto.MSG_STRUCT[C.NVSHARE_MSG_JOB_QUERY] == "nvshare_job_id"
+    assert proto.MSG_STRUCT[C.NVSHARE_MSG_STATUS_REPLY] == "nvshare_status_reply"
+    for name, code in WIRE.enums["nvshare_status"].items():
+        assert proto.status_name(code) == name.removeprefix("NVSHARE_")
 
 
-def test_wire_constants_and_message_types_match_cffi():
-    named = {n: getattr(C, n) for n in dir(C) if n.startswith("NVSHARE_")}
-    assert WIRE.constants == named
-    assert WIRE.msg_types == set(proto.MSG_STRUCT)
-    for code in list(WIRE.enums["nvshare_status"].values()) + [1234]:
-        assert WIRE.status_name(code) == proto.status_name(code)
-
-
-def test_jobquery_carries_the_structs_proto_names():
-    assert proto.MSG_STRUCT[C.NVSHARE_MSG_JOB_QUERY] == f"struct {jobquery.QUERY_STRUCT}"
-    assert proto.MSG_STRUCT[C.NVSHARE_MSG_JOB_REPLY] == f"struct {jobquery.JOB_REPLY_STRUCT}"
-    assert proto.MSG_STRUCT[C.NVSHARE_MSG_REPLY] == f"struct {jobquery.REPLY_STRUCT}"
-
-
-@pytest.mark.parametrize("msg_type", sorted(proto.MSG_STRUCT))
-def test_wire_reads_and_writes_what_cffi_does(msg_type):
+@pytest.mark.parametrize("msg_type", sorted(proto.MSG_STRUCT), ids=lambda t: proto.MSG_NAME[t])
+def test_codec_writes_every_field_where_c_reads_it(c_layout, msg_type):
     struct_name = proto.MSG_STRUCT[msg_type]
     fields = sample_fields(struct_name, seed=3)
-    frame = proto.encode(msg_type, fields, seq=9)
-    assert WIRE.decode_header(frame[:proto.HDR_SIZE]) == (msg_type, len(frame) - proto.HDR_SIZE, 9)
-    layout = WIRE.structs[struct_name[len("struct "):]]
-    read = layout.unpack(frame[proto.HDR_SIZE:])
-    for key, value in fields.items():
-        if isinstance(value, str):
-            assert read[key].decode() == value, key
-        elif value and isinstance(value[0] if isinstance(value, list) else 0, str):
-            assert [v.decode() for v in read[key]] == value, key
+    payload = proto.encode(msg_type, fields, seq=9)[proto.HDR_SIZE:]
+    assert len(payload) == c_layout[struct_name]
+    codes = {"int32_t": "i", "uint32_t": "I", "int64_t": "q", "uint64_t": "Q", "int16_t": "h",
+             "uint16_t": "H", "int8_t": "b", "uint8_t": "B"}
+    for ctype, field, dims, _ in header_structs()[struct_name]:
+        offset, size = c_layout[f"{struct_name}.{field}"]
+        at = payload[offset:offset + size]
+        value = fields[field]
+        if ctype == "char":
+            cells = [at[k:k + dims[-1]] for k in range(0, size, dims[-1])]
+            wanted = value if isinstance(value, list) else [value]
+            assert [c.split(b"\0", 1)[0].decode() for c in cells] == wanted, field
+            assert all(c.endswith(b"\0") for c in cells), f"{field}: NUL-terminated"
         else:
-            assert read[key] == value, key
-    if not any(isinstance(v, list) and v and isinstance(v[0], str) for v in fields.values()):
-        assert WIRE.encode(msg_type, layout.name, fields, seq=9) == frame
+            count = size // struct.calcsize(codes[ctype])
+            got = list(struct.unpack(f"={count}{codes[ctype]}", at))
+            assert got == (value if isinstance(value, list) else [value]), field
 
 
-def test_wire_refuses_what_proto_refuses():
+def test_codec_refuses_what_breaks_the_format():
     good = proto.pack_header(C.NVSHARE_MSG_JOB_QUERY, 8, 1)
+    assert good == header_bytes(msg_type=C.NVSHARE_MSG_JOB_QUERY, length=8, seq=1)
     bad = {"magic": b"XXXX" + good[4:], "version": good[:4] + b"\x09\x00" + good[6:],
            "length": good[:8] + (proto.MAX_PAYLOAD + 1).to_bytes(4, "little") + good[12:],
            "type": good[:6] + (99).to_bytes(2, "little") + good[8:], "short": good[:15]}
     for what, data in bad.items():
         with pytest.raises(ProtocolError):
-            WIRE.decode_header(data)
+            proto.decode_header(data)
     with pytest.raises(ProtocolError):
-        WIRE.structs["nvshare_job_reply"].unpack(b"\0" * 10)
+        proto.STRUCTS["nvshare_job_reply"].unpack(b"\0" * 10)
     with pytest.raises(ValueError):
-        WIRE.structs["nvshare_reply"].pack({"message": "x" * 256})
+        proto.STRUCTS["nvshare_reply"].pack({"message": "x" * 256})
+    with pytest.raises(ValueError, match="nvshare_job_id"):  # uint32_t
+        proto.encode(C.NVSHARE_MSG_JOB_QUERY, {"job_id": -1})

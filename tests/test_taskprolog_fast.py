@@ -15,9 +15,12 @@ from conftest import FAKE_GPUS
 from nvshare_slurm import config, slurm, taskconfig, taskprolog
 from nvshare_slurm.config import Config
 
-# The modules the fast path must not import: cffi (and its parser), yaml, and ours that load them.
-SLOW = ("cffi", "pycparser", "yaml", "_yaml", "nvshare_slurm.proto", "nvshare_slurm.config",
-        "nvshare_slurm.client", "nvshare_slurm.prolog", "nvshare_slurm.slurm")
+# The modules the fast path must not import: cffi (and its parser), yaml, the standard library's
+# slow ones, and ours that load them. (nvshare_slurm.client is the one client, light since it
+# holds jobquery's fast path.)
+SLOW = ("cffi", "pycparser", "yaml", "_yaml", "asyncio", "dataclasses", "json",
+        "nvshare_slurm.proto", "nvshare_slurm.config", "nvshare_slurm.prolog",
+        "nvshare_slurm.slurm")
 # What the installed nvshare-taskprolog script runs, then a look at what it imported.
 ENTRY = f"""
 import sys
