@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from functools import cached_property
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,8 +113,16 @@ class Layout:
                 f.count = f.size // struct.calcsize(f.code)
                 fmt += f.code * f.count
             f.start, at, start = start, f.offset + f.size, start + f.count
-        self._struct = struct.Struct(fmt + "x" * (size - at))
-        self._zero = tuple(b"" if f.code == "s" else 0 for f in fields for _ in range(f.count))
+        self._format = fmt + "x" * (size - at)
+
+    # Both made at first use: the TaskProlog uses three of the header's structs.
+    @cached_property
+    def _struct(self) -> struct.Struct:
+        return struct.Struct(self._format)
+
+    @cached_property
+    def _zero(self) -> tuple[Any, ...]:
+        return tuple(b"" if f.code == "s" else 0 for f in self.fields for _ in range(f.count))
 
     def pack(self, values: dict[str, Any]) -> bytes:
         """The struct's bytes: fields not given are zero; text (str, or bytes as received) must
