@@ -68,6 +68,8 @@ class GpuSpec:
         return self.device or f"/dev/nvidia{self.index}"
 
 
+# The one list of config keys. taskconfig reads its field lines (`    name: type = default`, one
+# per line) from this file's text, for the TaskProlog, which cannot afford to import this module.
 @dataclass(frozen=True)
 class Config:
     scheduling_mode: str = "auto"

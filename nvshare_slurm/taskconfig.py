@@ -12,18 +12,36 @@ drains the node) and in the daemon.
 """
 from __future__ import annotations
 
+import os
 import re
 
 DEFAULT_PATH = "/etc/nvshare/nvshare.yaml"      # config.DEFAULT_PATH
-# config.Config's fields; a test keeps the two equal. A key missing here only costs the slow path.
-KEYS = frozenset((
-    "scheduling_mode", "auto_share", "burst_turns", "turn_handoff", "switch_time_mode",
-    "switch_time_fixed", "switch_time_multiplier", "switch_time_min", "swap_bandwidth", "swap",
-    "memory_reserve_percent", "max_runtime_sec", "idle_release_ms", "drop_grace_sec",
-    "unresponsive_holder", "socket", "state_dir", "slurm_user", "slurm_bin_dir", "on_daemon_loss",
-    "rogue_process", "rogue_check_sec", "max_connections_per_uid", "node_name", "log_level",
-    "metrics_port", "usage_admin_comment", "site_task_prolog", "site_task_prolog_timeout",
-    "priority_classes", "gpus"))
+# The class body's field lines of config.Config: `    name: type = default  # comment`.
+_FIELD_LINE = re.compile(r"    ([a-z_][a-z0-9_]*): \S")
+
+
+def config_keys() -> frozenset[str]:
+    """config.Config's fields, the one list of config keys, read from config.py's text: importing
+    it costs yaml and dataclasses. Empty when that text cannot be read; then every file with a key
+    goes to config.load."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py"),
+                  encoding="utf-8") as fh:
+            source = fh.read()
+    except (OSError, ValueError):
+        return frozenset()
+    _, found, body = source.partition("\nclass Config:\n")
+    keys = []
+    for line in body.split("\n"):
+        if line.startswith("    def ") or (line and not line.startswith(" ")):
+            break
+        match = _FIELD_LINE.match(line)
+        if match:
+            keys.append(match.group(1))
+    return frozenset(keys) if found else frozenset()
+
+
+KEYS = config_keys()
 # A top-level key and a value YAML reads as the same plain string it shows (no quotes, flow,
 # anchors, tags, block scalars or `: ` inside), then an optional comment.
 _LINE = re.compile(r"([a-z_][a-z0-9_]*):(?:[ ]+([A-Za-z0-9_./+-][A-Za-z0-9_./+-]*))?"

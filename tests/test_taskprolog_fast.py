@@ -170,7 +170,8 @@ def test_taskconfig_leaves_a_missing_or_unreadable_file_to_config_load(tmp_path)
 
 
 def test_taskconfig_defaults_and_keys_are_config_s():
-    # A key missing from KEYS would only send its configs to the slow path; this keeps them fast.
+    # KEYS is read from config.py's text; a key it missed would only send its configs to the slow
+    # path; this keeps them fast.
     assert taskconfig.KEYS == {f.name for f in fields(Config)}
     assert taskconfig.DEFAULT_PATH == config.DEFAULT_PATH
     fast, full = taskconfig.TaskConfig(), Config()
