@@ -2,10 +2,11 @@
  *
  * Every frame is a struct nvshare_hdr followed by `length` payload bytes. A frame whose magic,
  * version or length is wrong is refused and that connection is closed; nothing else is disturbed.
- * Python (nvshare_slurm/proto.py) hands the text between NVSHARE_CDEF_BEGIN and NVSHARE_CDEF_END to
- * cffi, so that block holds only integer #defines, enums and structs of fixed-width fields with
- * literal array sizes. Fields are laid out naturally aligned, so there is no padding to disagree on;
- * tests check sizes and offsets from C and from Python.
+ * Python's codec (nvshare_slurm/wire.py) reads the text between NVSHARE_CDEF_BEGIN and
+ * NVSHARE_CDEF_END, so that block holds only integer #defines, enums and structs of fixed-width
+ * fields with literal array sizes; each message's comment in enum nvshare_msg_type names its
+ * payload struct first, which is how the codec knows it. Fields are laid out naturally aligned, so
+ * there is no padding to disagree on; tests check sizes and offsets from C and from Python.
  * All integers are in host byte order: both ends always run on the same node.
  */
 #ifndef NVSHARE_PROTO_H
