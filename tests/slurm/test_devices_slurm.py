@@ -19,7 +19,7 @@ import pytest
 
 from nvshare_slurm.proto import C
 
-from .cluster import CONSTRAINED, CONSTRAINED_CGROUP_CONF, SBIN, SlurmCluster, client
+from .cluster import BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SBIN, SlurmCluster, client
 
 REPO_C = Path(__file__).resolve().parents[1] / "c"
 BUILD = REPO_C / "build"
@@ -184,3 +184,26 @@ def test_two_jobs_on_a_node_of_two_gpus_go_to_different_gpus(site, workdir):
     assert all(len(r) == 1 for r in reached.values()), reached
     assert reached["p"] != reached["q"], reached
     assert set(kernels_by_gpu(workdir)) == {g["uuid"] for g in site.nodes["c1"].settings["gpus"]}
+
+
+def test_a_job_of_two_slots_reaches_two_gpus(site, workdir):
+    script = job_script(site, "c1", workdir, "two", "burst:10000:2:0 ctx:1 burst:10000:2:0")
+    job = site.sbatch(script, "-w", "c1", "--gres=nvshare:2")
+    assert site.wait_job(job, 60) == "COMPLETED", output(workdir, "two") + site.diagnostics()
+    out = output(workdir, "two")
+    assert "count 2" in out and out.rstrip().endswith("done"), out
+    found = opens(workdir, "two")
+    assert sorted(found) == sorted(site.devices["c1"]), found
+    assert all(fd >= 0 for fds in found.values() for fd in fds), found
+
+
+def test_an_salloc_allocation_runs_its_step_on_the_gpu(site, workdir):
+    path = workdir / "salloc.sh"
+    path.write_text(job_script(site, "c2", workdir, "salloc", "burst:10000:2:0", srun="srun -n1 "))
+    path.chmod(0o755)
+    done = site.run([BIN / "salloc", "-w", "c2", "--gres=nvshare:1", str(path)], timeout=60,
+                    cwd=str(workdir))
+    assert done.returncode == 0, done.stdout + done.stderr + site.diagnostics()
+    out = output(workdir, "salloc")
+    assert "count 1" in out and out.rstrip().endswith("done"), out
+    assert all(fd >= 0 for fd in opens(workdir, "salloc")[site.devices["c2"][0]])
