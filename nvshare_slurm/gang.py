@@ -56,7 +56,8 @@ class Gang:
 
     @property
     def started(self) -> bool:
-        return self.owns and self.gpus[0].lock.turn.started  # type: ignore[union-attr]
+        turn = self.gpus[0].lock.turn
+        return self.owns and turn is not None and turn.started
 
     def holders(self) -> list[tuple[GpuState, Any]]:
         return [(g, h) for g in self.gpus for h in g.lock.job_holders(self.job_id)]
@@ -212,7 +213,7 @@ class GangPolicy:
             gang.why = ""
             changed.add(gang.job_id)
             return
-        used = any(turn.used for turn in turns)  # type: ignore[union-attr]
+        used = any(turn.used for turn in turns)  # type: ignore[union-attr]  # started: a turn on each GPU
         if not holders and ((used and (gang.ending or gang.contention_since is not None
                                        or not waiters)) or (not used and not waiters)):
             self._release(gang, changed)
@@ -243,12 +244,12 @@ class GangPolicy:
         # there.
         # Steps stop after a while (Gang.step_window): a gang whose ranks keep asking while a
         # peer drains (each step putting one ahead of the other) cannot keep the GPUs.
-        granting = turns[0].grants  # type: ignore[union-attr]
+        granting = turns[0].grants  # type: ignore[union-attr]  # started: a turn on each GPU
         drains = not granting and any(h.drop_at is not None for _, h in holders)
         until = gang.ended_at + gang.step_window() if drains else None
         if until is not None and now >= until:
             until = None
-        if until != turns[0].steps_until:  # type: ignore[union-attr]
+        if until != turns[0].steps_until:  # type: ignore[union-attr]  # started: a turn on each GPU
             for gpu in gang.gpus:
                 gpu.lock.allow_steps_until(until)
         if until is not None and gang.job_id not in changed and any(
@@ -315,7 +316,7 @@ class GangPolicy:
             grace = gang.stuck_after()
             pending = [h.drop_at + grace for _, h in gang.holders()
                        if h.drop_at is not None and h.stuck_at is None]
-            until = gang.gpus[0].lock.turn.steps_until  # type: ignore[union-attr]
+            until = gang.gpus[0].lock.turn.steps_until  # type: ignore[union-attr]  # ending: its turn stays until released
             if until is not None:       # a waiter's step
                 pending += [t for _, _, since in waiters
                             if now <= (t := since + GANG_STEP_AFTER) < until]

@@ -185,8 +185,9 @@ class GpuState:
         request or PREPARE_SWAP_OUT past drop_grace_sec)."""
         grace = self.settings.drop_grace_sec
         deadlines = self.lock.deadlines(grace)
-        if self.lock.turn_here():
-            others = any(h.client.job_id != self.lock.turn.job_id and h.drop_at is None
+        turn = self.lock.turn
+        if turn is not None and self.lock.turn_here():      # turn_here() is False without a turn
+            others = any(h.client.job_id != turn.job_id and h.drop_at is None
                          for h in self.holders.values())
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())

@@ -218,7 +218,7 @@ def render_slurm_conf(c: LocalCluster) -> str:
     settings[kill_wait:kill_wait] = list(c.extra.items())
     out = [_WHY.get(key, "") + f"{key}={_value(key, value)}\n" for key, value in settings]
     for n in c.nodes:
-        words = [("NodeName", n.name)]
+        words: list[tuple[str, object]] = [("NodeName", n.name)]
         words += [("NodeHostname", n.hostname)] if n.hostname else []
         words += [("NodeAddr", "127.0.0.1"), ("Port", n.port), ("CPUs", n.cpus)]
         if n.one_socket:

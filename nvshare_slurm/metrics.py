@@ -128,7 +128,7 @@ class MetricsServer:
 
     def __init__(self, source: Source, port: int, host: str = ""):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SchedulerCollector(source))  # type: ignore[arg-type]
+        self.registry.register(SchedulerCollector(source))
         self.port = port
         self.host = host
         self._server: asyncio.AbstractServer | None = None

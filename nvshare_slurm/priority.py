@@ -58,7 +58,7 @@ def parse_map(value: Any, where: str) -> ClassMap:
     unknown = set(value) - {"qos", "partition", "comment", "interactive", "default"}
     if unknown:
         raise ClassMapError(f"{where}: unknown key {sorted(map(str, unknown))[0]!r}")
-    maps = {}
+    maps: dict[str, dict[str, str]] = {}
     for key in ("qos", "partition", "comment"):
         entries = value.get(key) or {}
         if not isinstance(entries, dict):

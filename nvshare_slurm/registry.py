@@ -63,9 +63,10 @@ class LoadResult:
     problems: list[str] = field(default_factory=list)
 
 
-_JOB_FIELDS = {"job_id": int, "uid": int, "gid": int, "user": str, "name": str, "slots": int,
-               "gpus": list, "gpu_index": list, "mem_limit": int, "registered": (int, float),
-               "rebuilt": bool, "share_class": str, "class_reason": str}
+_JOB_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "job_id": int, "uid": int, "gid": int, "user": str, "name": str, "slots": int,
+    "gpus": list, "gpu_index": list, "mem_limit": int, "registered": (int, float),
+    "rebuilt": bool, "share_class": str, "class_reason": str}
 _OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason"}
 
 

@@ -158,7 +158,9 @@ class RequestHandlers:
                            f"{request.major}:{request.minor} refused: {exc}")
             return reply(conn, frame, exc.status, str(exc))
         conn.hold()      # one request, one answer: nothing more is read meanwhile
-        opening = self.core.loop.run_in_executor(None, open_device, path, int(body.access))
+        loop = self.core.loop
+        assert loop is not None         # set before the listener opens: requests come after it
+        opening = loop.run_in_executor(None, open_device, path, int(body.access))
         opening.add_done_callback(lambda done: self._device_opened(conn, frame, job, path, done))
 
     def _device_opened(self, conn: Connection, frame: proto.Frame, job: Job, path: str,

@@ -101,7 +101,7 @@ class SiteTaskProlog:
         """Everything the program writes until the pipe closes, or None at the deadline."""
         poller = select.poll()
         poller.register(self.read_end, select.POLLIN)
-        chunks = []
+        chunks: list[bytes] = []
         try:
             while True:
                 left = deadline - time.monotonic()

@@ -361,10 +361,9 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
     # the record's own. Slurm's UserId line comes right after a one-line name; a name of several
     # lines, or a second UserId line anywhere, makes the record say nothing it could be trusted
     # for (no user, no nodes: the job is not one nvshare serves here, never one it over-serves).
-    if len(lines) < 2 or sum(1 for line in lines if line.startswith("   UserId=")) != 1 \
-            or not _USER_LINE.match(lines[1]):
+    match = _USER_LINE.match(lines[1]) if len(lines) >= 2 else None
+    if match is None or sum(1 for line in lines if line.startswith("   UserId=")) != 1:
         return JobRecord(job_id, name)
-    match = _USER_LINE.match(lines[1])
     user, uid, gid = match.group(1), int(match.group(2)), int(match.group(3))
     end = next((i for i, line in enumerate(lines) if line.startswith("   MinCPUsNode=")),
                len(lines))

@@ -135,7 +135,7 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
         if result.status:
             say(job_id, f"site TaskProlog: {result.problem}: the task fails (status {result.status})")
         status = result.status
-    if found is not None:
+    if found is not None and job_id is not None:     # found only where job_id is a job's
         placement, cfg = found
         try:
             lines = export_lines(job_id, placement, cfg, libnvshare_file(), existing_preload)
@@ -189,6 +189,7 @@ def start_site(cfg: Config | taskconfig.TaskConfig | None, config_path: str,
     is one that another nvshare-taskprolog started as the site's."""
     if chained(environ):
         return None
+    program: str | None
     if cfg is not None:
         program, timeout = cfg.site_task_prolog, cfg.site_task_prolog_timeout
     else:       # a config that config.load refuses still names the site's program
@@ -251,7 +252,7 @@ def say(job_id: int | None, message: str) -> None:
     say_line(ME, job_id, message)
 
 
-def full_config(job_id: int, environ: dict[str, str]) -> Config | None:
+def full_config(job_id: int | None, environ: dict[str, str]) -> Config | None:
     """The node's config through config.load (file only), or None after saying why it is bad."""
     from . import config as config_mod
     file_only = {"NVSHARE_CONFIG": environ["NVSHARE_CONFIG"]} if "NVSHARE_CONFIG" in environ else {}

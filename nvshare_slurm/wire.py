@@ -89,6 +89,11 @@ class Body:
     def __init__(self, values: dict[str, Any]):
         self.__dict__.update(values)
 
+    if TYPE_CHECKING:
+        # The fields are the message's struct's, known at run time only: any name reads as Any.
+        # Checkers only; at run time a missing field is AttributeError as on any object.
+        def __getattr__(self, name: str) -> Any: ...
+
     def __repr__(self) -> str:
         return f"Body({self.__dict__!r})"
 
