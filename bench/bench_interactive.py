@@ -112,7 +112,7 @@ def main() -> int:
                   for i, t in enumerate(entry["batch_train_s"])]
         entry["batch_vs_alone"] = ratios
     (out / "interactive.json").write_text(json.dumps(results, indent=1))
-    print(f"| arm | probe p50 ms | p90 ms | max ms | batch vs alone |")
+    print("| arm | probe p50 ms | p90 ms | max ms | batch vs alone |")
     print("|---|---|---|---|---|")
     for key, e in results["arms"].items():
         ratios = ", ".join(f"{r:.3f}" for r in e["batch_vs_alone"] if r) or "-"

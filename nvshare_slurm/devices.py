@@ -14,7 +14,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 # Slurm's cgroup paths: v1 /slurm[_<node>]/uid_<uid>/job_<id>/step_<s>/...;
 # v2 /system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<s>/... (<node>_ where slurmd was built

@@ -11,7 +11,8 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, TypeVar
+    from typing import TypeVar
+    from collections.abc import Callable
 
     from .config import Config
 

@@ -22,7 +22,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 PROG = "nvshare_slurm.localcluster"
 ENTRY_POINTS = ("prolog", "epilog", "taskprolog")

@@ -27,7 +27,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from . import config as config_mod
 from . import inventory as inventory_mod

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from .log import escape
 

@@ -15,7 +15,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
+from collections.abc import Sequence
 
 from . import __version__, config, render
 from .client import Client, DaemonUnavailable, RequestFailed

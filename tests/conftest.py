@@ -49,7 +49,7 @@ class Scheduler:
         env["NVSHARE_CONFIG"] = str(self.config_path)
         return env
 
-    def start(self, timeout: float = 10.0, preexec_fn=None) -> "Scheduler":
+    def start(self, timeout: float = 10.0, preexec_fn=None) -> Scheduler:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
         log = open(self.log_path, "ab")
@@ -79,7 +79,7 @@ class Scheduler:
         self.proc = None
         return code
 
-    def restart(self) -> "Scheduler":
+    def restart(self) -> Scheduler:
         self.stop()
         return self.start()
 

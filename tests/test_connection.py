@@ -70,7 +70,7 @@ def closed_by_daemon(sock: socket.socket, timeout: float = 5.0) -> bool:
         return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

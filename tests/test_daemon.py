@@ -8,8 +8,7 @@ import time
 import pytest
 
 from conftest import FAKE_GPUS
-from lockclient import ClientProc, connect_and_register, gpu_frame
-from nvshare_slurm import proto
+from lockclient import ClientProc
 from nvshare_slurm.client import RequestFailed
 from nvshare_slurm.proto import C
 

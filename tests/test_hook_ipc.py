@@ -8,7 +8,6 @@ exporter's bytes, and a chunk that swapped out and back would no longer be the o
 """
 from __future__ import annotations
 
-import array
 import os
 import socket
 import struct

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import FAKE_GPUS, become
-from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame, register_frame
+from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame
 from nvshare_slurm import proto, taskprolog
 from nvshare_slurm.proto import C
 from test_daemon_security import as_uid, healthy

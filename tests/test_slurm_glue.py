@@ -3,7 +3,6 @@ decisions with a recorded-output scontrol stand-in, hostile inputs."""
 from __future__ import annotations
 
 import io
-import os
 import stat
 from pathlib import Path
 

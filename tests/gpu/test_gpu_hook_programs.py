@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HERE, train_cmd
+from .conftest import HERE
 
 # Names that submit work to a GPU or take its memory: these must come back wrapped.
 MUST_WRAP = re.compile(r"Launch|Memcpy|Memset|MemAlloc|MemCreate|MemMap|Prefetch|Discard|StreamWaitValue|"

@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from .conftest import HERE, GpuJobs
 

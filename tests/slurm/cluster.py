@@ -151,7 +151,7 @@ class SlurmCluster:
         os.chmod(b, 0o755)
 
     # ---- processes -----------------------------------------------------------------------------
-    def start(self, schedulers: bool = True) -> "SlurmCluster":
+    def start(self, schedulers: bool = True) -> SlurmCluster:
         self.write()
         key = self.base / "munge" / "munge.key"
         shutil.copy("/etc/munge/munge.key", key)

@@ -3,7 +3,6 @@ beside a busy `sbatch` job runs its GPU commands at once (co-running), not a tur
 driver's trace shows when each of the step's kernels started against its own rhythm."""
 from __future__ import annotations
 
-import shlex
 import statistics
 
 from .cluster import BIN, wait_until
