@@ -107,7 +107,7 @@ def main() -> int:
             results["arms"][key] = entry
             (out / "interactive.json").write_text(json.dumps(results, indent=1))
             log(f"{key}: {json.dumps(entry)}")
-    for key, entry in results["arms"].items():
+    for entry in results["arms"].values():
         ratios = [t / alone_train[i] if t and i in alone_train else None
                   for i, t in enumerate(entry["batch_train_s"])]
         entry["batch_vs_alone"] = ratios

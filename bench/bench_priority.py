@@ -252,7 +252,7 @@ class ClassWatch(threading.Thread):
         while not self.stop_flag.is_set() and len(self.seen) < len(self.want):
             text = self.sched.status_jobs()
             for line in text.splitlines():
-                for job_id, want in self.want.items():
+                for job_id in self.want:
                     if line.startswith(f"JobId={job_id} ") and " Clients=(null)" not in line:
                         cls = next((w[len("Class="):] for w in _fields(line) if w.startswith("Class=")),
                                    "")

@@ -86,7 +86,7 @@ class UsageLedger:
                 counters.swap_out_bytes += after - before
                 self._job(job_id, gpu.uuid).swapped_out += after - before
 
-        for cid, (job_id, drop_at) in seen.holders.items():
+        for cid, (_job_id, drop_at) in seen.holders.items():
             if cid not in holders and drop_at is not None:
                 counters.drains += 1
                 counters.drain_sec += now - drop_at

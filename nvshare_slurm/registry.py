@@ -151,9 +151,9 @@ class Registry:
 
     def snapshot(self) -> bytes:
         """state.json's content now: one join of the jobs' ready-made JSON."""
-        return ('{"version": %d, "gpu_overrides": %s, "jobs": [%s]}\n' % (
-            STATE_VERSION, json.dumps(self.gpu_overrides, sort_keys=True),
-            ", ".join(self._encoded.values()))).encode()
+        overrides = json.dumps(self.gpu_overrides, sort_keys=True)
+        jobs = ", ".join(self._encoded.values())
+        return f'{{"version": {STATE_VERSION:d}, "gpu_overrides": {overrides}, "jobs": [{jobs}]}}\n'.encode()
 
     def write(self, data: bytes) -> None:
         """Put a snapshot in place: temp file, fsync, rename, fsync the directory. No event-loop

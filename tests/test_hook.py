@@ -70,7 +70,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"nvtest did not finish:\n{out}\n{err}")
+        raise AssertionError(f"nvtest did not finish:\n{out}\n{err}") from None
     assert proc.returncode == 0 and out.rstrip().endswith("done"), f"rc {proc.returncode}\n{out}\n{err}"
     proc.stderr_text = err  # type: ignore[attr-defined]
     return out

@@ -134,7 +134,7 @@ def small(base: Path, **fields) -> LocalCluster:
 
 
 @pytest.mark.parametrize("case", list(CGROUP_CASES),
-                         ids=lambda c: "unpacked=%d,constrain=%d,v2=%d" % c)
+                         ids=lambda c: f"unpacked={c[0]:d},constrain={c[1]:d},v2={c[2]:d}")
 def test_cgroup_conf_for_each_machine(tmp_path, case):
     cluster = small(tmp_path, cgroup=localcluster.local_cgroup_conf(*case))
     assert localcluster.render_cgroup_conf(cluster) == CGROUP_CASES[case]

@@ -387,7 +387,7 @@ def test_codec_refuses_what_breaks_the_format():
     bad = {"magic": b"XXXX" + good[4:], "version": good[:4] + b"\x09\x00" + good[6:],
            "length": good[:8] + (proto.MAX_PAYLOAD + 1).to_bytes(4, "little") + good[12:],
            "type": good[:6] + (99).to_bytes(2, "little") + good[8:], "short": good[:15]}
-    for what, data in bad.items():
+    for data in bad.values():
         with pytest.raises(ProtocolError):
             proto.decode_header(data)
     with pytest.raises(ProtocolError):

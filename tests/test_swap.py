@@ -266,9 +266,9 @@ def test_a_swap_out_the_driver_cannot_unmap_keeps_the_data(hook_lib, small_gpu, 
     procs.append(start_nvtest(hook_lib, actions, b.env))
     try:
         out_b = finish(procs[1], timeout=60)
-    except AssertionError:
+    except AssertionError as exc:
         procs[0].kill()
-        raise AssertionError(procs[0].communicate()[1])
+        raise AssertionError(procs[0].communicate()[1]) from exc
     released.touch()
     out_a = finish(procs[0], timeout=120)
     assert "pattern held ok" in out_a, out_a + procs[0].stderr_text
