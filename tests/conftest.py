@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -11,12 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers_slurm import DATA
+
 # Two fake GPUs; tests/c/fake_cuda.c reports the same UUIDs by default (FAKE_CUDA_DEVICES).
 FAKE_GPUS = [
     {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000000", "memory": "16G"},
     {"uuid": "GPU-fa4e0000-0000-0000-0000-000000000001", "memory": "16G"},
 ]
 REPO = Path(__file__).resolve().parent.parent
+# small_gpu: one 1 GiB GPU (usable at the default 5 % reserve: 972.8 MiB), the first fake GPU.
+SMALL_GPU, SMALL_GPU_MEMORY = FAKE_GPUS[0]["uuid"], "1G"
 
 
 def become(uid: int) -> None:
@@ -117,3 +123,90 @@ def scheduler_factory(tmp_path):
 @pytest.fixture
 def scheduler(scheduler_factory):
     return scheduler_factory()
+
+
+# ---- fixtures that test modules share (their helpers: helpers_*.py) -----------------------------
+
+@pytest.fixture(scope="session")
+def hook_lib() -> Path:
+    """The hook under test (NVSHARE_TEST_LIB, else the package's), built when missing, and tests/c."""
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.skip("make and a C compiler are needed for the hook tests")
+    override = os.environ.get("NVSHARE_TEST_LIB")
+    if override:
+        lib = Path(override)
+    else:
+        import nvshare_slurm
+        lib = nvshare_slurm.libnvshare_path()
+        if not lib.exists():
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=REPO,
+                           check=True, capture_output=True)
+    assert lib.exists(), f"{lib} was not built"
+    subprocess.run(["make", "-s", "-C", str(REPO / "tests" / "c")], check=True, capture_output=True)
+    return lib
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts; killed if the test fails half-way."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def clients():
+    from lockclient import ClientProc
+    started: list[ClientProc] = []
+
+    def make(sched, job_id, *options, step=0):
+        proc = ClientProc(sched.socket, job_id, step, *options)
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.close()
+
+
+@pytest.fixture
+def small_gpu(scheduler_factory, tmp_path):
+    """A scheduler with one 1 GiB GPU in concurrent mode and the fake driver to match. The fake
+    driver copies at about 1 GB/s (page faults on host memory), so the auto switch interval is told
+    so: turns of 4x the copy time, which keeps the test quick and the swaps a fraction of each turn."""
+    shared = tmp_path / "device-memory"
+
+    def make(**settings):
+        config = {"gpus": [{"uuid": SMALL_GPU, "memory": SMALL_GPU_MEMORY}], "scheduling_mode": "concurrent",
+                  "switch_time_mode": "auto", "swap_bandwidth": "1G", "switch_time_multiplier": 4,
+                  "switch_time_min": 0.3}
+        config.update(settings)
+        sched = scheduler_factory(**config)
+        sched.fake_env = {"FAKE_CUDA_DEVICES": f"{SMALL_GPU}:{SMALL_GPU_MEMORY}",
+                          "FAKE_CUDA_SHARED_MEMORY": str(shared), "NVSHARE_LOG_LEVEL": "debug"}
+        return sched
+    return make
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments; it refuses
+    --json, as Slurm 22.05's does (tests/test_slurm_outputs.py has 24.11's JSON)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+
+    def setup(record_file: str | None, exit_code: int = 0) -> Path:
+        script = bindir / "scontrol"
+        body = f"cat {DATA / record_file}\n" if record_file else ""
+        script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                          f"case \"$1\" in show) {body}exit {exit_code};;\n"
+                          "  --json) echo \"scontrol: unrecognized option '--json'\" >&2; exit 1;;\n"
+                          "esac\nexit 0\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        return calls
+    setup.bindir = bindir
+    return setup

@@ -19,7 +19,7 @@ from lockclient import connect_and_register, gpu_frame
 from nvshare_slurm import proto
 from nvshare_slurm.burstpage import PAGE_BYTES
 from nvshare_slurm.proto import C
-from test_hook import GPU0 as TRACE_GPU0, Job, finish, hook_lib, procs, read_trace, start_nvtest  # noqa: F401
+from helpers_hook import GPU0 as TRACE_GPU0, Job, finish, read_trace, start_nvtest
 
 GPU0 = FAKE_GPUS[0]["uuid"]
 BURSTY = {"busy_ppm": 600_000, "burst_us": 5000, "gap_us": 3300}   # 60 % busy, 5 ms bursts
@@ -132,8 +132,8 @@ def kernel_spans(rows, pid):
     return sorted((r[2], r[3]) for r in rows if r[0] == pid and r[1] == TRACE_GPU0)
 
 
-def test_a_job_that_holds_the_page_forever_costs_a_co_runner_little(hook_lib, scheduler,  # noqa: F811
-                                                                     tmp_path, procs):  # noqa: F811
+def test_a_job_that_holds_the_page_forever_costs_a_co_runner_little(hook_lib, scheduler,
+                                                                     tmp_path, procs):
     """A hostile co-runner writes its own token into the page's owner word every millisecond and
     never runs a burst. A bursty job beside it waits at most about its own burst for the page, a
     few times in a row, then co-runs without looking at the page for a second: it finishes within

@@ -7,66 +7,10 @@ import time
 
 import pytest
 
-from conftest import FAKE_GPUS
-from lockclient import ClientProc
+from helpers_daemon import (G, GPU0, GPU1, gpu_status, register, wait_for_log, wait_for_status,
+                            wait_for_waiters)
 from nvshare_slurm.client import RequestFailed
 from nvshare_slurm.proto import C
-
-GPU0 = FAKE_GPUS[0]["uuid"]
-GPU1 = FAKE_GPUS[1]["uuid"]
-G = 1 << 30
-
-
-@pytest.fixture
-def clients():
-    started: list[ClientProc] = []
-
-    def make(sched, job_id, *options, step=0):
-        proc = ClientProc(sched.socket, job_id, step, *options)
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.close()
-
-
-def register(sched, job_id, gpu_index=(0,), **kw):
-    return sched.client().register_job(job_id, uid=0, gid=0, gpu_index=list(gpu_index), **kw)
-
-
-def gpu_status(sched, uuid=GPU0):
-    return next(g for g in sched.client().status()["gpus"] if g["uuid"] == uuid)
-
-
-def wait_for_status(sched, predicate, uuid=GPU0, timeout=5.0):
-    """The GPU's status once predicate(status) holds: the daemon has handled what was sent."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = gpu_status(sched, uuid)
-        if predicate(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"GPU status never matched: {status}")
-        time.sleep(0.02)
-
-
-def wait_for_log(sched, text, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while text not in sched.log():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {text!r} in the scheduler log:\n{sched.log()[-3000:]}")
-        time.sleep(0.02)
-
-
-def wait_for_waiters(sched, count, uuid=GPU0, timeout=5.0):
-    """The GPU's FIFO once it holds `count` waiters: client processes send on their own schedule."""
-    deadline = time.monotonic() + timeout
-    while True:
-        waiting = [w["job_id"] for w in gpu_status(sched, uuid)["waiting"]]
-        if len(waiting) >= count or time.monotonic() > deadline:
-            return waiting
-        time.sleep(0.02)
 
 
 def test_fcfs_hand_over_order(scheduler_factory, clients):

@@ -10,7 +10,7 @@ import pytest
 from nvshare_slurm import proto
 from nvshare_slurm.client import RequestFailed
 from nvshare_slurm.proto import C
-from test_daemon import GPU0, clients, gpu_status, register, wait_for_waiters  # noqa: F401
+from helpers_daemon import GPU0, gpu_status, register, wait_for_waiters
 
 
 def job_status(sched, job_id):
@@ -46,7 +46,7 @@ def test_the_reserved_class_value_is_refused(scheduler_factory):
     assert "share class" in str(info.value)
 
 
-def test_a_high_request_drops_a_low_holder_at_once(scheduler_factory, clients):  # noqa: F811
+def test_a_high_request_drops_a_low_holder_at_once(scheduler_factory, clients):
     # A switch interval of 30 s: only the class can explain a hand-over within a second.
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                               switch_time_fixed=30)

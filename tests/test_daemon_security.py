@@ -7,27 +7,10 @@ import struct
 
 import pytest
 
-from conftest import FAKE_GPUS, become
+from helpers_daemon import GPU0, NOBODY, OTHER, as_uid, healthy
 from lockclient import connect_and_register, gpu_frame, register_frame
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
-
-GPU0 = FAKE_GPUS[0]["uuid"]
-NOBODY, OTHER = 65534, 65533
-
-
-def as_uid(uid: int, action) -> int:
-    """Run action() in a forked child with that uid; its return value (an int < 256) comes back."""
-    pid = os.fork()
-    if pid == 0:
-        code = 255
-        try:
-            become(uid)
-            code = action()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def request_status(path: str, data: bytes) -> int:
@@ -36,16 +19,6 @@ def request_status(path: str, data: bytes) -> int:
     sock.connect(path)
     sock.sendall(data)
     return int(proto.recv_frame(sock).body().status)
-
-
-def healthy(sched, job_id: int = 1) -> None:
-    """Another client still registers and gets the lock."""
-    sock, body = connect_and_register(sched.socket, job_id)
-    with sock:
-        assert body.status == C.NVSHARE_OK
-        sock.sendall(gpu_frame(C.NVSHARE_MSG_LOCK_REQUEST, GPU0))
-        frame = proto.recv_frame(sock)
-        assert frame.type == C.NVSHARE_MSG_LOCK_GRANT
 
 
 @pytest.fixture

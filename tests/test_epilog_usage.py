@@ -9,7 +9,7 @@ from conftest import FAKE_GPUS
 from lockclient import ClientProc
 from nvshare_slurm import epilog
 from nvshare_slurm.epilog import merge_admin_comment
-from test_slurm_glue import DATA, fake_slurm, slurm_env  # noqa: F401
+from helpers_slurm import DATA, slurm_env
 
 GPU0 = FAKE_GPUS[0]["uuid"]
 G = 1 << 30
@@ -28,7 +28,7 @@ def run_a_turn(sched, job_id: int) -> None:
         proc.close()
 
 
-def test_epilog_logs_usage_and_writes_admin_comment(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+def test_epilog_logs_usage_and_writes_admin_comment(tmp_path, fake_slurm, scheduler, capsys):
     record = tmp_path / "record.txt"
     record.write_text((DATA / "count_only_1.txt").read_text().replace(
         "   Power=\n", "   Power=\n   AdminComment=site note | nvshare n1: stale\n"))
@@ -48,7 +48,7 @@ def test_epilog_logs_usage_and_writes_admin_comment(tmp_path, fake_slurm, schedu
     assert "stale" not in update[0]
 
 
-def test_epilog_without_admin_comment_only_logs(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+def test_epilog_without_admin_comment_only_logs(tmp_path, fake_slurm, scheduler, capsys):
     calls = fake_slurm("count_only_1.txt")
     run_a_turn(scheduler, 2)
     env = slurm_env(tmp_path, fake_slurm.bindir, 2, socket_path=scheduler.socket)
@@ -57,7 +57,7 @@ def test_epilog_without_admin_comment_only_logs(tmp_path, fake_slurm, scheduler,
     assert not calls.exists() or "update" not in calls.read_text()
 
 
-def test_admin_comment_failure_never_fails_the_epilog(tmp_path, fake_slurm, scheduler, capsys):  # noqa: F811
+def test_admin_comment_failure_never_fails_the_epilog(tmp_path, fake_slurm, scheduler, capsys):
     fake_slurm("count_only_1.txt", exit_code=1)            # scontrol cannot describe the job
     run_a_turn(scheduler, 3)
     env = slurm_env(tmp_path, fake_slurm.bindir, 3, socket_path=scheduler.socket,

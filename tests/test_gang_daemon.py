@@ -11,7 +11,7 @@ from conftest import FAKE_GPUS
 from lockclient import ClientProc
 from nvshare_slurm import status as status_cli
 from nvshare_slurm.proto import C
-from test_daemon import register, wait_for_log, wait_for_status
+from helpers_daemon import register, wait_for_log, wait_for_status
 
 GPU0 = FAKE_GPUS[0]["uuid"]
 GPU1 = FAKE_GPUS[1]["uuid"]

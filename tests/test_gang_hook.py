@@ -13,9 +13,7 @@ import time
 
 import pytest
 
-from test_hook import GPU0, GPU1, Job, finish, hook_lib, overlaps, procs, read_trace, start_nvtest
-
-__all__ = ["hook_lib", "procs"]      # fixtures, used by name
+from helpers_hook import GPU0, GPU1, Job, finish, overlaps, read_trace, start_nvtest
 
 ROUNDS = 15
 KERNEL_US = 3000

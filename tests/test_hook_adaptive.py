@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from test_hook import (GPU0, Job, finish, hook_lib, overlaps, procs,  # noqa: F401
-                       read_trace, start_nvtest)
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
 
 LIGHT_PERIOD_NS = (1 + 100) * 1_000_000     # burst:1000:N:100 = a 1 ms kernel every 101 ms
 
@@ -19,8 +18,8 @@ def waits_ms(starts: list[int]) -> list[float]:
     return [max(0, b - a - LIGHT_PERIOD_NS) / 1e6 for a, b in zip(starts, starts[1:])]
 
 
-def test_an_interactive_client_beside_busy_ones_is_not_held_back(hook_lib, scheduler, tmp_path,  # noqa: F811
-                                                                  procs):  # noqa: F811
+def test_an_interactive_client_beside_busy_ones_is_not_held_back(hook_lib, scheduler, tmp_path,
+                                                                  procs):
     """Two compute-bound jobs take turns; a light job's 1 ms kernels every 100 ms run at once
     (co-running) instead of waiting for a turn: its median wait stays within a few ms."""
     trace = tmp_path / "trace"
@@ -44,7 +43,7 @@ def test_an_interactive_client_beside_busy_ones_is_not_held_back(hook_lib, sched
     assert f"job 3 step 0 pid {light_pid}: co-runs (busy " in log, log[-3000:]
 
 
-def overlapping_pair(hook_lib, scheduler, tmp_path, procs):  # noqa: F811
+def overlapping_pair(hook_lib, scheduler, tmp_path, procs):
     """Two equal bursty jobs (8 ms of kernels, then 4 ms on the host: 67 % busy each, 133 %
     together) started together: they cannot both fit in each other's pauses. Returns the trace
     rows, each job's span and GPU time needed."""
@@ -69,8 +68,8 @@ def overlapping_pair(hook_lib, scheduler, tmp_path, procs):  # noqa: F811
     return rows, spans, makespan, needed
 
 
-def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, scheduler,  # noqa: F811
-                                                                  tmp_path, procs):  # noqa: F811
+def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, scheduler,
+                                                                  tmp_path, procs):
     """The default (burst_turns): the pair co-runs, and each burst waits for the other's to end
     through the GPU's page (a futex, no daemon round trip): no two bursts overlap after the first
     few (before the first DEMAND reports they take turns of the lock), both finish within 15 % of
@@ -85,8 +84,8 @@ def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, sche
     assert status["sharing"] == "corun"
 
 
-def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib, scheduler_factory,  # noqa: F811
-                                                                         tmp_path, procs):  # noqa: F811
+def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib, scheduler_factory,
+                                                                         tmp_path, procs):
     """burst_turns off: the pair takes turns of the lock, and the holder gives the GPU back early
     in each pause (an eighth of its pauses), so each burst runs in the other's pause. Their bursts
     never overlap, both finish within 15 % of each other, and the pair takes about the GPU time it
@@ -104,8 +103,8 @@ def test_two_overlapping_bursty_clients_alternate_in_each_others_pauses(hook_lib
         assert f"pid {proc.pid}: co-runs (" not in log, log[-3000:]
 
 
-def test_two_tiny_burst_clients_co_run_and_both_progress(hook_lib, scheduler, tmp_path,  # noqa: F811
-                                                         procs):  # noqa: F811
+def test_two_tiny_burst_clients_co_run_and_both_progress(hook_lib, scheduler, tmp_path,
+                                                         procs):
     """1 ms bursts with short pauses: a hand-over would cost about as much as a burst, so they
     co-run; neither waits every step for the other, and they finish within 15 % of each other."""
     trace = tmp_path / "trace"
@@ -127,8 +126,8 @@ def test_two_tiny_burst_clients_co_run_and_both_progress(hook_lib, scheduler, tm
         assert changes and "co-runs (" in changes[-1], log[-3000:]
 
 
-def test_waiting_for_the_lock_is_not_reported_as_busy(hook_lib, scheduler_factory, tmp_path,  # noqa: F811
-                                                      procs):  # noqa: F811
+def test_waiting_for_the_lock_is_not_reported_as_busy(hook_lib, scheduler_factory, tmp_path,
+                                                      procs):
     """In plain turns a light client waits for a compute-bound one most of the time. Its DEMAND
     describes its own work (2 ms kernels every 20 ms: ~10 % busy), not the waits: counted as busy,
     waiting made jobs in turns look compute-bound and keep turns that leave the GPU idle."""
@@ -150,8 +149,8 @@ def test_waiting_for_the_lock_is_not_reported_as_busy(hook_lib, scheduler_factor
     assert busy <= 40, line
 
 
-def test_compute_bound_turns_last_the_switch_interval_not_one_synchronise(hook_lib, scheduler,  # noqa: F811
-                                                                         tmp_path, procs):  # noqa: F811
+def test_compute_bound_turns_last_the_switch_interval_not_one_synchronise(hook_lib, scheduler,
+                                                                         tmp_path, procs):
     """Two compute-bound clients whose steps are 40 ms of kernels and a synchronise take turns.
     While a thread waits in cuCtxSynchronize its kernels still run: that is not idle, so a holder
     keeps the GPU until its turn ends (switch_time_min, 100 ms) instead of handing it over in every

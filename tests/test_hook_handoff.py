@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from test_hook import (GPU0, Job, finish, hook_lib, overlaps, procs,  # noqa: F401
-                       read_trace, start_nvtest)
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
 
 
 def switch_gaps_ms(rows) -> list[float]:
@@ -15,7 +14,7 @@ def switch_gaps_ms(rows) -> list[float]:
     return [(b[2] - a[3]) / 1e6 for a, b in zip(rows, rows[1:]) if a[0] != b[0]]
 
 
-def compute_pair(scheduler, tmp_path, procs, hook_lib, args):  # noqa: F811
+def compute_pair(scheduler, tmp_path, procs, hook_lib, args):
     """Two compute-bound jobs (5 ms kernels, a synchronise after each) that take turns."""
     trace = tmp_path / "trace"
     jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2)]
@@ -27,8 +26,8 @@ def compute_pair(scheduler, tmp_path, procs, hook_lib, args):  # noqa: F811
     return read_trace(trace)
 
 
-def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, scheduler_factory,  # noqa: F811
-                                                                     tmp_path, procs):  # noqa: F811
+def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, scheduler_factory,
+                                                                     tmp_path, procs):
     scheduler = scheduler_factory()
     rows = compute_pair(scheduler, tmp_path, procs, hook_lib, ["burst:5000:120:0"])
     assert overlaps(rows, GPU0) == []
@@ -46,8 +45,8 @@ def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, sc
     print(f"switches {len(gaps)}, by hand-over {passed}, gap median {statistics.median(gaps):.3f} ms")
 
 
-def test_with_turn_handoff_off_turns_pass_by_grant(hook_lib, scheduler_factory, tmp_path,  # noqa: F811
-                                                    procs):  # noqa: F811
+def test_with_turn_handoff_off_turns_pass_by_grant(hook_lib, scheduler_factory, tmp_path,
+                                                    procs):
     scheduler = scheduler_factory(turn_handoff=False)
     rows = compute_pair(scheduler, tmp_path, procs, hook_lib, ["burst:5000:120:0"])
     assert overlaps(rows, GPU0) == []
@@ -55,8 +54,8 @@ def test_with_turn_handoff_off_turns_pass_by_grant(hook_lib, scheduler_factory, 
     assert not any("hand-over" in p.stderr_text for p in procs)
 
 
-def test_a_long_drain_holds_the_successor_back_until_the_holders_work_is_done(  # noqa: F811
-        hook_lib, scheduler_factory, tmp_path, procs):  # noqa: F811
+def test_a_long_drain_holds_the_successor_back_until_the_holders_work_is_done(
+        hook_lib, scheduler_factory, tmp_path, procs):
     """The holder has 300 ms of kernels queued when its turn ends: the successor, told of the
     hand-over at once, still starts only when they are done."""
     scheduler = scheduler_factory()

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import become
-from test_daemon_security import OTHER, as_uid
-from test_hook import GPU0, Job, finish, hook_lib, procs, run_nvtest, start_nvtest  # noqa: F401
-from test_swap import gpu_status, small_gpu  # noqa: F401
+from helpers_daemon import OTHER, as_uid, gpu_status
+from helpers_hook import Job, finish, run_nvtest, start_nvtest
 
 MiB = 1 << 20
 SHARED = 64 * MiB        # the exported allocation: fixed on the GPU once exported

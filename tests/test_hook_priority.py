@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from test_hook import (GPU0, Job, finish, hook_lib, procs,  # noqa: F401
-                       read_trace, start_nvtest)
+from helpers_hook import GPU0, Job, finish, read_trace, start_nvtest
 
 KERNEL_MS = 20
 SHORT_TURN_MS = 50      # switch_time_min: a bound that CPU noise on a shared CI machine stays under
@@ -21,8 +20,8 @@ def spans(trace, pid: int) -> list[tuple[int, int]]:
     return sorted((r[2], r[3]) for r in trace if r[0] == pid and r[1] == GPU0)
 
 
-def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp_path,  # noqa: F811
-                                                        procs):  # noqa: F811
+def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp_path,
+                                                        procs):
     trace = tmp_path / "trace"
     low = Job(scheduler, 1, trace, gpu_index=[0], share_class="low")
     high = Job(scheduler, 2, trace, gpu_index=[0], share_class="high")
@@ -56,7 +55,7 @@ def test_a_high_job_keeps_the_gpu_beside_a_busy_low_job(hook_lib, scheduler, tmp
     assert "of a lower class wait" in scheduler.log(), scheduler.log()[-3000:]
 
 
-def test_the_priority_benchmark_classes_its_jobs_as_slurm_does(hook_lib, tmp_path):  # noqa: F811
+def test_the_priority_benchmark_classes_its_jobs_as_slurm_does(hook_lib, tmp_path):
     """bench/bench_priority.py --smoke-cpu: nvshare-prolog registers the jobs from their records
     (QOS prod -> high, partition scavenge -> low), nvshare-status shows each class while they run,
     the high job arriving on the low job's GPU takes it and keeps it, and the low job trains on

@@ -18,8 +18,7 @@ import pytest
 
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
-from test_hook import (GPU0, GPU1, Job, finish, hook_lib, overlaps, procs, read_trace,  # noqa: F401
-                       run_nvtest, start_nvtest, whois)
+from helpers_hook import GPU0, GPU1, Job, finish, overlaps, read_trace, run_nvtest, start_nvtest
 
 MIB = 1 << 20
 

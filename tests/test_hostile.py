@@ -19,7 +19,7 @@ from conftest import FAKE_GPUS, become
 from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame
 from nvshare_slurm import proto, taskprolog
 from nvshare_slurm.proto import C
-from test_daemon_security import as_uid, healthy
+from helpers_daemon import as_uid, healthy
 
 GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
 NOBODY, OTHER = 65534, 65533

@@ -21,7 +21,7 @@ from nvshare_slurm import localcluster
 from nvshare_slurm.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, LocalClusterError, Node, Partition,
                                         Wrappers)
 from slurm.cluster import entry_point
-from test_render import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
+from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FAKE_GPUS
-from test_daemon import G, clients, register, wait_for_log, wait_for_waiters  # noqa: F401
+from helpers_daemon import G, register, wait_for_log, wait_for_waiters
 
 GPU0 = FAKE_GPUS[0]["uuid"]
 
@@ -39,7 +39,7 @@ def sample(samples, name, **labels):
     return found[0]
 
 
-def test_metrics_after_a_hand_over(scheduler_factory, clients):  # noqa: F811
+def test_metrics_after_a_hand_over(scheduler_factory, clients):
     port = free_port()
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                               switch_time_fixed=30, metrics_port=port)
@@ -80,7 +80,7 @@ def test_metrics_after_a_hand_over(scheduler_factory, clients):  # noqa: F811
         sample(samples, "nvshare_job_gpu_held_seconds_total", job=2, **gpu)
 
 
-def test_status_and_unregister_report_a_jobs_usage(scheduler_factory, clients):  # noqa: F811
+def test_status_and_unregister_report_a_jobs_usage(scheduler_factory, clients):
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                               switch_time_fixed=30)
     register(sched, 7, user="carol")
@@ -124,7 +124,7 @@ def test_metrics_port_in_use_is_logged_and_the_daemon_serves_on(scheduler_factor
         assert sched.client().status()["gpus"]
 
 
-def test_the_shipped_dashboard_asks_only_for_metrics_the_daemon_serves(scheduler_factory, clients):  # noqa: F811
+def test_the_shipped_dashboard_asks_only_for_metrics_the_daemon_serves(scheduler_factory, clients):
     import json
     import re
     from conftest import REPO

@@ -22,7 +22,7 @@ import yaml
 from conftest import FAKE_GPUS
 from nvshare_slurm import nodeconfig
 from nvshare_slurm.inventory import GpuInfo
-from test_render import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
+from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
 GIB = 1 << 30
 

@@ -6,16 +6,14 @@ Regenerate after an intended change with NVSHARE_UPDATE_GOLDEN=1 and review the 
 from __future__ import annotations
 
 import json
-import os
 import time
 import unicodedata
-from pathlib import Path
 
 import pytest
 
+from helpers_golden import GOLDEN, check_golden
 from nvshare_slurm import render
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 VIEWS = {"gpus": render.render_gpus, "jobs": render.render_jobs, "config": render.render_config}
 CASES = [("gpus", "gpus"), ("jobs", "jobs"), ("hostile", "jobs"), ("hostile", "gpus"),
          ("config", "config"), ("hostile", "config"), ("empty", "gpus"), ("empty", "jobs")]
@@ -33,14 +31,6 @@ def utc(monkeypatch):
 
 def sample(name: str) -> dict:
     return json.loads((GOLDEN / f"{name}.json").read_text())
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("NVSHARE_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"{path} missing: run with NVSHARE_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("oneliner", [False, True], ids=["records", "oneliner"])

@@ -3,18 +3,17 @@ decisions with a recorded-output scontrol stand-in, hostile inputs."""
 from __future__ import annotations
 
 import io
-import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers_slurm import DATA, slurm_env
 from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskprolog
 from nvshare_slurm.config import Config
 from nvshare_slurm.priority import ClassMap, ShareClass, classify
 from nvshare_slurm.proto import C
 
-DATA = Path(__file__).parent / "data" / "scontrol"
 
 
 def recorded(name: str) -> str:
@@ -207,39 +206,6 @@ def test_prolog_registers_the_class_from_slurmctlds_record(tmp_path, fake_slurm,
 
 
 # ---- prolog / epilog / taskprolog decisions ----------------------------------------------------
-@pytest.fixture
-def fake_slurm(tmp_path):
-    """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments; it refuses
-    --json, as Slurm 22.05's does (tests/test_slurm_outputs.py has 24.11's JSON)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "calls"
-
-    def setup(record_file: str | None, exit_code: int = 0) -> Path:
-        script = bindir / "scontrol"
-        body = f"cat {DATA / record_file}\n" if record_file else ""
-        script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
-                          f"case \"$1\" in show) {body}exit {exit_code};;\n"
-                          "  --json) echo \"scontrol: unrecognized option '--json'\" >&2; exit 1;;\n"
-                          "esac\nexit 0\n")
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
-        return calls
-    setup.bindir = bindir
-    return setup
-
-
-def slurm_env(tmp_path, bindir, job_id, socket_path=None, priority_classes=None, **extra):
-    cfg = tmp_path / "nvshare.yaml"
-    settings = {"socket": socket_path or str(tmp_path / "none.sock"), "slurm_bin_dir": str(bindir)}
-    if priority_classes is not None:
-        settings["priority_classes"] = priority_classes
-    cfg.write_text(yaml.safe_dump(settings))
-    env = {"SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
-           "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root", "NVSHARE_CONFIG": str(cfg)}
-    env.update(extra)
-    return env
-
-
 def test_prolog_ignores_job_without_nvshare(tmp_path, fake_slurm, capsys):
     calls = fake_slurm("no_nvshare_hostile_name.txt")
     env = slurm_env(tmp_path, fake_slurm.bindir, 6)

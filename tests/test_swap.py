@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_hook import (GPU0, NVTEST, Job, finish, hook_lib, overlaps, procs, read_trace,  # noqa: F401
-                       start_nvtest)
+from helpers_daemon import gpu_status
+from helpers_hook import GPU0, NVTEST, Job, finish, overlaps, read_trace, start_nvtest
 
 MiB = 1 << 20
 GPU_MEMORY = "1G"          # usable at the default 5 % reserve: 972.8 MiB
@@ -25,31 +25,8 @@ JOB_BYTES = 600 * MiB      # one job fits, two do not: 1200 MiB
 FIXED_BYTES = 1 * MiB      # below the 2 MiB granularity: a fixed allocation
 
 
-@pytest.fixture
-def small_gpu(scheduler_factory, tmp_path):
-    """A scheduler with one 1 GiB GPU in concurrent mode and the fake driver to match. The fake
-    driver copies at about 1 GB/s (page faults on host memory), so the auto switch interval is told
-    so: turns of 4x the copy time, which keeps the test quick and the swaps a fraction of each turn."""
-    shared = tmp_path / "device-memory"
-
-    def make(**settings):
-        config = {"gpus": [{"uuid": GPU0, "memory": GPU_MEMORY}], "scheduling_mode": "concurrent",
-                  "switch_time_mode": "auto", "swap_bandwidth": "1G", "switch_time_multiplier": 4,
-                  "switch_time_min": 0.3}
-        config.update(settings)
-        sched = scheduler_factory(**config)
-        sched.fake_env = {"FAKE_CUDA_DEVICES": f"{GPU0}:{GPU_MEMORY}",
-                          "FAKE_CUDA_SHARED_MEMORY": str(shared), "NVSHARE_LOG_LEVEL": "debug"}
-        return sched
-    return make
-
-
 def swapped_out(stderr: str) -> list[float]:
     return [float(m) for m in re.findall(r"swapped out ([\d.]+) MiB", stderr)]
-
-
-def gpu_status(sched) -> dict:
-    return next(g for g in sched.client().status()["gpus"] if g["uuid"] == GPU0)
 
 
 class StatusSampler(threading.Thread):

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from .cluster import BIN, SBIN, SlurmCluster
+from .helpers import BUILD, REPO_C
 
 NODES = [
     ("n1", "nvshare:64", ["NodeName=n1 Name=nvshare Count=64"]),
@@ -70,3 +72,8 @@ def jobdir(cluster, request):
     d.chmod(0o777)
     return d
 
+
+@pytest.fixture(scope="module")
+def nvtest():
+    subprocess.run(["make", "-s", "-C", str(REPO_C)], check=True, capture_output=True)
+    return BUILD / "nvtest"

@@ -8,10 +8,10 @@ import re
 
 import yaml
 
-from .test_sharing import nvtest, submit  # noqa: F401
+from .helpers import submit
 
 
-def test_scheduler_logs_the_jobs_gpu_usage_at_job_end(healthy, jobdir, nvtest):  # noqa: F811
+def test_scheduler_logs_the_jobs_gpu_usage_at_job_end(healthy, jobdir, nvtest):
     n2 = healthy.nodes["n2"]
     original = n2.config_path.read_text()
     settings = yaml.safe_load(original)

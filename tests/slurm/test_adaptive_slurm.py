@@ -6,12 +6,12 @@ from __future__ import annotations
 import statistics
 
 from .cluster import BIN, wait_until
-from .test_sharing import BUILD, GPU0, kernels, nvtest, submit  # noqa: F401
+from .helpers import BUILD, kernels, submit
 
 STEP_PERIOD_NS = (1 + 100) * 1_000_000       # burst:1000:N:100 = a 1 ms kernel every 101 ms
 
 
-def test_an_srun_step_beside_a_busy_batch_job_waits_for_no_turn(healthy, jobdir, nvtest):  # noqa: F811
+def test_an_srun_step_beside_a_busy_batch_job_waits_for_no_turn(healthy, jobdir, nvtest):
     trace = jobdir / "trace"
     batch = submit(healthy, nvtest, trace, "burst:20000:400:0")     # 8 s of back-to-back kernels
     wait_until(lambda: trace.exists() and len(kernels(trace)) >= 10, 60, "the batch job computes",

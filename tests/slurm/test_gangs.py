@@ -12,9 +12,7 @@ import pytest
 from nvshare_slurm.proto import C
 
 from .cluster import BIN, client
-from .test_sharing import BUILD, GPU0, nvtest
-
-__all__ = ["nvtest"]
+from .helpers import BUILD, GPU0
 
 GPU1 = "GPU-fa4e0000-0000-0000-0000-000000000001"
 ROUNDS = 40

@@ -7,26 +7,14 @@ TaskProlog gives them LD_PRELOAD and the rest, as for any job. All jobs here ask
 from __future__ import annotations
 
 import shlex
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from nvshare_slurm.proto import C
 
 from .cluster import BIN, client, wait_until
-
-REPO_C = Path(__file__).resolve().parents[1] / "c"
-BUILD = REPO_C / "build"
-GPU0 = "GPU-fa4e0000-0000-0000-0000-000000000000"
-
-
-@pytest.fixture(scope="module")
-def nvtest():
-    subprocess.run(["make", "-s", "-C", str(REPO_C)], check=True, capture_output=True)
-    return BUILD / "nvtest"
-
+from .helpers import BUILD, GPU0, kernels, submit
 
 @pytest.fixture
 def gpu0_mode(healthy):
@@ -41,23 +29,6 @@ def gpu0_mode(healthy):
 
     yield set_mode
     client(n2).admin_update(GPU0, mode=C.NVSHARE_MODE_AUTO, switch_mode=C.NVSHARE_SWITCH_AUTO)
-
-
-def submit(cluster, nvtest, trace, actions: str, *extra: str) -> int:
-    script = (f"#!/bin/sh\nexport LD_LIBRARY_PATH={shlex.quote(str(BUILD))}\n"
-              f"export FAKE_CUDA_TRACE={shlex.quote(str(trace))}\n"
-              f"exec {shlex.quote(str(nvtest))} init ctx:0 {actions}\n")
-    return cluster.sbatch(script, "-w", "n2", "--gres=nvshare:gpu0:1", *extra)
-
-
-def kernels(trace) -> list[tuple[int, int, int]]:
-    """(pid, start_ns, end_ns) of every kernel on GPU 0, in start order."""
-    rows = []
-    for line in trace.read_text().splitlines():
-        pid, gpu, start, end = line.split()
-        if gpu == GPU0:
-            rows.append((int(pid), int(start), int(end)))
-    return sorted(rows, key=lambda r: r[1])
 
 
 def overlapping(rows) -> list[tuple]:

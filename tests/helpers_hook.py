@@ -1,0 +1,90 @@
+"""Helpers of the hook tests (libnvshare.so under tests/c/build/nvtest against the fake CUDA driver and
+the real nvshare-scheduler), shared by the test modules that run nvtest. Fixtures: conftest.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from conftest import FAKE_GPUS, REPO
+
+C_DIR = REPO / "tests" / "c"
+BUILD = C_DIR / "build"
+NVTEST = BUILD / "nvtest"
+GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
+
+
+def run_nvtest(lib: Path | None, args: list[str], env: dict | None = None, timeout: float = 60,
+               via: str = "link") -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
+    full_env["LD_LIBRARY_PATH"] = str(BUILD)
+    if lib is not None:
+        full_env["LD_PRELOAD"] = str(lib)
+    full_env.update(env or {})
+    return subprocess.run([str(NVTEST), f"--via={via}", *args], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_nvtest(lib: Path, args: list[str], env: dict) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
+    full_env.update({"LD_LIBRARY_PATH": str(BUILD), "LD_PRELOAD": str(lib)}, **env)
+    return subprocess.Popen([str(NVTEST), *args], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"nvtest did not finish:\n{out}\n{err}") from None
+    assert proc.returncode == 0 and out.rstrip().endswith("done"), f"rc {proc.returncode}\n{out}\n{err}"
+    proc.stderr_text = err  # type: ignore[attr-defined]
+    return out
+
+
+def whois(output: str) -> dict[str, tuple[str, str]]:
+    found = {}
+    for line in output.splitlines():
+        if line.startswith("whois "):
+            label, lib, sym = line[len("whois "):].rsplit(" ", 2)
+            found[label] = (lib, sym)
+    return found
+
+
+def read_trace(path: Path) -> list[tuple[int, str, int, int]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, gpu, start, end = line.split()
+        rows.append((int(pid), gpu, int(start), int(end)))
+    return rows
+
+
+def overlaps(trace, gpu: str) -> list[tuple]:
+    rows = sorted((r for r in trace if r[1] == gpu), key=lambda r: r[2])
+    bad = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if b[2] >= a[3]:
+                break
+            if a[0] != b[0]:
+                bad.append((a, b))
+    return bad
+
+
+class Job:
+    """A job registered with a running scheduler, and the environment of its processes."""
+
+    def __init__(self, sched, job_id: int, trace: Path, gpu_index: list[int] | None = None,
+                 slots: int = 1, share_class: str = "normal", **env: str):
+        placement = sched.client().register_job(job_id, uid=os.getuid(), gid=os.getgid(),
+                                                slots=0 if gpu_index else slots, gpu_index=gpu_index,
+                                                share_class=share_class)
+        self.gpus = placement["gpu_uuid"]
+        self.env = {"NVSHARE_SOCKET": sched.socket, "NVSHARE_JOB_ID": str(job_id),
+                    "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": ",".join(self.gpus),
+                    "NVSHARE_MANAGED_GPUS": ",".join(self.gpus), "FAKE_CUDA_TRACE": str(trace),
+                    **env}
