@@ -352,7 +352,7 @@ class Family(Harness):
                 envs = [dict(env, **OPTIONAL_ARM_ENV.get(arm, {})) for _, env in registered]
                 if self.args.hook_debug:   # each hand-over and threshold in the jobs' .err logs, timed
                     envs = [dict(env, NVSHARE_LOG_LEVEL="debug", NVSHARE_LOG_TIME="1") for env in envs]
-            jobs = [Job(f"{tag}-{i}", c, e, self.logs) for i, (c, e) in enumerate(zip(cmds, envs))]
+            jobs = [Job(f"{tag}-{i}", c, e, self.logs) for i, (c, e) in enumerate(zip(cmds, envs, strict=True))]
             results = run_jobs(jobs, together=True, timeout=timeout)
         finally:
             if sched is not None:
@@ -390,7 +390,7 @@ class Family(Harness):
                          phases={k: round((v - t0) * 1000, 2) for k, v in
                                  ({"exec": j.get("start", j["proc_start"])} | j.get("phase_ends", {})
                                   | {"first_step": j["step_starts"][0]}).items()},
-                         spans=[[round(a - t0, 4), round(b - t0, 4)] for a, b in zip(j["step_starts"], j["times"])])
+                         spans=[[round(a - t0, 4), round(b - t0, 4)] for a, b in zip(j["step_starts"], j["times"], strict=True)])
             else:
                 e["error"] = j.get("error", "")[-600:]
             res["jobs"].append(e)
@@ -404,7 +404,7 @@ class Family(Harness):
             res["train_phase"] = sum(trains)
             res["gpu_ms_alone"] = statistics.median(x for j in batch for x in j["latencies_ms"])
             res["busy_alone"] = statistics.fmean(
-                sum(b - a for a, b in zip(j["step_starts"], j["times"])) / t for j, t in zip(batch, trains))
+                sum(b - a for a, b in zip(j["step_starts"], j["times"], strict=True)) / t for j, t in zip(batch, trains, strict=True))
         else:
             res["train_phase"] = max(j["times"][-1] for j in batch) - min(j["step_starts"][0] for j in batch)
             firsts = [j["step_starts"][0] for j in batch]   # co-runners in phase or not, by chance
@@ -498,7 +498,7 @@ def chose(r: dict) -> str:
         return "–"
     end = r.get("makespan", changes[-1][0])
     held: dict[str, float] = {}
-    for (t, how, _), nxt in zip(changes, changes[1:] + [[end, "", ""]]):
+    for (t, how, _), nxt in zip(changes, changes[1:] + [[end, "", ""]], strict=True):
         held[how] = held.get(how, 0.0) + max(0.0, nxt[0] - t)
     return "/".join(sorted(held, key=held.get, reverse=True)) + f" ({len(changes)} changes)"
 

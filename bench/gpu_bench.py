@@ -532,7 +532,7 @@ class Bench(Harness):
         if res["status"] != "ok":
             raise RuntimeError(f"{wl.name} calibration run failed ({res['status']}): "
                                f"{res.get('error', '')}")
-        durations = [e - s for s, e in zip(res["step_starts"], res["times"])][3:]
+        durations = [e - s for s, e in zip(res["step_starts"], res["times"], strict=True)][3:]
         step_s = statistics.median(durations)
         target = self.args.w3_train_seconds if wl.mem_fraction else self.args.train_seconds
         sleep_s = step_s * (1 - self.args.busy_fraction) / self.args.busy_fraction if wl.bursty else 0.0
@@ -599,9 +599,9 @@ class Bench(Harness):
         hooked = [r for r in runs if r["hooked"]]
         solo = {"status": "ok", "steps": steps, "rounds": rounds,
                 "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
-                "ratio_train": statistics.median(h["train_s"] / p["train_s"] for p, h in zip(plain, hooked)),
+                "ratio_train": statistics.median(h["train_s"] / p["train_s"] for p, h in zip(plain, hooked, strict=True)),
                 "ratio_makespan": statistics.median(h["makespan_s"] / p["makespan_s"]
-                                                    for p, h in zip(plain, hooked)),
+                                                    for p, h in zip(plain, hooked, strict=True)),
                 "ratio_of_medians_train": statistics.median(h["train_s"] for h in hooked)
                 / statistics.median(p["train_s"] for p in plain),
                 "losses_identical": all(r["losses"] == runs[0]["losses"] for r in runs)}
@@ -629,18 +629,18 @@ class Bench(Harness):
         t0 = time.time()
         try:
             if arm in ("serial", "colocate"):
-                jobs = [Job(n, c, base, self.logs) for n, c in zip(names, cmds)]
+                jobs = [Job(n, c, base, self.logs) for n, c in zip(names, cmds, strict=True)]
             elif arm == "mps":
                 if self.smoke:
                     raise RuntimeError("no MPS without a GPU")
                 mps = Mps(self.work / f"mps-{wl.name}")
-                jobs = [Job(n, c, mps.client_env(base), self.logs) for n, c in zip(names, cmds)]
+                jobs = [Job(n, c, mps.client_env(base), self.logs) for n, c in zip(names, cmds, strict=True)]
             else:
                 mode = arm.split("-", 1)[1]
                 sched = Scheduler(mode, self.work / f"{wl.name}-{arm}",
                                   self.logs / f"{wl.name}-{arm}-scheduler.log", self.gpus_yaml)
                 jobs = []
-                for n, c in zip(names, cmds):
+                for n, c in zip(names, cmds, strict=True):
                     job_id, env = sched.job_env(base)
                     if wl.mem_fraction:
                         env["NVSHARE_LOG_LEVEL"] = "debug"   # the hook logs each swap with its rate
@@ -693,7 +693,7 @@ class Bench(Harness):
                              busy_fraction=j.get("busy_fraction"), ballast_ok=j.get("ballast_ok"),
                              loss_last=j["losses"][-1], losses=j["losses"],
                              steps_spans=[[round(s - t0, 4), round(e - t0, 4)]
-                                          for s, e in zip(j["step_starts"], j["times"])])
+                                          for s, e in zip(j["step_starts"], j["times"], strict=True)])
             else:
                 entry["error"] = j.get("error", "")[-600:]
             res["jobs"].append(entry)
@@ -706,7 +706,7 @@ class Bench(Harness):
         serial = self.results["workloads"].get(wl.name, {}).get("serial")
         if arm != "serial" and serial and serial.get("status") == "ok" and ok:
             res["losses_match_serial"] = all(
-                a.get("losses") == b.get("losses") for a, b in zip(res["jobs"], serial["jobs"])
+                a.get("losses") == b.get("losses") for a, b in zip(res["jobs"], serial["jobs"], strict=True)
                 if a["status"] == "ok")
         return res
 
@@ -747,12 +747,12 @@ def plots(results: dict, out: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         x = range(len(names))
         ok = [arms[a].get("status") == "ok" for a in names]
-        axes[0].bar([i - 0.2 for i in x], [arms[a]["makespan"] if o else 0 for a, o in zip(names, ok)], 0.4,
+        axes[0].bar([i - 0.2 for i in x], [arms[a]["makespan"] if o else 0 for a, o in zip(names, ok, strict=True)], 0.4,
                     label="makespan", color="#3a7")
         axes[0].bar([i + 0.2 for i in x],
-                    [arms[a].get("train_phase", 0) if o else 0 for a, o in zip(names, ok)],
+                    [arms[a].get("train_phase", 0) if o else 0 for a, o in zip(names, ok, strict=True)],
                     0.4, label="training phase", color="#8c8")
-        for i, (a, o) in enumerate(zip(names, ok)):
+        for i, (a, o) in enumerate(zip(names, ok, strict=True)):
             if not o:
                 axes[0].text(i, 0.5, arms[a].get("status", "?").upper(), ha="center", va="bottom",
                              rotation=90, fontsize=9, color="#a00")
@@ -783,7 +783,7 @@ def plots(results: dict, out: Path) -> list[Path]:
 
         fig, axes = plt.subplots(len(names), 1, figsize=(11, 0.95 * len(names) + 1.2), sharex=True,
                                  squeeze=False)
-        for ax, a in zip(axes[:, 0], names):
+        for ax, a in zip(axes[:, 0], names, strict=True):
             res = arms[a]
             if not res.get("jobs"):
                 ax.text(0.01, 0.5, f"{res.get('status', '?')}: {res.get('error', '')[:110]}",
@@ -848,7 +848,7 @@ def print_summary(results: dict) -> None:
     rows = [head] + summary_rows(results)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     for wname, solo in results.get("solo", {}).items():
         if solo.get("status") == "ok":
             print(f"solo {wname}: hook/no hook training x{solo['ratio_train']:.4f}, makespan "

@@ -59,7 +59,7 @@ def overlaps(turns: list[dict], jobs: set[str], slack: float = 0.02) -> int:
 
 def switches(turns: list[dict], jobs: set[str], gpu: int) -> int:
     seq = [t["job"] for t in turns if t["gpu"] == gpu and t["job"] in jobs]
-    return sum(1 for a, b in zip(seq, seq[1:]) if a != b)
+    return sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
 
 
 def gang_together(turns: list[dict], job: str, gpus: list[int]) -> float:

@@ -63,7 +63,7 @@ def job_usage(client: Client, job_id: int) -> str | None:
     """The job's GPU usage on this node as one line, or None when the daemon cannot say."""
     try:
         job = client.status(C.NVSHARE_STATUS_JOB, job_id)["jobs"][0]
-        index_of = dict(zip(job["gpus"], job["gpu_index"]))
+        index_of = dict(zip(job["gpus"], job["gpu_index"], strict=True))
         return usage_line(job.get("usage", {}), index_of)
     except (DaemonUnavailable, RequestFailed, LookupError, TypeError, ValueError):
         return None

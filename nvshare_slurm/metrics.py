@@ -111,7 +111,7 @@ class SchedulerCollector:
                                       "Bytes of the job moved to host memory", labels=j_labels)
         for job in src.registry.jobs.values():
             usage = src.ledger.job_usage(job.job_id, now)
-            for uuid, index in zip(job.gpus, job.gpu_index):
+            for uuid, index in zip(job.gpus, job.gpu_index, strict=True):
                 u = usage.get(uuid)
                 if u is None:
                     continue

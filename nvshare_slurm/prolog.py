@@ -77,7 +77,10 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
             say(me, job_id, f"GPUs {env_gpus} are not managed by nvshare: job runs unshared")
             return 0
         return fail(f"nvshare: scheduler refused job {job_id}: {exc}")
-    where = ", ".join(f"GPU {i} ({u})" for i, u in zip(placement["gpu_index"], placement["gpu_uuid"]))
+    # strict=False: the daemon pairs them; a reply that does not only shortens this log line, it
+    # never fails the prolog.
+    pairs = zip(placement["gpu_index"], placement["gpu_uuid"], strict=False)
+    where = ", ".join(f"GPU {i} ({u})" for i, u in pairs)
     kind = f"{slots} nvshare slot(s)" if gres.holds_nvshare else f"Slurm GPUs {env_gpus}"
     say(me, job_id, f"registered on {node}: {kind} on {where}, class {share.describe()}")
     return 0

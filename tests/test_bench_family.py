@@ -51,7 +51,7 @@ def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path
     assert all(j["steps"] == bench_family.MEMBERS["pair-b30-g5-fixed"].steps(0.3) for j in arms["nvshare"]["jobs"])
     # The ratios come from this run's own serial arm: both jobs' steps, one job after the other.
     serial = arms["serial"]
-    assert [j["proc"][0] >= i["proc"][1] for i, j in zip(serial["jobs"], serial["jobs"][1:])] == [True]
+    assert [j["proc"][0] >= i["proc"][1] for i, j in zip(serial["jobs"], serial["jobs"][1:], strict=False)] == [True]
     assert serial["train_phase"] == pytest.approx(sum(j["train_s"] for j in serial["jobs"]))
     assert arms["colocate"]["x_serial"] == pytest.approx(arms["colocate"]["train_phase"] / serial["train_phase"])
     assert arms["nvshare"]["lock_intervals"], "the scheduler's log gave who held the GPU when"
@@ -80,7 +80,7 @@ def test_diagnostic_arms_and_each_jobs_start_up_phases(built, tmp_path):
         for job in arms[arm]["jobs"]:
             ph = job["phases"]
             order = ["exec", "init", "context", "module", "alloc", "slots", "warm", "first_step"]
-            assert list(ph) == order and all(ph[a] <= ph[b] for a, b in zip(order, order[1:])), ph
+            assert list(ph) == order and all(ph[a] <= ph[b] for a, b in zip(order, order[1:], strict=False)), ph
         assert arms[arm]["repeats"][0]["phases_ms"] == [j["phases"] for j in arms[arm]["jobs"]]
     logs = tmp_path / "logs"
     hook_err = (logs / "pair-b30-g5-fixed-colocate-hook-0.err").read_text()
@@ -119,7 +119,7 @@ def test_phases_set_every_arms_start_offsets_alike(built, tmp_path):
     for arm in ("colocate", "nvshare-corun"):
         runs = sorted(arms[arm]["repeats"], key=lambda e: e["round"])
         assert [e["start_phase"] for e in runs] == [0.0, 0.5]
-        for e, want in zip(runs, (0.0, 5 / 0.3 / 2)):
+        for e, want in zip(runs, (0.0, 5 / 0.3 / 2), strict=True):
             assert e["start_at_late_ms"] == [0.0, 0.0], e     # start-ups ended before the set time
             assert max(e["first_step_offsets_ms"]) == pytest.approx(want, abs=2.0), e
     assert "φ0.5: " in run.stdout

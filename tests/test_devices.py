@@ -130,7 +130,7 @@ def run_in_cgroup(cgroup: Path, args: list[str], env: dict, hook: Path | None, u
 def job_env(node, job_id: int, stand_ins: list[str], log: Path) -> dict:
     return {"NVSHARE_SOCKET": node.socket, "NVSHARE_JOB_ID": str(job_id), "SLURM_STEP_ID": "0",
             "FAKE_CUDA_DEVICES": ",".join(f"{g['uuid']}:16G:{p}"
-                                          for g, p in zip(FAKE_GPUS, stand_ins)),
+                                          for g, p in zip(FAKE_GPUS, stand_ins, strict=True)),
             "FAKE_CUDA_DEVICE_LOG": str(log)}
 
 

@@ -220,7 +220,7 @@ def test_a_gang_beside_single_gpu_jobs_takes_turns_as_a_unit_and_starves_no_one(
     # jobs; here for the gang's own turns): its grants on the two GPUs came together.
     grants = [(i, cid) for i, kind, cid in node.sent if kind == GRANT and cid in (11, 12)]
     assert len(grants) >= 10
-    for first, second in zip(grants[::2], grants[1::2]):
+    for first, second in zip(grants[::2], grants[1::2], strict=False):
         assert {first[1], second[1]} == {11, 12}
 
 

@@ -15,7 +15,7 @@ def kernel_starts(trace, pid: int) -> list[int]:
 
 def waits_ms(starts: list[int]) -> list[float]:
     """How much later than its own rhythm each kernel started: time spent waiting at the gate."""
-    return [max(0, b - a - LIGHT_PERIOD_NS) / 1e6 for a, b in zip(starts, starts[1:])]
+    return [max(0, b - a - LIGHT_PERIOD_NS) / 1e6 for a, b in zip(starts, starts[1:], strict=False)]
 
 
 def test_an_interactive_client_beside_busy_ones_is_not_held_back(hook_lib, scheduler, tmp_path,
@@ -61,7 +61,7 @@ def overlapping_pair(hook_lib, scheduler, tmp_path, procs):
         starts = kernel_starts(rows, proc.pid)
         firsts.append(starts[0])
         lasts.append(starts[-1])
-    spans = [(b - a) / 1e9 for a, b in zip(firsts, lasts)]
+    spans = [(b - a) / 1e9 for a, b in zip(firsts, lasts, strict=True)]
     makespan = (max(lasts) - min(firsts)) / 1e9
     needed = max(steps * (burst_ms + pause_ms), 2 * steps * burst_ms) / 1000
     print(f"spans {spans[0]:.2f} s and {spans[1]:.2f} s, together {makespan:.2f} s, GPU time {needed:.2f} s")

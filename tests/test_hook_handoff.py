@@ -11,7 +11,7 @@ from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
 def switch_gaps_ms(rows) -> list[float]:
     """Idle time between one process's last kernel and the next process's first, at every switch."""
     rows = sorted((r for r in rows if r[1] == GPU0), key=lambda r: r[2])
-    return [(b[2] - a[3]) / 1e6 for a, b in zip(rows, rows[1:]) if a[0] != b[0]]
+    return [(b[2] - a[3]) / 1e6 for a, b in zip(rows, rows[1:], strict=False) if a[0] != b[0]]
 
 
 def compute_pair(scheduler, tmp_path, procs, hook_lib, args):

@@ -238,7 +238,7 @@ def gang_node(classes: dict[int, str]):
                      for i in range(2)] for job, share_class in classes.items()}
 
     def everywhere(job, now, what):
-        for gpu, client in zip(gpus, members[job]):
+        for gpu, client in zip(gpus, members[job], strict=True):
             if what == "request":
                 gpu.request(client, now)
             else:

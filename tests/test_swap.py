@@ -85,7 +85,7 @@ def test_jobs_that_do_not_fit_together_take_turns_and_keep_their_data(hook_lib, 
     procs.append(start_nvtest(hook_lib, actions, b.env))
     outs = [finish(p, timeout=120) for p in procs]
     samples = sampler.stop()
-    for out, p in zip(outs, procs):
+    for out, p in zip(outs, procs, strict=True):
         assert "pattern ok rounds=4" in out, out + p.stderr_text
     # They never ran at once, and each gave memory up to the other at least once.
     assert overlaps(read_trace(trace), GPU0) == []

@@ -77,7 +77,7 @@ def test_auto_mode_small_jobs_progress_together(gpu_jobs):
     assert hi - lo > 2.0, "the two jobs hardly ran at the same time"
     for job in (a, b):
         inside = [t for t in job["times"] if lo <= t <= hi]
-        gaps = [y - x for x, y in zip(inside, inside[1:])]
+        gaps = [y - x for x, y in zip(inside, inside[1:], strict=False)]
         assert max(gaps) < 1.0, f"a job waited {max(gaps):.2f} s: turns, not interleaving"
     assert len(_runs(a, b)) > 20  # interleaved step by step, not in long turns
 

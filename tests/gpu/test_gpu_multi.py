@@ -25,7 +25,7 @@ def _register_on(jobs, index: int | list[int]) -> tuple[int, list[str]]:
 
 def _max_gap(result: dict) -> float:
     t = result["times"]
-    return max(b - a for a, b in zip(t, t[1:]))
+    return max(b - a for a, b in zip(t, t[1:], strict=False))
 
 
 def test_a_job_on_one_gpu_never_waits_for_another_gpu(gpu_jobs):

@@ -195,7 +195,7 @@ class SlurmCluster:
 
     def _nodes_idle(self) -> bool:
         out = self.run([BIN / "sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split()
-        states = dict(zip(out[::2], out[1::2]))
+        states = dict(zip(out[::2], out[1::2], strict=False))
         return all(states.get(n, "").startswith(("idle", "mix", "alloc")) for n in self.nodes)
 
     def start_scheduler(self, node: str) -> None:

@@ -29,7 +29,7 @@ def test_an_srun_step_beside_a_busy_batch_job_waits_for_no_turn(healthy, jobdir,
     # Only the step's kernels that fell inside the batch job's busy time count.
     busy_until = max(r[2] for r in batch_rows)
     inside = [s for s in step_starts if s < busy_until]
-    waits_ms = [max(0, b - a - STEP_PERIOD_NS) / 1e6 for a, b in zip(inside, inside[1:])][3:]
+    waits_ms = [max(0, b - a - STEP_PERIOD_NS) / 1e6 for a, b in zip(inside, inside[1:], strict=False)][3:]
     assert len(waits_ms) >= 10, f"the step ran mostly after the batch job: {len(inside)} kernels"
     assert statistics.median(waits_ms) <= 10, waits_ms
     log = healthy.nodes["n2"].log_path.read_text()

@@ -170,7 +170,7 @@ def test_two_nvshare_jobs_share_one_gpu_taking_turns(site, workdir):
         assert output(workdir, name).rstrip().endswith("done"), output(workdir, name)
     rows = kernels_by_gpu(workdir)[gpu]
     assert len(rows) == 16 and len({r[0] for r in rows}) == 2
-    overlapping = [(a, b) for a, b in zip(rows, rows[1:]) if a[0] != b[0] and b[1] < a[2]]
+    overlapping = [(a, b) for a, b in zip(rows, rows[1:], strict=False) if a[0] != b[0] and b[1] < a[2]]
     assert overlapping == []          # gated: serial mode, one job after the other
 
 

@@ -66,7 +66,7 @@ def test_two_two_gpu_jobs_of_two_tasks_complete_in_gang_turns(healthy, jobdir, n
                 assert x[3] <= y[2] or y[3] <= x[2], f"jobs {a} and {b} overlap: {x} {y}"
     # Each job ran on both GPUs at once (its collectives), and the jobs took turns.
     on0 = sorted((r for r in kernels if r[1] == GPU0), key=lambda r: r[2])
-    switches = sum(1 for p, q in zip(on0, on0[1:]) if p[0] != q[0])
+    switches = sum(1 for p, q in zip(on0, on0[1:], strict=False) if p[0] != q[0])
     assert switches >= 2, f"{switches} switches on GPU 0: the jobs did not take turns"
     for job in traces:
         mine = [r for r in kernels if r[0] == job]

@@ -32,11 +32,11 @@ def gpu0_mode(healthy):
 
 
 def overlapping(rows) -> list[tuple]:
-    return [(a, b) for a, b in zip(rows, rows[1:]) if a[0] != b[0] and b[1] < a[2]]
+    return [(a, b) for a, b in zip(rows, rows[1:], strict=False) if a[0] != b[0] and b[1] < a[2]]
 
 
 def turns(rows) -> int:
-    return 1 + sum(1 for a, b in zip(rows, rows[1:]) if a[0] != b[0])
+    return 1 + sum(1 for a, b in zip(rows, rows[1:], strict=False) if a[0] != b[0])
 
 
 def test_serial_mode_runs_two_jobs_one_after_the_other(healthy, jobdir, nvtest, gpu0_mode):
@@ -117,7 +117,7 @@ def test_a_prod_job_keeps_the_gpu_beside_a_scavenge_job(healthy, jobdir, nvtest)
     low_pid = rows[0][0]
     high_rows = [r for r in rows if r[0] != low_pid]
     assert len(high_rows) == 60
-    gaps_ms = [(b[1] - a[2]) / 1e6 for a, b in zip(high_rows, high_rows[1:])]
+    gaps_ms = [(b[1] - a[2]) / 1e6 for a, b in zip(high_rows, high_rows[1:], strict=False)]
     assert max(gaps_ms) <= 50, gaps_ms         # one short turn (switch_time_min) at most
     assert sorted(gaps_ms)[len(gaps_ms) // 2] <= 5, gaps_ms
     low_inside = [r for r in rows if r[0] == low_pid and high_rows[0][1] < r[1] < high_rows[-1][2]]
