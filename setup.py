@@ -102,7 +102,8 @@ if bdist_wheel is not None:
     cmdclass["bdist_wheel"] = PlatformWheel
 
 # What an admin copies from (slurm.conf and gres.conf snippets, the systemd unit, the example config)
-# and the docs the unit's Documentation= names: <prefix>/share/nvshare-slurm, <prefix>/share/doc/nvshare-slurm.
+# and the docs the unit's Documentation= names: <prefix>/share/nvshare-slurm,
+# <prefix>/share/doc/nvshare-slurm.
 def repo_files(*patterns: str) -> list[str]:
     return sorted(os.path.relpath(p, HERE) for pattern in patterns
                   for p in glob.glob(os.path.join(HERE, pattern)))

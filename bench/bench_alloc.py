@@ -74,7 +74,8 @@ def main() -> int:
     info = gpu_info(args.smoke_cpu)
     base = clean_env()
     if args.smoke_cpu:
-        base.update(LD_LIBRARY_PATH=str(REPO / "tests" / "c" / "build"), FAKE_CUDA_DEVICES=f"{SMOKE_UUID}:16G")
+        base.update(LD_LIBRARY_PATH=str(REPO / "tests" / "c" / "build"),
+                    FAKE_CUDA_DEVICES=f"{SMOKE_UUID}:16G")
     else:
         base["CUDA_VISIBLE_DEVICES"] = info["uuid"]
     work = Path(tempfile.mkdtemp(prefix="nvalloc-", dir="/tmp"))

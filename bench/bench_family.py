@@ -180,7 +180,8 @@ def switch_gaps(kernels_by_job: list[list[list[int]]], phase_s: float | None = N
     start minus the latest end so far. A negative gap: it started while another job's kernel was on
     the GPU (co-location, MPS), so no idle time; those are counted apart. phase_s: the training
     phase, for the share of it the switches' idle time took."""
-    by_start = sorted((start, end, job) for job, kernels in enumerate(kernels_by_job) for start, end in kernels)
+    by_start = sorted((start, end, job)
+                      for job, kernels in enumerate(kernels_by_job) for start, end in kernels)
     if not by_start:
         return None
     gaps_ms = []
@@ -352,7 +353,8 @@ class Family(Harness):
                 envs = [dict(env, **OPTIONAL_ARM_ENV.get(arm, {})) for _, env in registered]
                 if self.args.hook_debug:   # each hand-over and threshold in the jobs' .err logs, timed
                     envs = [dict(env, NVSHARE_LOG_LEVEL="debug", NVSHARE_LOG_TIME="1") for env in envs]
-            jobs = [Job(f"{tag}-{i}", c, e, self.logs) for i, (c, e) in enumerate(zip(cmds, envs, strict=True))]
+            jobs = [Job(f"{tag}-{i}", c, e, self.logs)
+                    for i, (c, e) in enumerate(zip(cmds, envs, strict=True))]
             results = run_jobs(jobs, together=True, timeout=timeout)
         finally:
             if sched is not None:
@@ -382,7 +384,8 @@ class Family(Harness):
         res: dict = {"status": status, "t0": t0, "makespan": max(j["proc_end"] for j in jobs) - t0,
                      "jobs": []}
         for j in jobs:
-            e = {"status": j["status"], "proc": [round(j["proc_start"] - t0, 4), round(j["proc_end"] - t0, 4)]}
+            e = {"status": j["status"],
+                 "proc": [round(j["proc_start"] - t0, 4), round(j["proc_end"] - t0, 4)]}
             if j["status"] == "ok" and j["times"]:
                 e.update(train_s=j["times"][-1] - j["step_starts"][0], steps=len(j["times"]),
                          startup_s=j["startup_s"],
@@ -390,7 +393,8 @@ class Family(Harness):
                          phases={k: round((v - t0) * 1000, 2) for k, v in
                                  ({"exec": j.get("start", j["proc_start"])} | j.get("phase_ends", {})
                                   | {"first_step": j["step_starts"][0]}).items()},
-                         spans=[[round(a - t0, 4), round(b - t0, 4)] for a, b in zip(j["step_starts"], j["times"], strict=True)])
+                         spans=[[round(a - t0, 4), round(b - t0, 4)]
+                                for a, b in zip(j["step_starts"], j["times"], strict=True)])
             else:
                 e["error"] = j.get("error", "")[-600:]
             res["jobs"].append(e)
@@ -404,7 +408,8 @@ class Family(Harness):
             res["train_phase"] = sum(trains)
             res["gpu_ms_alone"] = statistics.median(x for j in batch for x in j["latencies_ms"])
             res["busy_alone"] = statistics.fmean(
-                sum(b - a for a, b in zip(j["step_starts"], j["times"], strict=True)) / t for j, t in zip(batch, trains, strict=True))
+                sum(b - a for a, b in zip(j["step_starts"], j["times"], strict=True)) / t
+                for j, t in zip(batch, trains, strict=True))
         else:
             res["train_phase"] = max(j["times"][-1] for j in batch) - min(j["step_starts"][0] for j in batch)
             firsts = [j["step_starts"][0] for j in batch]   # co-runners in phase or not, by chance
@@ -519,8 +524,8 @@ def table(results: dict) -> list[str]:
         # nvshare-lockturns and nvshare-nohandoff get a column only where a run has them.
         shown = ["colocate", "mps", "nvshare", "nvshare-corun"] + [
             a for a in ("nvshare-lockturns", "nvshare-nohandoff") if any(a in mem[n] for n in bursty)]
-        heads = {"nvshare-corun": "corun", "nvshare-lockturns": "lock turns", "nvshare-nohandoff": "no hand-off",
-                 "mps": "MPS"}
+        heads = {"nvshare-corun": "corun", "nvshare-lockturns": "lock turns",
+                 "nvshare-nohandoff": "no hand-off", "mps": "MPS"}
         lines += ["| member | jobs | GPU ms alone | busy alone | max/min serial | "
                   + " | ".join(heads.get(a, a) for a in shown)
                   + " | nvshare / best | max/min nvshare | nvshare chose | targets |",
@@ -535,7 +540,8 @@ def table(results: dict) -> list[str]:
                 *[cell(arms.get(a)) for a in shown],
                 fmt(nv.get("vs_best"), ".3f"), fmt(nv.get("max_min"), ".3f"), chose(nv),
                 verdict(results.get("targets", {}).get(n, {}))]) + " |")
-        lines += ["", f"Columns colocate … {heads[shown[-1]]}: the training phase (first step to last) over serial's "
+        lines += ["", f"Columns colocate … {heads[shown[-1]]}: the training phase (first step to last) "
+                  "over serial's "
                   "(the jobs' training phases one after the other, start-ups not counted); below 1 is "
                   "faster than one job after the other. nvshare / best: nvshare over the better of "
                   "colocate and MPS (target ≤ 1.05). max/min serial: the same jobs alone, how far equal "
@@ -570,8 +576,8 @@ def switch_table(results: dict) -> list[str]:
         return []
     lines = ["| member | " + " | ".join(shown) + " |", "|---" * (1 + len(shown)) + "|"]
     for n in names:
-        lines.append("| " + " | ".join([n, *[switch_cell((mem[n].get(a) or {}).get("switch")) for a in shown]])
-                     + " |")
+        cells = [switch_cell((mem[n].get(a) or {}).get("switch")) for a in shown]
+        lines.append("| " + " | ".join([n, *cells]) + " |")
     return lines + ["", "Switch idle ms p50/p90 (per cent of the phase), switches (overlapping): the GPU's "
                     "idle time each time it passed from one job's kernel to another's, from the kernels' "
                     "start and end on the GPU's clock (%globaltimer); the per cent is all those gaps over "
@@ -594,7 +600,8 @@ def repeat_table(results: dict) -> list[str]:
     names = [n for n in MEMBERS if n in mem and any(len(r.get("repeats", [])) > 1 for r in mem[n].values())]
     if not names:
         return []
-    lines = ["| member | arm | runs | × serial mean | min | max | each run: first-step offsets ms (× serial) |",
+    lines = ["| member | arm | runs | × serial mean | min | max "
+             "| each run: first-step offsets ms (× serial) |",
              "|---|---|---|---|---|---|---|"]
     for n in names:
         first = True
@@ -610,7 +617,8 @@ def repeat_table(results: dict) -> list[str]:
                 each = "; ".join(
                     (f"φ{e['start_phase']:g}: " if e.get("start_phase") is not None else "")
                     + ("/".join(f"{o:.1f}" for o in sorted(e.get("first_step_offsets_ms", []))[1:]) or "–")
-                    + (f" ({e['x_serial']:.3f})" if e.get("x_serial") is not None else f" ({e.get('status')})")
+                    + (f" ({e['x_serial']:.3f})" if e.get("x_serial") is not None
+                       else f" ({e.get('status')})")
                     for e in runs)
                 row = [str(len(runs)), fmt(statistics.fmean(xs) if xs else None, ".3f"),
                        fmt(min(xs) if xs else None, ".3f"), fmt(max(xs) if xs else None, ".3f"), each]
@@ -656,7 +664,8 @@ def summary(results: dict) -> list[str]:
                      + ".")
     la = results.get("launch")
     if la:
-        lines.append(f"Kernel launch with the demand sampler on (bench/bench_launch.sh, {la['rounds']} rounds "
+        lines.append(f"Kernel launch with the demand sampler on (bench/bench_launch.sh, "
+                     f"{la['rounds']} rounds "
                      f"of {la['launches']} empty-kernel launches, lock held): {la['plain_ns']:.1f} ns "
                      f"without, {la['hook_ns']:.1f} ns with the hook ({la['overhead_ns']:+.1f} ns).")
     if results.get("pending"):
@@ -706,7 +715,8 @@ def svg(tl: dict, window: float = 2.0) -> str:
             for a, b in r["lock"].get(str(i), []):
                 a, b = max(a, t0), min(b, t0 + window)
                 if b > a:
-                    out.append(f'<rect x="{left + (a - t0) * scale:.1f}" y="{y}" width="{(b - a) * scale:.2f}" '
+                    out.append(f'<rect x="{left + (a - t0) * scale:.1f}" y="{y}" '
+                               f'width="{(b - a) * scale:.2f}" '
                                f'height="{lane_h - 2}" fill="{c}" opacity="0.25"/>')
             for a, b in j["spans"]:
                 if a > t0 + window:

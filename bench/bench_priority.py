@@ -327,7 +327,8 @@ class Bench:
                        False, 240)[0]
         if res["status"] != "ok":
             raise RuntimeError(f"calibration failed ({res['status']}): {res.get('error', '')[-800:]}")
-        step_s = statistics.median([e - s for s, e in zip(res["step_starts"], res["times"], strict=True)][WARMUP:])
+        steps = [e - s for s, e in zip(res["step_starts"], res["times"], strict=True)]
+        step_s = statistics.median(steps[WARMUP:])
         busy = self.args.busy_fraction
         sleep_s = step_s * (1 - busy) / busy
         target = self.args.train_seconds

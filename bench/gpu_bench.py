@@ -599,7 +599,8 @@ class Bench(Harness):
         hooked = [r for r in runs if r["hooked"]]
         solo = {"status": "ok", "steps": steps, "rounds": rounds,
                 "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
-                "ratio_train": statistics.median(h["train_s"] / p["train_s"] for p, h in zip(plain, hooked, strict=True)),
+                "ratio_train": statistics.median(h["train_s"] / p["train_s"]
+                                                 for p, h in zip(plain, hooked, strict=True)),
                 "ratio_makespan": statistics.median(h["makespan_s"] / p["makespan_s"]
                                                     for p, h in zip(plain, hooked, strict=True)),
                 "ratio_of_medians_train": statistics.median(h["train_s"] for h in hooked)
@@ -747,7 +748,8 @@ def plots(results: dict, out: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
         x = range(len(names))
         ok = [arms[a].get("status") == "ok" for a in names]
-        axes[0].bar([i - 0.2 for i in x], [arms[a]["makespan"] if o else 0 for a, o in zip(names, ok, strict=True)], 0.4,
+        axes[0].bar([i - 0.2 for i in x],
+                    [arms[a]["makespan"] if o else 0 for a, o in zip(names, ok, strict=True)], 0.4,
                     label="makespan", color="#3a7")
         axes[0].bar([i + 0.2 for i in x],
                     [arms[a].get("train_phase", 0) if o else 0 for a, o in zip(names, ok, strict=True)],

@@ -28,7 +28,7 @@ def needed_versions(path: str | Path) -> dict[str, set[str]]:
             continue
         strtab = sections[link][4]
 
-        def string(at: int) -> str:
+        def string(at: int, strtab: int = strtab) -> str:     # this section's table, bound now
             end = data.index(b"\0", strtab + at)
             return data[strtab + at:end].decode()
 

@@ -56,7 +56,8 @@ CLASS_DRAIN_MEMORY_SEC = 60.0
 @dataclass(frozen=True)
 class Demand:
     """What one client asks of this GPU lately (the hook's DEMAND report)."""
-    busy: float               # 0..1: share of recent time with work launched or in flight (lock waits left out)
+    busy: float               # 0..1: share of recent time with work launched or in flight
+                              # (lock waits left out)
     burst: float              # seconds: mean busy stretch
     gap: float                # seconds: mean idle stretch between busy ones
 

@@ -10,8 +10,9 @@ and the holders' drains would never end (docs/design-scheduler.md "Gang turns").
 - Gangs take turns in one global order (class first, then the earliest waiting request of each
   gang). A gang claims all its GPUs at once, and only when no gang earlier in the order wants any
   of them and no single-GPU client that waited longer (in its class, or of a better class) waits
-  on a GPU it needs. A running turn is not cut short for a better class: it ends as any turn does. Claimed GPUs are given to its
-  waiting clients together (SHARED) once every GPU it waits on is free of others.
+  on a GPU it needs. A running turn is not cut short for a better class: it ends as any turn
+  does. Claimed GPUs are given to its waiting clients together (SHARED) once every GPU it waits on
+  is free of others.
 - Single-GPU jobs fill any GPU of a claimed set that the gang has not used in this turn; a filler
   is dropped at once when the gang asks for that GPU (its drain cannot wait on another GPU).
 - The turn ends on all its GPUs together: one switch interval (the shortest of its GPUs') after

@@ -5,7 +5,8 @@ between two events, never while one is half applied, and needs no lock. The endp
 `GET /metrics` only; a slow or oversized request is cut off, and only a few scrapes run at once.
 
 Every sample carries `node`; GPU samples carry `gpu` (UUID) and `index`; job samples `job`,
-`user`, `class` (the job's share class: high, normal, low), `gpu` and `index`. Names follow Prometheus conventions: `_bytes`, `_seconds`, `_total`.
+`user`, `class` (the job's share class: high, normal, low), `gpu` and `index`. Names follow
+Prometheus conventions: `_bytes`, `_seconds`, `_total`.
 """
 from __future__ import annotations
 

@@ -48,12 +48,15 @@ def test_smoke_run_measures_every_arm_then_resumes_with_the_rest(built, tmp_path
     for arm in ("serial", "colocate", "nvshare"):
         assert arms[arm]["status"] == "ok", arms[arm]
     assert len(arms["nvshare"]["jobs"]) == 2
-    assert all(j["steps"] == bench_family.MEMBERS["pair-b30-g5-fixed"].steps(0.3) for j in arms["nvshare"]["jobs"])
+    steps = bench_family.MEMBERS["pair-b30-g5-fixed"].steps(0.3)
+    assert all(j["steps"] == steps for j in arms["nvshare"]["jobs"])
     # The ratios come from this run's own serial arm: both jobs' steps, one job after the other.
     serial = arms["serial"]
-    assert [j["proc"][0] >= i["proc"][1] for i, j in zip(serial["jobs"], serial["jobs"][1:], strict=False)] == [True]
+    assert [j["proc"][0] >= i["proc"][1]
+            for i, j in zip(serial["jobs"], serial["jobs"][1:], strict=False)] == [True]
     assert serial["train_phase"] == pytest.approx(sum(j["train_s"] for j in serial["jobs"]))
-    assert arms["colocate"]["x_serial"] == pytest.approx(arms["colocate"]["train_phase"] / serial["train_phase"])
+    assert arms["colocate"]["x_serial"] == pytest.approx(arms["colocate"]["train_phase"]
+                                                         / serial["train_phase"])
     assert arms["nvshare"]["lock_intervals"], "the scheduler's log gave who held the GPU when"
     assert "| pair-b30-g5-fixed | 2 |" in first.stdout
     assert (tmp_path / "a" / "timeline_family_pair.svg").read_text().startswith("<svg")
@@ -80,7 +83,8 @@ def test_diagnostic_arms_and_each_jobs_start_up_phases(built, tmp_path):
         for job in arms[arm]["jobs"]:
             ph = job["phases"]
             order = ["exec", "init", "context", "module", "alloc", "slots", "warm", "first_step"]
-            assert list(ph) == order and all(ph[a] <= ph[b] for a, b in zip(order, order[1:], strict=False)), ph
+            assert list(ph) == order, ph
+            assert all(ph[a] <= ph[b] for a, b in zip(order, order[1:], strict=False)), ph
         assert arms[arm]["repeats"][0]["phases_ms"] == [j["phases"] for j in arms[arm]["jobs"]]
     logs = tmp_path / "logs"
     hook_err = (logs / "pair-b30-g5-fixed-colocate-hook-0.err").read_text()
@@ -123,7 +127,8 @@ def test_phases_set_every_arms_start_offsets_alike(built, tmp_path):
             assert e["start_at_late_ms"] == [0.0, 0.0], e     # start-ups ended before the set time
             assert max(e["first_step_offsets_ms"]) == pytest.approx(want, abs=2.0), e
     assert "φ0.5: " in run.stdout
-    assert re.search(r"`auto_share: corun` against plain co-location .*pair-b30-g5-fixed \d\.\d{3} \(2 rounds\)",
+    assert re.search(r"`auto_share: corun` against plain co-location "
+                     r".*pair-b30-g5-fixed \d\.\d{3} \(2 rounds\)",
                      run.stdout), run.stdout
     assert "start_phase" not in arms["serial"]
 
@@ -212,7 +217,8 @@ def test_named_only_arms_run_where_arms_names_them():
 
 
 def test_smoke_repeat_keeps_every_round_and_resumes_the_missing_ones(built, tmp_path):
-    args = ("--smoke-cpu", "--seconds", "0.2", "--members", "compute2-g20", "--arms", "serial,colocate,nvshare")
+    args = ("--smoke-cpu", "--seconds", "0.2", "--members", "compute2-g20",
+            "--arms", "serial,colocate,nvshare")
     first = family("--out", str(tmp_path / "a"), *args, "--repeat", "2")
     assert first.returncode == 0, first.stdout + first.stderr
     order = [line.split(": ")[1] for line in first.stdout.splitlines() if ": running" in line]
@@ -224,7 +230,8 @@ def test_smoke_repeat_keeps_every_round_and_resumes_the_missing_ones(built, tmp_
         runs = arms[arm]["repeats"]
         assert [e["round"] for e in runs] == [0, 1] and all(e["status"] == "ok" for e in runs)
         assert runs[0]["train_phase"] == arms[arm]["train_phase"]        # the first run, kept in full
-        assert all(e["x_serial"] == pytest.approx(e["train_phase"] / arms["serial"]["train_phase"]) for e in runs)
+        serial_phase = arms["serial"]["train_phase"]
+        assert all(e["x_serial"] == pytest.approx(e["train_phase"] / serial_phase) for e in runs)
         assert len(runs[1]["first_step_offsets_ms"]) == 2 and min(runs[1]["first_step_offsets_ms"]) == 0
     assert "| compute2-g20 | serial | 1 | 1 (reference) |" in first.stdout
     assert "|  | nvshare | 2 |" in first.stdout
@@ -242,8 +249,8 @@ def test_report_shows_switch_idle_for_compute_bound_members():
     res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
     res["members"]["compute2-g20"] = res["members"].pop("pair-b30-g20-fixed")
     res["members"]["compute2-g20"]["nvshare"]["switch"] = {
-        "kernels": 4000, "switches": 200, "overlapping": 3, "total_ms": 126.0, "p50_ms": 0.412, "p90_ms": 0.95,
-        "mean_ms": 0.63, "phase_share": 0.01}
+        "kernels": 4000, "switches": 200, "overlapping": 3, "total_ms": 126.0, "p50_ms": 0.412,
+        "p90_ms": 0.95, "mean_ms": 0.63, "phase_share": 0.01}
     bench_family.derive(res)
     assert "| compute2-g20 | 0.412/0.950 (1.0 %), 200 (3) |" in bench_family.table(res)
 
@@ -316,7 +323,8 @@ def test_report_puts_the_family_into_the_adaptive_section(tmp_path, monkeypatch)
     monkeypatch.setattr(bench_family, "FIGURES", tmp_path / "fig")
     res = fake_results([12.0, 12.6], colocate=11.0, mps=11.5)
     res.update(gpu={"name": "H100", "driver": "580"}, date="2026-11-23", command="bench_family.py --part 1",
-               settings={"seconds": 3}, calibration={"ipm": 50000, "grid": 528, "block": 256, "startup_s": 0.3})
+               settings={"seconds": 3},
+               calibration={"ipm": 50000, "grid": 528, "block": 256, "startup_s": 0.3})
     d = tmp_path / "run"
     d.mkdir()
     (d / "results.json").write_text(json.dumps(res))

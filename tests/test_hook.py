@@ -120,7 +120,8 @@ def test_unwrapped_names_resolve_to_the_driver(hook_lib):
 
 def test_outside_a_job_the_hook_only_passes_through(hook_lib, tmp_path):
     trace = tmp_path / "trace"
-    out = run_nvtest(hook_lib, ["init", "ctx:0", "launch:1000:3", "sync", "alloc:1048576", "meminfo", "vm:4194304"],
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "launch:1000:3", "sync", "alloc:1048576", "meminfo",
+                                "vm:4194304"],
                      env={"FAKE_CUDA_TRACE": str(trace)})
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
@@ -303,7 +304,8 @@ def test_a_3d_peer_copy_ignores_the_context_of_an_array_side(hook_lib, concurren
     earlier copy may still name another GPU there: the copy must not ask for that GPU's lock (and
     wait for another job's turn on a GPU it does not touch)."""
     job = Job(concurrent, 171, tmp_path / "trace", gpu_index=[0, 1])
-    out = run_nvtest(hook_lib, ["init", "ctx:0", "peercopy3darray:1"], {**job.env, "NVSHARE_LOG_LEVEL": "debug"})
+    out = run_nvtest(hook_lib, ["init", "ctx:0", "peercopy3darray:1"],
+                     {**job.env, "NVSHARE_LOG_LEVEL": "debug"})
     assert "peercopy3darray rc=0" in out.stdout, out.stdout + out.stderr
     assert f"gpu {GPU0}: lock requested" in out.stderr, out.stderr
     assert f"gpu {GPU1}: lock requested" not in out.stderr, out.stderr

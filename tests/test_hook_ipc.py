@@ -92,7 +92,8 @@ def test_two_processes_share_swappable_memory_while_a_third_job_forces_swaps(hoo
     # The importer read the exporter's bytes and its writes reached the exporter, through swaps.
     assert "ipcget rc=0" in out_imp and "ipcget read ok" in out_imp, out_imp + importer.stderr_text
     assert "ipcclose rc=0" in out_imp, out_imp
-    assert "ipcput rc=0" in out_exp and "ipcwait ok first_half=intact" in out_exp, out_exp + exporter.stderr_text
+    assert "ipcput rc=0" in out_exp and "ipcwait ok first_half=intact" in out_exp, \
+        out_exp + exporter.stderr_text
     assert "pattern ok rounds=3" in out_third, out_third + third.stderr_text
     assert "swapped out" in exporter.stderr_text
     assert "exported" in exporter.stderr_text and "fixed on the GPU" in exporter.stderr_text

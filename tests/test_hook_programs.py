@@ -82,7 +82,8 @@ def test_a_hand_over_waits_for_an_open_graph_capture(hook_lib, concurrent, tmp_p
 
 # ---- memory the hook did not see ----------------------------------------------------------------
 
-def shown_until(lib: Path, sched, procs, job: Job, make: list[str], shown: int, undo: str, undone: str) -> None:
+def shown_until(lib: Path, sched, procs, job: Job, make: list[str], shown: int, undo: str,
+                undone: str) -> None:
     """Runs `make`, checks the daemon shows `shown` bytes on GPU0 while the process holds on, then
     after the `undo` action (which prints `undone`) that it shows none."""
     proc = start_nvtest(lib, ["init", "ctx:0", *make, "sleep:20000", undo, "sleep:20000"], job.env)
@@ -96,8 +97,8 @@ def test_memory_a_pool_keeps_after_free_is_reported(hook_lib, scheduler, tmp_pat
     """cudaMallocAsync with a pool that keeps freed memory (PyTorch's backend:cudaMallocAsync): the
     GPU memory stays taken after cuMemFreeAsync, so the daemon must go on seeing it until a trim."""
     job = Job(scheduler, 211, tmp_path / "trace", gpu_index=[0])
-    shown_until(hook_lib, scheduler, procs, job, ["poolkeep", f"asyncalloc:{64 * MIB}", "asyncfreeall"], 64 * MIB,
-                "pooltrim", "pooltrim ok")
+    shown_until(hook_lib, scheduler, procs, job, ["poolkeep", f"asyncalloc:{64 * MIB}", "asyncfreeall"],
+                64 * MIB, "pooltrim", "pooltrim ok")
 
 
 def test_a_released_handle_counts_until_it_is_unmapped(hook_lib, scheduler, tmp_path, procs):
@@ -107,7 +108,8 @@ def test_a_released_handle_counts_until_it_is_unmapped(hook_lib, scheduler, tmp_
 
 def test_cuda_arrays_are_counted(hook_lib, scheduler, tmp_path, procs):
     job = Job(scheduler, 214, tmp_path / "trace", gpu_index=[0])
-    shown_until(hook_lib, scheduler, procs, job, ["array:1024:1024"], 16 * MIB, "arrayfree", "arrayfree ok")  # float4
+    shown_until(hook_lib, scheduler, procs, job, ["array:1024:1024"], 16 * MIB,  # float4
+                "arrayfree", "arrayfree ok")
 
 
 def test_device_total_memory_is_the_jobs_limit(hook_lib, scheduler, tmp_path):
@@ -179,7 +181,8 @@ class ScriptedDaemon:
                 elif self.silent:
                     continue
                 elif frame.type == C.NVSHARE_MSG_HEARTBEAT:
-                    self._send(C.NVSHARE_MSG_HEARTBEAT, {"timestamp_ns": frame.body().timestamp_ns}, frame.seq)
+                    self._send(C.NVSHARE_MSG_HEARTBEAT, {"timestamp_ns": frame.body().timestamp_ns},
+                               frame.seq)
                 elif frame.type == C.NVSHARE_MSG_MEM_UPDATE and frame.body().request:
                     self._send(C.NVSHARE_MSG_MEM_REPLY, {"status": 0, "available": 8 << 30,
                                                          "total": 16 << 30}, frame.seq)
@@ -345,8 +348,8 @@ def test_a_reset_device_leaves_no_dead_context_to_drain(hook_lib, concurrent, tm
     hand-over (the real driver may crash on it; the fake driver says so on stderr)."""
     trace = tmp_path / "trace"
     holder, other = Job(concurrent, 281, trace, gpu_index=[0]), Job(concurrent, 282, trace, gpu_index=[0])
-    first = start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", "reset:0", "ctx:0", "launch:200000",
-                                    "sleep:1500"], holder.env)
+    first = start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", "reset:0", "ctx:0",
+                                    "launch:200000", "sleep:1500"], holder.env)
     procs.append(first)
     wait_for_line(first, "launch ok")
     wait_for_line(first, "launch ok")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from nvshare_slurm import localcluster
-from nvshare_slurm.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, LocalClusterError, Node, Partition,
-                                        Wrappers)
+from nvshare_slurm.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, LocalClusterError, Node,
+                                        Partition, Wrappers)
 from slurm.cluster import entry_point
 from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 

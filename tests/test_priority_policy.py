@@ -134,7 +134,8 @@ def test_light_low_clients_still_co_run_beside_a_high_holder():
     assert grants(actions) == [(2, SHARED)] and drops(actions) == []
 
 
-SHORT_BURSTS = Demand(0.6, 0.003, 0.002)   # light by the adaptive rules (3 ms bursts), yet busy 60 % of the time
+# Light by the adaptive rules (3 ms bursts), yet busy 60 % of the time.
+SHORT_BURSTS = Demand(0.6, 0.003, 0.002)
 
 
 def test_a_low_client_with_short_bursts_waits_beside_a_busy_high_one_and_runs_in_its_idle_time():

@@ -120,7 +120,8 @@ def main() -> int:
         out["parent"]["raw_get_rc"] = rc
         libcuda = ctypes.CDLL("libcuda.so.1")
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        libcuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(raw_buf.data_ptr()))
+        libcuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                        ctypes.c_uint64(raw_buf.data_ptr()))
         if rc == 0:
             raw = (bytes(ctypes.string_at(ctypes.byref(handle), 64)), raw_buf.data_ptr() - base.value)
     else:

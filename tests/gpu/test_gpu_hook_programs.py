@@ -71,7 +71,8 @@ def test_every_entry_point_that_submits_work_or_allocates_is_wrapped():
     for name, answers in found.items():
         if not MUST_WRAP.search(name) or GRAPH_BUILDING.search(name) or name in ALLOWED:
             continue
-        bad = {combo: where for combo, where in answers.items() if where and not where.startswith("libnvshare.so")}
+        bad = {combo: where for combo, where in answers.items()
+               if where and not where.startswith("libnvshare.so")}
         if bad:
             unwrapped[name] = bad
     _out("entry_points.json", {"names": len(names), "unwrapped": unwrapped, "answers": found})
@@ -115,7 +116,8 @@ def test_graph_capture_and_replay_while_another_job_forces_hand_overs(gpu_jobs):
     other.communicate()
     assert graphs.returncode == 0, err[-3000:]
     shared = json.loads(out.strip().splitlines()[-1])
-    grants = [line for line in jobs.sched.log().splitlines() if f"job {ja} " in line and "lock granted" in line]
+    grants = [line for line in jobs.sched.log().splitlines()
+              if f"job {ja} " in line and "lock granted" in line]
     _out("graph_replay.json", {"alone": alone, "shared": shared, "stderr": err[-3000:],
                                "grants_to_graph_job": len(grants)})
     assert len(grants) >= 3, "the graph job was never made to hand over: the test proved nothing"
@@ -125,8 +127,8 @@ def test_graph_capture_and_replay_while_another_job_forces_hand_overs(gpu_jobs):
 
 
 def _smi_used_mib(pid: int) -> int | None:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
     for line in out.splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) == 2 and fields[0] == str(pid):
@@ -139,8 +141,8 @@ def test_cudamallocasync_memory_shows_as_nvidia_smi_sees_it(gpu_jobs):
     job, uuids = jobs.register()
     env = jobs.env(job, uuids)
     env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
-    proc = subprocess.Popen([sys.executable, str(HERE / "malloc_async.py"), "4"], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(HERE / "malloc_async.py"), "4"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pid = int(proc.stdout.readline().split()[1])
         time.sleep(1.0)

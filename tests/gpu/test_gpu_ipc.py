@@ -62,7 +62,8 @@ def test_torch_multiprocessing_and_raw_ipc_share_memory_with_swap_on(scheduler_f
     folder = tmp_path / "handshake"
     folder.mkdir()
     # Debug lines: the parent's swap-outs and exports are judged from them.
-    pair = subprocess.Popen([sys.executable, str(HERE / "ipc_share.py"), "--dir", str(folder), "--big-mib", "4096"],
+    pair = subprocess.Popen([sys.executable, str(HERE / "ipc_share.py"), "--dir", str(folder),
+                             "--big-mib", "4096"],
                             env={**jobs.env(ja, ua), "NVSHARE_LOG_LEVEL": "debug"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     other = None

@@ -2,12 +2,12 @@
 
   python fake_ddp.py --nproc N --rounds R --kernel-us US --nvtest PATH [--out FILE]
 
-Starts one nvtest process per rank, rank K on the K-th GPU of CUDA_VISIBLE_DEVICES (UUIDs), each running R rounds of the fake driver's
-collective (its "barrier" kernel: a round ends only when every rank launched it), as a DDP job's
-all-reduces would. Writes the JSON that ddp_train.py writes, so bench/two_gpu_proof.py reads both
-alike: the training phase's start and end, the world size, every rank's pid, and "losses": one
-entry per round that rank 0 reported done (fixed by the arguments, as a seeded training's losses
-are). Exits non-zero when a rank failed.
+Starts one nvtest process per rank, rank K on the K-th GPU of CUDA_VISIBLE_DEVICES (UUIDs), each
+running R rounds of the fake driver's collective (its "barrier" kernel: a round ends only when every
+rank launched it), as a DDP job's all-reduces would. Writes the JSON that ddp_train.py writes, so
+bench/two_gpu_proof.py reads both alike: the training phase's start and end, the world size, every
+rank's pid, and "losses": one entry per round that rank 0 reported done (fixed by the arguments, as
+a seeded training's losses are). Exits non-zero when a rank failed.
 """
 from __future__ import annotations
 
