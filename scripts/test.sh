@@ -20,6 +20,21 @@ fi
 NVSHARE_PREFIX=$PREFIX NVSHARE_EDITABLE=1 NVSHARE_EXTRAS=test bash scripts/install.sh
 export PATH="$PREFIX/bin:$PATH"
 echo "test.sh: every tier here, real Slurm on $(/usr/sbin/slurmd -V 2>/dev/null || echo 'no Slurm')"
+# Lint and types first (pyproject.toml's [tool.ruff] and [tool.mypy]), one line each; a tool's own
+# report only when it fails. A failure fails the script, after the tiers have still run.
+check() {
+  local name=$1 out; shift
+  if out=$("$@" 2>&1); then
+    echo "test.sh: $name: ${out##*$'\n'}"
+  else
+    printf '%s\n' "$out"
+    echo "test.sh: $name: FAILED (its report is above)"
+    return 1
+  fi
+}
+rc_lint=0
+check "ruff check" "$PREFIX/bin/ruff" check --output-format concise || rc_lint=1
+check mypy "$PREFIX/bin/mypy" || rc_lint=1
 rc=0
 "$PREFIX/bin/python" -m pytest -p no:cacheprovider -ra "$@" tests || rc=$?
 # The real-Slurm tier again on the newest supported Slurm (24.11, Debian 13 in a chroot), so both
@@ -30,6 +45,7 @@ if [ "${NVSHARE_SLURM_2411:-1}" != 0 ]; then
 else
   echo "test.sh: NVSHARE_SLURM_2411=0: the Slurm 24.11 tier was not run"
 fi
-[ "$rc" = 0 ] && [ "$rc_2411" = 0 ] && exit 0
+[ "$rc_lint" = 0 ] && [ "$rc" = 0 ] && [ "$rc_2411" = 0 ] && exit 0
+[ "$rc_lint" = 0 ] || echo "test.sh: FAILED: ruff check or mypy (its report is above pytest's)" >&2
 echo "test.sh: FAILED: pytest exit $rc on this machine's Slurm, $rc_2411 on Slurm 24.11" >&2
-exit $(( rc != 0 ? rc : rc_2411 ))
+exit $(( rc != 0 ? rc : rc_2411 != 0 ? rc_2411 : rc_lint ))
