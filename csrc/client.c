@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,20 +100,9 @@ static int read_all(int fd, void *buf, size_t len)
 /* ---- the connection thread ------------------------------------------------------------------ */
 static int connect_daemon(int *err)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    int fd = nvshare_connect_unix(nvshare_cfg.socket_path);
+    if (fd < 0)
         *err = errno;
-        return -1;
-    }
-    struct sockaddr_un addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sun_family = AF_UNIX;
-    nvshare_copy_str(addr.sun_path, sizeof addr.sun_path, nvshare_cfg.socket_path);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        *err = errno;
-        close(fd);
-        return -1;
-    }
     return fd;
 }
 

@@ -22,7 +22,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,24 +87,6 @@ REAL(fopen_fn, fopen64, V_OPEN)
 static _Atomic uint64_t unreachable_until_ns;
 static atomic_int refusals_said;
 
-static int connect_socket(void)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_un addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sun_family = AF_UNIX;
-    nvshare_copy_str(addr.sun_path, sizeof addr.sun_path, nvshare_cfg.socket_path);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        int saved = errno;
-        close(fd);
-        errno = saved;
-        return -1;
-    }
-    return fd;
-}
-
 /* Reads one frame (header and a REPLY) before the deadline, keeping a descriptor that comes along. */
 static int read_reply(int sock, uint64_t deadline, struct nvshare_reply *rep, int *passed)
 {
@@ -155,7 +136,7 @@ static int ask_daemon(dev_t rdev, int flags, char *why, size_t why_len)
     }
     uint64_t deadline = now + DEVICE_ANSWER_MS * 1000000ull;
     int sock;
-    while ((sock = connect_socket()) < 0) {
+    while ((sock = nvshare_connect_unix(nvshare_cfg.socket_path)) < 0) {
         int err = errno;
         if (nvshare_now_ns() + 100000000ull >= deadline || (err != ENOENT && err != ECONNREFUSED &&
                                                           err != EAGAIN && err != EINTR)) {
