@@ -14,9 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import yaml
 
 from nvshare_slurm import localcluster
@@ -313,6 +316,54 @@ class SlurmCluster:
         parts += [f"--- {n.log_path}\n" + n.log_path.read_text(errors="replace")[-3000:]
                   for n in self.nodes.values() if n.log_path.exists()]
         return "\n".join(parts)
+
+
+def need_real_slurm() -> None:
+    """Skips the test, saying why, where a real cluster cannot run: not root, or no Slurm/munge."""
+    if os.geteuid() != 0:
+        pytest.skip("real-Slurm tests need root (slurmd runs jobs as their users)")
+    missing = [p for p in ("slurmctld", "slurmd", "munged") if not (SBIN / p).exists()]
+    if missing or not Path("/etc/munge/munge.key").exists():
+        pytest.skip(f"real-Slurm tests need Slurm and munge installed (missing: "
+                    f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install-demo-slurm.sh")
+
+
+def cluster_dir(prefix: str) -> Path:
+    """A fresh directory for a cluster's files, that jobs of every user can read."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(base, 0o755)
+    return base
+
+
+def remove_cluster_dir(base: Path) -> None:
+    if os.environ.get("NVSHARE_KEEP_CLUSTER"):
+        print(f"cluster files kept in {base}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def running(cluster: SlurmCluster,
+            before_stop: Callable[[SlurmCluster], None] = lambda c: None) -> Iterator[SlurmCluster]:
+    """The cluster started; stopped and its files removed (or kept: NVSHARE_KEEP_CLUSTER) after."""
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        before_stop(cluster)
+        cluster.stop()
+        remove_cluster_dir(cluster.base)
+
+
+def stand_in_gpu(path: Path, major: int = 1, minor: int = 7) -> str:
+    """A GPU's device file for a test: a character device with a live driver (/dev/full's 1:7 by
+    default), so an open the device cgroup allows succeeds and one it denies fails with EPERM.
+    Name it nvidia<N>, as the driver names a GPU's file: the hook asks the daemon for no other."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.mknod(path, 0o20666, os.makedev(major, minor))
+    path.chmod(0o666)
+    return str(path)
 
 
 def client(node: Node):

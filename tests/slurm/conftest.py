@@ -6,15 +6,12 @@ in slurmctld. n1 therefore has more slots than the session uses; docs/admin-guid
 Skips (with the reason) where it cannot run: not root, or Slurm/munge not installed."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from .cluster import BIN, SBIN, SlurmCluster
+from .cluster import BIN, SlurmCluster, cluster_dir, need_real_slurm, running
 from .helpers import BUILD, REPO_C
 
 NODES = [
@@ -33,24 +30,9 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("real-Slurm tests need root (slurmd runs jobs as their users)")
-    missing = [p for p in ("slurmctld", "slurmd", "munged") if not (SBIN / p).exists()]
-    if missing or not Path("/etc/munge/munge.key").exists():
-        pytest.skip(f"real-Slurm tests need Slurm and munge installed (missing: "
-                    f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install-demo-slurm.sh")
-    base = Path(tempfile.mkdtemp(prefix="nvslurm-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    c = SlurmCluster(base, NODES)
-    try:
-        c.start()
+    need_real_slurm()
+    with running(SlurmCluster(cluster_dir("nvslurm-"), NODES)) as c:
         yield c
-    finally:
-        c.stop()
-        if os.environ.get("NVSHARE_KEEP_CLUSTER"):
-            print(f"cluster files kept in {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,18 +8,16 @@ with EPERM. Node c1 has two GPUs, node c2 one. Its own cluster, beside the sessi
 """
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from nvshare_slurm.proto import C
 
-from .cluster import BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SBIN, SlurmCluster, client
+from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
+                      need_real_slurm, running, stand_in_gpu)
 
 REPO_C = Path(__file__).resolve().parents[1] / "c"
 BUILD = REPO_C / "build"
@@ -38,26 +36,15 @@ def node_gres(node: str, devices: list[str]) -> tuple[str, str, list[str]]:
 
 @pytest.fixture(scope="module")
 def site():
-    if os.geteuid() != 0:
-        pytest.skip("real-Slurm tests need root")
-    if not (SBIN / "slurmd").exists() or not Path("/etc/munge/munge.key").exists():
-        pytest.skip("real-Slurm tests need Slurm and munge (scripts/install-demo-slurm.sh)")
+    need_real_slurm()
     if not Path("/sys/fs/cgroup/devices/devices.deny").exists():
         pytest.skip("this machine has no cgroup v1 devices controller (the GPU machine's cgroup "
                     "v2 pass is scripts/gpu-slurm-e2e.sh)")
     subprocess.run(["make", "-s", "-C", str(REPO_C)], check=True, capture_output=True)
-    base = Path(tempfile.mkdtemp(prefix="nvscg-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    devdir = base / "dev"
-    devdir.mkdir()
-    devices: dict[str, list[str]] = {}
-    for node, numbers in STAND_INS.items():
-        for i, (major, minor) in enumerate(numbers):
-            (devdir / node).mkdir(exist_ok=True)
-            path = devdir / node / f"nvidia{i}"    # the driver's name: the hook asks for no other
-            os.mknod(path, 0o20666, os.makedev(major, minor))
-            path.chmod(0o666)
-            devices.setdefault(node, []).append(str(path))
+    base = cluster_dir("nvscg-")
+    devices = {node: [stand_in_gpu(base / "dev" / node / f"nvidia{i}", major, minor)
+                      for i, (major, minor) in enumerate(numbers)]
+               for node, numbers in STAND_INS.items()}
     cluster = SlurmCluster(base, [node_gres(n, d) for n, d in devices.items()],
                            settings=CONSTRAINED, cgroup_conf=CONSTRAINED_CGROUP_CONF,
                            gres_types="gpu,nvshare")
@@ -66,15 +53,8 @@ def site():
         cluster.nodes[node].settings["gpus"] = [{"uuid": next(uuids), "memory": "16G",
                                                  "device": p} for p in paths]
     cluster.devices = devices
-    try:
-        cluster.start()
+    with running(cluster):
         yield cluster
-    finally:
-        cluster.stop()
-        if os.environ.get("NVSHARE_KEEP_CLUSTER"):
-            print(f"cluster files kept in {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

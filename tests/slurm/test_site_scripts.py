@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import ctypes
-import os
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from nvshare_slurm import libnvshare_file, localcluster
 
-from .cluster import BIN, SBIN, SlurmCluster, read_env, registered_jobs, wait_until
+from .cluster import (BIN, SlurmCluster, cluster_dir, need_real_slurm, read_env, registered_jobs, running,
+                      wait_until)
 
 NODE = "c1"
 GPU_UUIDS = {"GPU-fa4e0000-0000-0000-0000-000000000000", "GPU-fa4e0000-0000-0000-0000-000000000001"}
@@ -116,24 +115,13 @@ class ChainedCluster(SlurmCluster):
 
 @pytest.fixture(scope="module")
 def site():
-    if os.geteuid() != 0:
-        pytest.skip("real-Slurm tests need root (slurmd runs jobs as their users)")
-    missing = [p for p in ("slurmctld", "slurmd", "munged") if not (SBIN / p).exists()]
-    if missing or not Path("/etc/munge/munge.key").exists():
-        pytest.skip("real-Slurm tests need Slurm and munge installed; run scripts/install-demo-slurm.sh")
-    base = Path(tempfile.mkdtemp(prefix="nvslurm-site-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    cluster = ChainedCluster(base)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
+    need_real_slurm()
+
+    def cancel_nobodys(cluster: SlurmCluster) -> None:
         cluster.run([BIN / "scancel", "--full", "-u", "nobody"], timeout=10)
-        cluster.stop()
-        if os.environ.get("NVSHARE_KEEP_CLUSTER"):
-            print(f"cluster files kept in {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+
+    with running(ChainedCluster(cluster_dir("nvslurm-site-")), before_stop=cancel_nobodys) as cluster:
+        yield cluster
 
 
 @pytest.fixture

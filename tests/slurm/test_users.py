@@ -28,7 +28,8 @@ import yaml
 
 from nvshare_slurm import localcluster
 
-from .cluster import BIN, FAKE_GPUS, SBIN, SlurmCluster, entry_point, registered_jobs, wait_until
+from .cluster import (BIN, FAKE_GPUS, SBIN, SlurmCluster, entry_point, registered_jobs, stand_in_gpu,
+                      wait_until)
 
 USERS = ("nvs-alice", "nvs-bob")
 REPO = Path(__file__).resolve().parents[2]
@@ -41,15 +42,8 @@ NODE = "u1"
 def gpus_with_devices(workdir: Path) -> list[dict]:
     """The fake GPUs, each with a device file that slurmd can find for its gpu GRES (a character
     device with a live driver, /dev/full's 1:7), named as the driver names them."""
-    devdir = workdir / "dev"
-    devdir.mkdir(exist_ok=True)
-    gpus = []
-    for i, gpu in enumerate(FAKE_GPUS):
-        path = devdir / f"nvidia{i}"
-        if not path.exists():
-            os.mknod(path, 0o20666, os.makedev(1, 7))
-        gpus.append(dict(gpu, device=str(path)))
-    return gpus
+    return [dict(gpu, device=stand_in_gpu(workdir / "dev" / f"nvidia{i}"))
+            for i, gpu in enumerate(FAKE_GPUS)]
 
 
 def node_gres_from_the_helper(workdir: Path) -> tuple[str, str, list[str]]:
