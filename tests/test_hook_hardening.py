@@ -11,28 +11,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def hook_lib() -> Path:
-    """The hook under test: NVSHARE_TEST_LIB, else the package's (built when missing)."""
+@pytest.fixture(autouse=True)
+def binutils() -> None:
     if shutil.which("readelf") is None or shutil.which("nm") is None:
         pytest.skip("needs readelf and nm (binutils)")
-    override = os.environ.get("NVSHARE_TEST_LIB")
-    if override:
-        return Path(override)
-    import nvshare_slurm
-    lib = nvshare_slurm.libnvshare_path()
-    if not lib.exists():
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=REPO,
-                       check=True, capture_output=True)
-    return lib
 
 
 def readelf(*args: str) -> str:
