@@ -355,6 +355,15 @@ def running(cluster: SlurmCluster,
         remove_cluster_dir(cluster.base)
 
 
+def job_dir(cluster: SlurmCluster, test_name: str) -> Path:
+    """A directory under the cluster that every job of the test can write (jobs may run as other
+    users)."""
+    d = cluster.base / "jobs" / test_name[:40]
+    d.mkdir(mode=0o777)
+    d.chmod(0o777)
+    return d
+
+
 def stand_in_gpu(path: Path, major: int = 1, minor: int = 7) -> str:
     """A GPU's device file for a test: a character device with a live driver (/dev/full's 1:7 by
     default), so an open the device cgroup allows succeeds and one it denies fails with EPERM.

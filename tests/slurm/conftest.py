@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import BIN, SlurmCluster, cluster_dir, need_real_slurm, running
+from .cluster import BIN, SlurmCluster, cluster_dir, job_dir, need_real_slurm, running
 from .helpers import BUILD, REPO_C
 
 NODES = [
@@ -49,10 +49,7 @@ def healthy(cluster):
 @pytest.fixture
 def jobdir(cluster, request):
     """A directory every job of the test can write (jobs may run as other users)."""
-    d = cluster.base / "jobs" / request.node.name[:40]
-    d.mkdir(mode=0o777)
-    d.chmod(0o777)
-    return d
+    return job_dir(cluster, request.node.name)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from nvshare_slurm.proto import C
 
 from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
-                      need_real_slurm, running, stand_in_gpu)
+                      job_dir, need_real_slurm, running, stand_in_gpu)
 
 REPO_C = Path(__file__).resolve().parents[1] / "c"
 BUILD = REPO_C / "build"
@@ -59,11 +59,8 @@ def site():
 
 @pytest.fixture
 def workdir(site, request):
-    d = site.base / "jobs" / request.node.name[:40]
-    d.mkdir(mode=0o777)
-    d.chmod(0o777)
-    yield d
-    site.run(["/usr/bin/scancel", "-u", "root"], timeout=10)
+    yield job_dir(site, request.node.name)
+    site.run([BIN / "scancel", "-u", "root"], timeout=10)
 
 
 def job_script(site, node: str, workdir: Path, name: str, actions: str, srun: str = "") -> str:
