@@ -2,7 +2,7 @@
 
 Constants, struct layouts and which struct each message carries are read from the header's text
 (the block between its NVSHARE_CDEF markers) with the struct module, so that C and Python cannot
-drift: tests/test_proto.py checks every layout against the C compiler's offsets. It imports nothing
+drift: tests/unit/test_proto.py checks every layout against the C compiler's offsets. It imports nothing
 slow (the TaskProlog, which runs before every task, uses it); the daemon reads frames off its
 streams through proto.py.
 

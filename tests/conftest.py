@@ -194,7 +194,7 @@ def small_gpu(scheduler_factory, tmp_path):
 @pytest.fixture
 def fake_slurm(tmp_path):
     """A slurm_bin_dir whose scontrol prints a recorded record and logs its arguments; it refuses
-    --json, as Slurm 22.05's does (tests/test_slurm_outputs.py has 24.11's JSON)."""
+    --json, as Slurm 22.05's does (tests/unit/test_slurm_outputs.py has 24.11's JSON)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"

@@ -1,5 +1,5 @@
 """Record what this machine's Slurm prints for the jobs nvshare reads, as fixtures for
-tests/test_slurm_outputs.py: run as root from the checkout, with Slurm and munge installed,
+tests/unit/test_slurm_outputs.py: run as root from the checkout, with Slurm and munge installed,
 
     python -m tests.slurm.record_outputs tests/data/slurm/<major.minor>
 

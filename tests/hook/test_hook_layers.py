@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
 DESIGN = REPO / "docs" / "design-hook.md"
-LAYERS_MARK = "<!-- hook layers: read by tests/test_hook_layers.py -->"
+LAYERS_MARK = "<!-- hook layers: read by tests/hook/test_hook_layers.py -->"
 
 sys.path.insert(0, str(REPO / "buildtools"))
 from hook_build import HOOK_CFLAGS  # noqa: E402

@@ -1,5 +1,5 @@
 """The epilog's per-job GPU usage line and its AdminComment, against the real scheduler and a
-recorded-output scontrol stand-in (tests/test_slurm_glue.py's fake_slurm)."""
+recorded-output scontrol stand-in (tests/unit/test_slurm_glue.py's fake_slurm)."""
 from __future__ import annotations
 
 import pytest

@@ -2,7 +2,7 @@
 
 Its SONAME is the name it is loaded by; the GOT is resolved at load and then read-only (BIND_NOW,
 GNU_RELRO); stack canaries and the C library's checked calls (_FORTIFY_SOURCE=2) are compiled in.
-The checked calls must not change what the library exports: tests/test_hook.py compares the exports
+The checked calls must not change what the library exports: tests/hook/test_hook.py compares the exports
 with the interposed list, and the open family of csrc/devices.c stays under glibc's own versions.
 """
 from __future__ import annotations

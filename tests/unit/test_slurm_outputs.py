@@ -15,7 +15,7 @@ import pytest
 
 from nvshare_slurm import slurm
 
-DATA = Path(__file__).parent / "data" / "slurm"
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if (p / "manifest.json").exists())
 # From tests/slurm/record_outputs.py's JOBS: what each job was submitted with, past the defaults.
 MULTILINE_COMMENT = ("fine\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=nvshare:gpu1(CNT:9)\n"

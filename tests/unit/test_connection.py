@@ -233,7 +233,7 @@ def test_accept_at_the_fd_limit_backs_off_and_logs_rarely(tmp_path):
     script = tmp_path / "listen.py"
     script.write_text(f"""
 import asyncio, resource, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
 from nvshare_slurm import connection, log, proto
 from nvshare_slurm.proto import C

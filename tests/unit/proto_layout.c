@@ -1,4 +1,4 @@
-/* proto_layout.c: the C compiler's view of csrc/nvshare_proto.h, for tests/test_proto.py.
+/* proto_layout.c: the C compiler's view of csrc/nvshare_proto.h, for tests/unit/test_proto.py.
  *
  * Prints one line per struct ("S name size") and per field ("F name.field offset size"). The field
  * list comes from NVSHARE_LAYOUT_LIST, a file the test writes from the header's own text, so a new

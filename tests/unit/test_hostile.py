@@ -23,7 +23,7 @@ from helpers_daemon import as_uid, healthy
 
 GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
 NOBODY, OTHER = 65534, 65533
-DATA = Path(__file__).resolve().parent / "data" / "scontrol"
+DATA = Path(__file__).resolve().parents[1] / "data" / "scontrol"
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="acts as other uids: needs root")
 

@@ -1,6 +1,6 @@
 """nvshare-node-config: what an admin pastes into slurm.conf, gres.conf and cgroup.conf.
 
-Golden files (tests/data/golden/nodeconfig.*, kept as tests/test_render.py keeps its own) for the
+Golden files (tests/data/golden/nodeconfig.*, kept as tests/unit/test_render.py keeps its own) for the
 text; NVML is a fake pynvml module (no GPU here) driven through the real NvmlInventory; the config's
 `gpus:` list goes through the installed command. The printed lines are also checked against the
 Slurm model: one section per file, headed `# <file>`, each parsing as that file; the GPUs as gpu

@@ -95,10 +95,11 @@ def test_the_wheel_carries_the_admins_files(wheel):
 
 @pytest.mark.timeout(900)
 def test_its_hook_passes_the_hook_tests(wheel):
-    """tests/test_hook.py again, with NVSHARE_TEST_LIB naming the wheel's zig-built hook."""
+    """tests/hook/test_hook.py again, with NVSHARE_TEST_LIB naming the wheel's zig-built hook."""
     hook = wheel[1] / "nvshare_slurm" / "libnvshare.so"
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x",
-                          "tests/test_hook.py"], cwd=REPO, env={**os.environ, "NVSHARE_TEST_LIB": str(hook)},
+                          "tests/hook/test_hook.py"], cwd=REPO,
+                         env={**os.environ, "NVSHARE_TEST_LIB": str(hook)},
                          capture_output=True, text=True, timeout=880)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]

@@ -17,7 +17,7 @@ from nvshare_slurm.proto import C, ProtocolError
 
 HEADER = Path(proto.header_path())
 CDEF = wire.cdef_block(HEADER.read_text())
-LAYOUT_C = HEADER.parent.parent / "tests" / "proto_layout.c"
+LAYOUT_C = HEADER.parent.parent / "tests" / "unit" / "proto_layout.c"
 if not LAYOUT_C.exists():  # the header came from the installed package
     from pathlib import Path
     LAYOUT_C = Path(__file__).resolve().parent / "proto_layout.c"

@@ -23,7 +23,7 @@ from nvshare_slurm.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, 
 from slurm.cluster import entry_point
 from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def files_text(base: Path) -> str:

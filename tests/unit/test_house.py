@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "nvshare_slurm"
+PACKAGE = Path(__file__).resolve().parents[2] / "nvshare_slurm"
 MAX_CLASS_LINES = 500
 MAX_MODULE_LINES = 700
 MODULES = sorted(PACKAGE.rglob("*.py"))

@@ -14,7 +14,7 @@ from nvshare_slurm import config
 from nvshare_slurm.config import Config, ConfigError
 from nvshare_slurm.priority import ClassMap
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "slurm" / "nvshare.yaml.example"
+EXAMPLE = Path(__file__).resolve().parents[2] / "slurm" / "nvshare.yaml.example"
 FIELDS = [f.name for f in dataclasses.fields(Config)]
 SETTING_RE = re.compile(r"^#([a-z_]+):(.*)$")  # "#key: value"; prose comments have "# "
 
