@@ -1,7 +1,7 @@
 """The symbol versions a shared library needs from others (its ELF .gnu.version_r section).
 
 setup.py uses it to tag a wheel with the manylinux baseline that its libnvshare.so really needs, and
-tests/test_wheel.py to fail when a build needs a newer glibc than that baseline. Pure Python on
+tests/hook/test_wheel.py to fail when a build needs a newer glibc than that baseline. Pure Python on
 purpose: it runs in pip's build environment, where neither pyelftools nor binutils can be assumed.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How libnvshare.so is compiled and linked: the one list of flags.
 
 setup.py builds the library with them (both with setuptools' compiler and with zig), and
-tests/test_hook_layers.py compiles each csrc/*.c to an object with the same flags to read the file
+tests/hook/test_hook_layers.py compiles each csrc/*.c to an object with the same flags to read the file
 graph from the objects' symbols. Pure Python, standard library only: it runs in pip's build
 environment.
 """
@@ -13,7 +13,7 @@ VERSION_SCRIPT = "csrc/libnvshare.map"
 # Hardening, as distributions build their libraries: stack canaries where a function has arrays or
 # takes a local's address, and the checked variants of the C library's string, read and poll calls
 # (-D_FORTIFY_SOURCE=2 needs optimisation; -U first: some compilers define it already).
-# tests/test_hook_hardening.py checks the result; bench/bench_launch.sh measured the launch path
+# tests/hook/test_hook_hardening.py checks the result; bench/bench_launch.sh measured the launch path
 # with and without (docs/design-hook.md "Measured").
 HOOK_CFLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra",
                "-Wno-unused-parameter", "-Werror=implicit-function-declaration",
