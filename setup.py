@@ -52,7 +52,7 @@ def hook_compiler() -> list[str] | None:
         raise SystemExit("NVSHARE_HOOK_CC=zig needs the ziglang package (pip install ziglang)")
     target = "{}-linux-gnu.{}.{}".format(platform.machine(), *MANYLINUX_BASELINE)
     # clang ignores gcc's optimize("optimize-sibling-calls") on the dlsym wrappers; at -O2 it makes
-    # those tail calls anyway (objdump: both end in `jmp *%rax`), and tests/test_wheel.py runs the
+    # those tail calls anyway (objdump: both end in `jmp *%rax`), and tests/hook/test_wheel.py runs the
     # hook tests, dlsym routes included, on this build.
     return [sys.executable, "-m", "ziglang", "cc", "-target", target, "-g0", "-Wno-unknown-attributes"]
 
