@@ -26,8 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -238,7 +238,8 @@ static CUresult ensure_server(void)
 {
     if (server_fd >= 0)
         return CUDA_SUCCESS;
-    while (!my_token && getrandom(&my_token, sizeof my_token, 0) != (ssize_t)sizeof my_token) {
+    /* The system call, not glibc's getrandom (2.25): the library loads on glibc 2.17 (setup.py). */
+    while (!my_token && syscall(SYS_getrandom, &my_token, sizeof my_token, 0) != (long)sizeof my_token) {
         if (errno != EINTR) {
             nvshare_log("CUDA IPC: no random token (%s)", strerror(errno));
             return CUDA_ERROR_OPERATING_SYSTEM;
