@@ -27,6 +27,7 @@
 #include "gpus.h"
 #include "ipc.h"
 #include "memory.h"
+#include "nvml.h"
 #include "outbox.h"
 #include "swap.h"
 
@@ -428,6 +429,8 @@ static int is_driver_handle(void *handle)
 
 static void *wrapper_for(void *handle, const char *name)
 {
+    if (name && name[0] == 'n' && strncmp(name, "nvml", 4) == 0 && !nvshare_in_hook)
+        return nvshare_nvml_wrapper(handle, name);
     if (!name || name[0] != 'c' || name[1] != 'u' || nvshare_in_hook)
         return NULL;
     const struct hook_entry *e = entry_by_name(name);
