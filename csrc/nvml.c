@@ -519,7 +519,8 @@ static const struct { const char *name; enum real_id id; void *wrapper; } wrappe
 
 void *nvshare_nvml_wrapper(void *handle, const char *name)
 {
-    if (!active())
+    /* RTLD_NEXT means "after the caller": only the real dlsym, called from the caller, knows that. */
+    if (handle == RTLD_NEXT || !active())
         return NULL;
     for (size_t i = 0; i < sizeof wrapped / sizeof wrapped[0]; i++) {
         if (strcmp(name, wrapped[i].name) != 0)
