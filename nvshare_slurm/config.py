@@ -5,6 +5,7 @@ to a default. slurm/nvshare.yaml.example lists the same keys; a test keeps the t
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -98,6 +99,8 @@ class Config:
     node_name: str = "-"                   # this node's Slurm NodeName; "-": the short host name
     log_level: str = "info"
     metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
+    metrics_bind: str = "127.0.0.1"        # the address it listens on; 0.0.0.0 or :: for all
+    metrics_user_labels: bool = False      # the job samples carry a `user` label (user names)
     usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
     site_task_prolog: str = ""             # the site's own TaskProlog, run by nvshare-taskprolog
     site_task_prolog_timeout: float = 30.0  # seconds; past it that program is killed, the task fails
@@ -198,6 +201,12 @@ def _convert(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where}: {value} is outside {low}..{high}")
     if key == "node_name" and not _NODE_RE.match(value):
         raise ConfigError(f"{where}: {value!r} is not a Slurm node name (or - for the host name)")
+    if key == "metrics_bind":
+        try:
+            value = str(ipaddress.ip_address(value.strip("[]")))
+        except ValueError:
+            raise ConfigError(f"{where}: {value!r} is not an IP address (127.0.0.1, 0.0.0.0 for "
+                              f"every IPv4 interface, :: for every interface)") from None
     if key in ("socket", "state_dir", "slurm_bin_dir") and not str(value).startswith("/"):
         raise ConfigError(f"{where}: must be an absolute path, got {value!r}")
     return value
@@ -256,20 +265,43 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
 
 def load_for_job(environ: Mapping[str, str]) -> tuple[Config, str]:
     """The config for a job's Prolog or Epilog, and an error text ('' when fine). A bad file still
-    yields its slurm_bin_dir when that one is usable, so that scontrol can tell whether the job is
-    affected by the bad config at all."""
+    yields what `fallback` can read of it (slurm_bin_dir above all), so that scontrol can tell
+    whether the job is affected by the bad config at all."""
     try:
         return load(environ=environ), ""
     except ConfigError as exc:
-        fallback = Config()
-        try:
-            raw = yaml.safe_load(config_path(environ).read_text()) or {}
-            bin_dir = raw.get("slurm_bin_dir") if isinstance(raw, dict) else None
-            if isinstance(bin_dir, str) and bin_dir.startswith("/"):
-                fallback = Config(slurm_bin_dir=bin_dir)
-        except (OSError, yaml.YAMLError):
-            pass
-        return fallback, str(exc)
+        return fallback(environ), str(exc)
+
+
+# What an entry point needs to reach the daemon and Slurm when the file as a whole is refused.
+_FALLBACK_KEYS = ("socket", "state_dir", "slurm_bin_dir", "node_name", "gpus")
+_FALLBACK_LINE = re.compile(r"^(socket|state_dir|slurm_bin_dir|node_name):[ ]+([^ #'\"]+)[ ]*(?:#.*)?$")
+
+
+def fallback(environ: Mapping[str, str] | None = None) -> Config:
+    """The defaults, with each of the file's socket, state_dir, slurm_bin_dir, node_name and gpus
+    that is valid on its own (read line by line where the file is not even YAML). Everything else,
+    on_daemon_loss above all, stays at its default: the safe choice (wait) for a task that must
+    start with the hook although nvshare.yaml is broken."""
+    file = config_path(environ if environ is not None else os.environ)
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError):
+        return Config()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raw = None
+    if not isinstance(raw, dict):
+        raw = {m.group(1): m.group(2) for m in map(_FALLBACK_LINE.match, text.splitlines()) if m}
+    values = {}
+    for key in _FALLBACK_KEYS:
+        if key in raw:
+            try:
+                values[key] = _convert(key, raw[key], str(file))
+            except ConfigError:
+                pass
+    return replace(Config(), **values)
 
 
 def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None,

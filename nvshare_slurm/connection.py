@@ -286,7 +286,9 @@ class Connection(asyncio.Protocol):
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as exc:
-            self.listener.throttle(("send_fds", self.uid), logging.WARNING,
+            # A peer that has gone (its process exited) is the normal end of a client: debug.
+            gone = isinstance(exc, (BrokenPipeError, ConnectionResetError))
+            self.listener.throttle(("send_fds", self.uid), logging.DEBUG if gone else logging.WARNING,
                                    f"connection from {self.who()}: cannot pass a file "
                                    f"descriptor ({exc})")
             return False

@@ -285,13 +285,16 @@ class Daemon:
         metrics = None
         if self.cfg.metrics_port:
             from .metrics import MetricsServer   # prometheus-client only where metrics are on
-            metrics = MetricsServer(self, self.cfg.metrics_port)
+            metrics = MetricsServer(self, self.cfg.metrics_port, self.cfg.metrics_bind,
+                                    self.cfg.metrics_user_labels)
             try:
                 await metrics.start()
-            except OSError as exc:
-                self.logger.error(f"metrics: cannot listen on port {self.cfg.metrics_port}: "
-                                  f"{exc}; serving without metrics")
-                metrics = None
+            except OSError as exc:   # asked for and not served: an error now, not a silent run
+                why = os.strerror(exc.errno) if exc.errno else exc
+                self.logger.error(f"metrics: cannot listen on {self.cfg.metrics_bind} port "
+                                  f"{self.cfg.metrics_port}: {why}; not starting "
+                                  f"(metrics_port, metrics_bind)")
+                return 1
         self.listener = Listener(listening_socket(path), self._on_frame, self.drop_client,
                                  self._limits())
         self.loop.set_exception_handler(self._loop_error)

@@ -39,7 +39,7 @@ class ConfiguredInventory:
     """GPUs named in the config (machines without NVIDIA GPUs); they never show processes."""
 
     def __init__(self, specs: Any):
-        self._gpus = [GpuInfo(s.uuid, s.index, "configured", s.memory, s.device_path)
+        self._gpus = [GpuInfo(s.uuid, s.index, "", s.memory, s.device_path)
                       for s in specs]
 
     def gpus(self) -> list[GpuInfo]:

@@ -13,6 +13,20 @@ import time
 import unicodedata
 from typing import Any
 
+# Slurm's special step ids (slurm.h), named as Slurm names them ("1234.batch") in logs and status.
+STEP_NAMES = {
+    0xFFFFFFFA: "interactive",
+    0xFFFFFFFB: "batch",
+    0xFFFFFFFC: "extern",
+    0xFFFFFFFD: "pending",
+}
+
+
+def step_text(step_id: Any) -> str:
+    """A step id as Slurm prints it: 0, 1, ... or batch, extern, interactive."""
+    return STEP_NAMES.get(step_id, str(step_id)) if isinstance(step_id, int) else str(step_id)
+
+
 # Unicode categories that move the cursor, reorder text or are not characters at all.
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -5,8 +5,10 @@ between two events, never while one is half applied, and needs no lock. The endp
 `GET /metrics` only; a slow or oversized request is cut off, and only a few scrapes run at once.
 
 Every sample carries `node`; GPU samples carry `gpu` (UUID) and `index`; job samples `job`,
-`user`, `class` (the job's share class: high, normal, low), `gpu` and `index`. Names follow
-Prometheus conventions: `_bytes`, `_seconds`, `_total`.
+`class` (the job's share class: high, normal, low), `gpu` and `index`, and `user` only where the
+site turns it on (`metrics_user_labels`). Names follow Prometheus conventions: `_bytes`,
+`_seconds`, `_total`. It listens on `metrics_bind` (127.0.0.1 by default) and a port it cannot
+bind stops the daemon at start: a site that asked for metrics finds out at once.
 """
 from __future__ import annotations
 
@@ -39,13 +41,14 @@ class Source(Protocol):
 
 def sharing(gpu: GpuState) -> str:
     """How the GPU is shared right now, in one word for a label (the policy's own choice)."""
-    return gpu.sharing or gpu.settings.mode
+    return gpu.sharing_now()[0]
 
 
 class SchedulerCollector:
-    def __init__(self, source: Source, node: str | None = None):
+    def __init__(self, source: Source, node: str | None = None, user_labels: bool = False):
         self.source = source
         self.node = node or socket.gethostname().split(".")[0]
+        self.user_labels = user_labels
 
     def collect(self) -> Iterator[Metric]:
         src, node = self.source, self.node
@@ -97,7 +100,8 @@ class SchedulerCollector:
 
     def _jobs(self, now: float) -> Iterator[Metric]:
         src, node = self.source, self.node
-        j_labels = ["node", "job", "user", "class", "gpu", "index"]
+        j_labels = ["node", "job"] + (["user"] if self.user_labels else []) + \
+            ["class", "gpu", "index"]
         registered = GaugeMetricFamily("nvshare_jobs_registered", "Jobs registered on this node",
                                        labels=["node"])
         registered.add_metric([node], len(src.registry.jobs))
@@ -116,7 +120,8 @@ class SchedulerCollector:
                 u = usage.get(uuid)
                 if u is None:
                     continue
-                labels = [node, str(job.job_id), job.user, job.share_class, uuid, str(index)]
+                labels = [node, str(job.job_id)] + ([job.user] if self.user_labels else []) + \
+                    [job.share_class, uuid, str(index)]
                 held.add_metric(labels, u["held_sec"])
                 wait.add_metric(labels, u["wait_sec"])
                 peak.add_metric(labels, u["peak_memory"])
@@ -127,9 +132,10 @@ class SchedulerCollector:
 class MetricsServer:
     """GET /metrics on `port`, answered on the daemon's event loop."""
 
-    def __init__(self, source: Source, port: int, host: str = ""):
+    def __init__(self, source: Source, port: int, host: str = "127.0.0.1",
+                 user_labels: bool = False):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SchedulerCollector(source))
+        self.registry.register(SchedulerCollector(source, user_labels=user_labels))
         self.port = port
         self.host = host
         self._server: asyncio.AbstractServer | None = None
@@ -138,7 +144,8 @@ class MetricsServer:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host or None, self.port,
                                                   limit=MAX_REQUEST)
-        log.get().info(f"metrics: serving http://{self.host or '*'}:{self.port}/metrics")
+        where = f"[{self.host}]" if ":" in self.host else (self.host or "*")
+        log.get().info(f"metrics: serving http://{where}:{self.port}/metrics")
 
     def close(self) -> None:
         if self._server is not None:

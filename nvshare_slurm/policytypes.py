@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import Config
+from .log import step_text
 from .priority import RANK
 
 GRANT = "grant"
@@ -74,7 +75,7 @@ class ClientInfo:
         return RANK.get(self.share_class, RANK["normal"])
 
     def label(self) -> str:
-        return f"job {self.job_id} step {self.step_id} pid {self.pid}"
+        return f"job {self.job_id} step {step_text(self.step_id)} pid {self.pid}"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from .log import escape
+from .log import STEP_NAMES, escape
 
 # A record: lines, each a list of (key, rendered value).
 Pair = tuple[str, str]
@@ -20,14 +20,6 @@ Record = list[list[Pair]]
 
 NULL = "(null)"
 MAX_TEXT = 128  # characters of user text shown; --json has the rest
-
-# Slurm's special step ids (slurm.h): shown by name as Slurm does ("1234.batch").
-STEP_NAMES = {
-    0xFFFFFFFA: "interactive",
-    0xFFFFFFFB: "batch",
-    0xFFFFFFFC: "extern",
-    0xFFFFFFFD: "pending",
-}
 
 def safe(value: Any, limit: int | None = MAX_TEXT) -> str:
     """Text fit for a terminal: control and format characters escaped, backslash doubled (so an
@@ -133,12 +125,20 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
          ("SwitchInterval", interval(gpu.get("switch_interval_sec"))),
          ("MaxRuntime", duration(gpu.get("max_runtime_sec"))),
          ("CoRunning", number(bool(gpu.get("co_running"))))],
-        [("Sharing", f"{safe(gpu.get('sharing'))}({safe(gpu.get('sharing_reason'))})"
-                     if gpu.get("sharing") else NULL)],
+        [("Sharing", sharing_label(gpu))],
         [("Holders", _join(holders)), ("Turn", turn_label(gpu.get("turn")))],
         [("Waiting", _join(waiting))],
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
     ]
+
+
+def sharing_label(gpu: dict[str, Any]) -> str:
+    """`turns(2 busy clients take turns)`: the policy's choice and why; the word alone when the
+    daemon gives no reason."""
+    if not gpu.get("sharing"):
+        return NULL
+    reason = gpu.get("sharing_reason")
+    return f"{safe(gpu.get('sharing'))}({safe(reason)})" if reason else safe(gpu.get("sharing"))
 
 
 def _class_note(entry: dict[str, Any]) -> str:
@@ -192,12 +192,19 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
     record: Record = [
         first,
         [("Slots", number(job.get("slots"))),
-         ("GPUs", _join(safe(i) for i in indices)),
+         ("GPUIndex", _join(safe(i) for i in indices)),
          ("GPU_UUIDs", _join(safe(u, None) for u in uuids))],
         [("Registered", timestamp(registered)), ("RunTime", duration(run_time)),
          ("Class", class_label(job))],
         *gang_lines(job.get("gang")),
     ]
+    # Only when there is something to say (hookwatch.py, statekeeper.py): processes running
+    # without the hook, and a job known only from its processes until Slurm answers.
+    unhooked = [safe(p.get("pid")) for p in job.get("unhooked") or [] if isinstance(p, dict)]
+    if unhooked:
+        record.append([("Ungated", f"no hook in pid {_join(unhooked)}")])
+    if job.get("provisional"):
+        record.append([("Provisional", "yes(state lost, Slurm not answering yet)")])
     usage = job.get("usage")
     if isinstance(usage, dict):
         for uuid, u in usage.items():

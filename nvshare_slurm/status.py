@@ -2,7 +2,7 @@
 
     nvshare-status [show gpus]          every GPU: memory, mode, holders, waiting queue
     nvshare-status show gpu 0|GPU-...   one GPU
-    nvshare-status show jobs | job ID   registered jobs and their clients
+    nvshare-status show jobs | job ID   registered jobs and their clients (also job=ID, jobid=ID)
     nvshare-status show config          the daemon's configuration
     nvshare-status update gpu=0|GPU-...|all mode=serial switch_time=30 ...   (root / SlurmUser)
 
@@ -52,11 +52,42 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                            f"NVSHARE_CONFIG or {config.DEFAULT_PATH})")
 
 
+# `show job=12` as scontrol takes it (and as the guides write it): the same as `show job 12`.
+_ENTITY_ALIASES = {"job": "job", "jobid": "job", "jobs": "jobs", "gpu": "gpu", "gpus": "gpus"}
+
+
+def split_entity(argv: Sequence[str]) -> list[str]:
+    """argv with the word after `show` split where it is ENTITY=ID (job=12, jobid=12, gpu=0)."""
+    words = list(argv)
+    index, skip_value = 0, False
+    while index < len(words):
+        word = words[index]
+        if skip_value:
+            skip_value = False
+        elif word == "--socket":
+            skip_value = True
+        elif word == "--":
+            return words
+        elif not word.startswith("-"):
+            if word != "show":
+                return words            # another command (update): its KEY=VALUE words stay
+            later = index + 1
+            while later < len(words) and words[later].startswith("-") and words[later] != "--":
+                later += 2 if words[later] == "--socket" else 1
+            if later < len(words):
+                entity, sep, name = words[later].partition("=")
+                if sep and entity.lower() in _ENTITY_ALIASES:
+                    words[later:later + 1] = [_ENTITY_ALIASES[entity.lower()], name]
+            return words
+        index += 1
+    return words
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Show nvshare GPU sharing on this node; update it (root or SlurmUser).",
-        epilog="Without a command: show gpus.")
+        epilog="Without a command: show gpus. `show job=ID` and `show gpu=ID` work as in scontrol.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _common_options(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -246,7 +277,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
                 pass
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(split_entity(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # usage error (2), --help or --version (0)
         return exc.code if isinstance(exc.code, int) else 2
     if args.command is None:

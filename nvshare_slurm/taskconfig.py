@@ -3,9 +3,10 @@ with its timeout), read from nvshare.yaml without yaml or config.py, which cost 
 task's start.
 
 `read` understands only the plain form that nvshare.yaml.example and most sites use: top-level
-`key: value` lines with unquoted single-word values, comments, and indented blocks under a key
-with no value (a `gpus:` list). It returns None for anything else, and also whenever a key is not a
-config key or one of its values is not plainly valid: the caller then loads the file with
+`key: value` lines with unquoted single-word values, comments, indented blocks under a key
+with no value (a `gpus:` list), and flow-style values (`gpus: [...]`) of the keys it does not
+read. It returns None for anything else, and also whenever a key is not a config key or one of
+its values is not plainly valid: the caller then loads the file with
 config.load, which says what is wrong exactly as the other entry points do. Values of the keys the
 TaskProlog does not use are left to config.load in the prolog (which refuses the next job, and so
 drains the node) and in the daemon.
@@ -48,6 +49,11 @@ _LINE = re.compile(r"([a-z_][a-z0-9_]*):(?:[ ]+([A-Za-z0-9_./+-][A-Za-z0-9_./+-]
                    r"[ ]*(?:[ ]#.*)?")
 _SITE_LINE = re.compile(r"""site_task_prolog:(?:[ ]+(['"]?)(/[^'"#\x00-\x1f]*?)\1)?[ ]*(?:[ ]#.*)?""")
 _NESTED = re.compile(r"(?:[ ]+|-[ ]|-$)")        # a line of the block under a key with no value
+# A flow-style value (`gpus: [{uuid: ..., memory: 16G}]`, its continuation lines indented) of a
+# key the TaskProlog does not read: skipped, its check left to the prolog and the daemon.
+_FLOW = re.compile(r"([a-z_][a-z0-9_]*):[ ]+[\[{].*")
+_READ_HERE = frozenset(("socket", "on_daemon_loss", "swap", "site_task_prolog",
+                        "site_task_prolog_timeout"))
 _TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")   # YAML's booleans, any case
 
 
@@ -81,6 +87,12 @@ def read(path: str) -> TaskConfig | None:
         if block_key and _NESTED.match(line):
             if block_key == "site_task_prolog":     # YAML reads an indented line as its value
                 return None
+            continue
+        flow = _FLOW.fullmatch(line)
+        if flow and flow.group(1) in KEYS and flow.group(1) not in _READ_HERE \
+                and flow.group(1) not in values:
+            values[flow.group(1)] = None
+            block_key = flow.group(1)
             continue
         match = _LINE.fullmatch(line)
         if not match or match.group(1) not in KEYS or match.group(1) in values:

@@ -10,6 +10,10 @@ the query to the daemon, for every job: its output comes first and unchanged, nv
 after it (LD_PRELOAD keeps the site's entries after the hook), and its exit status is this
 program's, so a site program that fails still fails the task (sitetask.py).
 
+A config file that config.load refuses must not hand out an ungated task either: the TaskProlog
+then asks the daemon with config.fallback's settings (the file's socket where that line alone is
+usable, on_daemon_loss=wait), exports the hook for a job it placed, and says why on stderr.
+
 A daemon that cannot be reached (restarting, or its backlog full under a flood) must not hand out
 an ungated task on a shared GPU: the TaskProlog then still exports the hook, with the job's GPUs
 from the daemon's state.json when it can read them, else every GPU the node manages, unless
@@ -116,15 +120,23 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
     job_id = valid_job_id(environ.get("SLURM_JOB_ID"))
     config_path = environ.get("NVSHARE_CONFIG", taskconfig.DEFAULT_PATH)
     cfg: Config | taskconfig.TaskConfig | None = taskconfig.read(config_path)
+    config_error = ""
     if cfg is None:
-        cfg = full_config(job_id, environ)
-    site = start_site(cfg, config_path, environ)
+        cfg, config_error = config_or_fallback(environ)
+    site = start_site(None if config_error else cfg, config_path, environ)
     found = None
-    if job_id is not None and cfg is not None:
+    if job_id is not None:
         try:
             found = placement_of(job_id, cfg, environ, wait_sec)
         except Exception as exc:  # noqa: BLE001 - the site's program is still collected below
             say(job_id, f"internal error, task starts without nvshare: {type(exc).__name__}: {exc}")
+    if config_error:
+        # Never ungated on a managed GPU: a job the scheduler placed gets the hook, with the
+        # file's socket where that line alone is usable and on_daemon_loss=wait.
+        say(job_id, f"bad config: {config_error}; " +
+            (f"task starts with the hook on safe defaults (socket {cfg.socket}, "
+             f"on_daemon_loss={cfg.on_daemon_loss})" if found is not None
+             else "the job holds no nvshare GPU here: nothing to export"))
     status, existing_preload = 0, environ.get("LD_PRELOAD")
     if site is not None:
         result = site.finish()
@@ -165,9 +177,7 @@ def placement_of(job_id: int, cfg: Config | taskconfig.TaskConfig, environ: dict
             from .jobenv import with_daemon
             return with_daemon(ask, wait_sec - (time.monotonic() - started)), cfg
     except DaemonUnavailable as exc:
-        full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else full_config(job_id, environ)
-        if full is None:
-            return None
+        full = cfg if not isinstance(cfg, taskconfig.TaskConfig) else config_or_fallback(environ)[0]
         placement = placement_without_daemon(job_id, full, environ)
         if placement is None:
             return None
@@ -254,13 +264,22 @@ def say(job_id: int | None, message: str) -> None:
 
 def full_config(job_id: int | None, environ: dict[str, str]) -> Config | None:
     """The node's config through config.load (file only), or None after saying why it is bad."""
+    cfg, error = config_or_fallback(environ)
+    if error:
+        say(job_id, f"bad config: {error}")
+        return None
+    return cfg
+
+
+def config_or_fallback(environ: dict[str, str]) -> tuple[Config, str]:
+    """The node's config through config.load (file only) and ''; for a file that config.load
+    refuses, config.fallback's safe defaults and the error."""
     from . import config as config_mod
     file_only = {"NVSHARE_CONFIG": environ["NVSHARE_CONFIG"]} if "NVSHARE_CONFIG" in environ else {}
     try:
-        return config_mod.load(environ=file_only)
+        return config_mod.load(environ=file_only), ""
     except config_mod.ConfigError as exc:
-        say(job_id, f"bad config, job runs without nvshare: {exc}")
-        return None
+        return config_mod.fallback(file_only), str(exc)
 
 
 def placement_without_daemon(job_id: int, cfg: Config,

@@ -116,6 +116,8 @@ KEYS = {
     "max_connections_per_uid": (16, 16, [0, -1, "many", 1.5]),
     "node_name": ("gpu01", "gpu01", ["", "a b", "n1;rm", 5]),
     "metrics_port": ("9402", 9402, [-1, 65536, "http", 1.5, True]),
+    "metrics_bind": ("0.0.0.0", "0.0.0.0", ["localhost", "", "1.2.3", "eth0", 5, "0.0.0.0/0"]),
+    "metrics_user_labels": ("on", True, ["names", 2]),
     "usage_admin_comment": ("yes", True, ["maybe", 2, ""]),
     "site_task_prolog": ("/etc/slurm/task prolog", "/etc/slurm/task prolog",
                          ["taskprolog.site", "./t", 5, ["/t"], "/a\nb", "/a\x1bb", True]),
@@ -344,3 +346,26 @@ def test_file_in_unreadable_directory_is_a_config_error(public_dir):
     kind, message = as_nobody(lambda: config.load(path, environ={}))
     assert kind == "ConfigError"
     assert str(path) in message
+
+
+# --- the fallback of a refused file (issue 26: the TaskProlog never starts a task ungated) ----------
+
+@pytest.mark.parametrize("text", [
+    "socket: /srv/s.sock\nstate_dir: /srv/st\non_daemon_loss: run\nscheduling_mode: never\n",
+    "socket: /srv/s.sock   # ours\nstate_dir: /srv/st\non_daemon_loss: run\nswap: [x\n",
+])
+def test_fallback_keeps_the_usable_paths_and_waits(tmp_path, text):
+    path = tmp_path / "n.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError):
+        config.load(path, environ={})
+    cfg = config.fallback({"NVSHARE_CONFIG": str(path)})
+    assert (cfg.socket, cfg.state_dir) == ("/srv/s.sock", "/srv/st")
+    assert cfg.on_daemon_loss == "wait"      # the file's `run` is not trusted from a broken file
+
+
+def test_fallback_of_unusable_lines_is_the_defaults(tmp_path):
+    path = tmp_path / "n.yaml"
+    path.write_text("socket: relative\nslurm_bin_dir: 5\nbogus: 1\n")
+    assert config.fallback({"NVSHARE_CONFIG": str(path)}) == config.Config()
+    assert config.fallback({"NVSHARE_CONFIG": str(tmp_path / "absent")}) == config.Config()

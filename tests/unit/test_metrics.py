@@ -42,7 +42,7 @@ def sample(samples, name, **labels):
 def test_metrics_after_a_hand_over(scheduler_factory, clients):
     port = free_port()
     sched = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
-                              switch_time_fixed=30, metrics_port=port)
+                              switch_time_fixed=30, metrics_port=port, metrics_user_labels=True)
     register(sched, 1, user="alice")
     register(sched, 2, user="bob", share_class="low", class_reason="partition scavenge")
     a, b = clients(sched, 1), clients(sched, 2)
@@ -114,14 +114,65 @@ def test_metrics_endpoint_refuses_other_paths_and_outlives_a_stalled_peer(schedu
     stalled.close()
 
 
-def test_metrics_port_in_use_is_logged_and_the_daemon_serves_on(scheduler_factory):
+def test_metrics_port_in_use_stops_the_daemon_at_start(scheduler_factory):
+    """A site that asked for metrics must not get a scheduler that silently serves none."""
     with socket.socket() as busy:
-        busy.bind(("", 0))
+        busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        sched = scheduler_factory(metrics_port=port)
-        wait_for_log(sched, f"metrics: cannot listen on port {port}")
-        assert sched.client().status()["gpus"]
+        sched = scheduler_factory(start=False, metrics_port=port)
+        with pytest.raises(RuntimeError, match="exited 1"):
+            sched.start()
+    assert f"metrics: cannot listen on 127.0.0.1 port {port}: Address already in use; " \
+           "not starting" in sched.log()
+    assert not __import__("os").path.exists(sched.socket)
+
+
+def test_metrics_listen_on_loopback_by_default(scheduler_factory):
+    port = free_port()
+    sched = scheduler_factory(metrics_port=port)
+    wait_for_log(sched, f"metrics: serving http://127.0.0.1:{port}/metrics")
+    # Every other address of this machine is refused: only 127.0.0.1 listens.
+    other = [a for a in {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None,
+                                                                    socket.AF_INET)}
+             if not a.startswith("127.")]
+    for address in other:
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=2).close()
+    assert sample(scrape(port), "nvshare_jobs_registered") == 0
+
+
+@pytest.mark.parametrize("settings,expected", [
+    ({}, "corun"), ({"auto_share": "turns"}, "turns"), ({"scheduling_mode": "concurrent"}, "turns"),
+    ({"scheduling_mode": "serial"}, "serial")])
+def test_sharing_of_an_idle_gpu_is_a_value_the_guide_lists(scheduler_factory, settings, expected):
+    """Before any client came, `sharing` says what the policy would do, never the mode's name."""
+    port = free_port()
+    scheduler_factory(metrics_port=port, **settings)
+    samples = scrape(port)
+    assert sample(samples, "nvshare_gpu_info", gpu=GPU0, sharing=expected) == 1
+
+
+def test_metrics_bind_all_interfaces_when_asked(scheduler_factory):
+    port = free_port()
+    sched = scheduler_factory(metrics_port=port, metrics_bind="0.0.0.0")
+    wait_for_log(sched, f"metrics: serving http://0.0.0.0:{port}/metrics")
+    assert sample(scrape(port), "nvshare_jobs_registered") == 0
+
+
+def test_user_names_stay_out_of_labels_unless_turned_on(scheduler_factory, clients):
+    for on in (False, True):
+        port = free_port()
+        sched = scheduler_factory(metrics_port=port, metrics_user_labels=on)
+        register(sched, 1, user="alice")
+        a = clients(sched, 1)
+        a.send(f"request {GPU0}")
+        a.expect("grant", gpu=GPU0)
+        samples = scrape(port)
+        held = [lab for (name, lab) in samples if name == "nvshare_job_gpu_held_seconds_total"]
+        assert len(held) == 1
+        assert (("user", "alice") in held[0]) is on
+        assert any(("job", "1") in lab for lab in held)
 
 
 def test_the_shipped_dashboard_asks_only_for_metrics_the_daemon_serves(scheduler_factory, clients):

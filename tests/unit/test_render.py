@@ -129,3 +129,11 @@ def test_missing_fields_render_as_null():
     assert text.startswith("Index=3 UUID=(null) Node=n Name=(null)")
     text = render.render_jobs({"jobs": [{"job_id": 5, "clients": [{"pid": 1}]}]})
     assert "JobId=5 JobName=(null) User=(null)" in text and "Client=1 Step=5.(null)" in text
+
+
+def test_no_empty_parentheses_and_no_index_read_as_a_count():
+    """Issue 26: `Sharing=auto()` and `GPUs=0` (an index that reads as a count)."""
+    text = render.render_gpus({"gpus": [{"index": 0, "sharing": "corun", "sharing_reason": ""}]})
+    assert "   Sharing=corun\n" in text and "()" not in text
+    job = render.render_jobs({"jobs": [{"job_id": 5, "slots": 1, "gpu_index": [0]}]})
+    assert "Slots=1 GPUIndex=0 " in job and "GPUs=" not in job

@@ -191,7 +191,7 @@ def test_registered_job_is_shown(daemon):
     assert code == 0
     [job] = records(out)
     assert job.startswith("JobId=4242 JobName=train\\n\\x1b[31mred User=alice(1000) ")
-    assert field(job, "GPUs") == "0,1" and field(job, "Slots") == "2"
+    assert field(job, "GPUIndex") == "0,1" and field(job, "Slots") == "2"
     assert "\x1b" not in out
 
     code, one, _ = cli("--socket", daemon.socket, "show", "job", "4242", "-o")
@@ -368,3 +368,41 @@ def test_holder_and_waiting_queue_are_shown(daemon):
     finally:
         holder.close()
         waiter.close()
+
+
+# --- scontrol's ENTITY=ID form (issue 26): what both guides show --------------------------------
+
+@pytest.mark.parametrize("words", [["show", "job=4243"], ["show", "jobid=4243"],
+                                   ["show", "-o", "job=4243"], ["-o", "show", "JOB=4243"]])
+def test_show_job_equals_id_is_show_job_id(daemon, words):
+    Client(daemon.socket).register_job(4243, uid=1000, gid=1000, slots=1, name="eq", user="alice")
+    spaced = cli("--socket", daemon.socket, "-o", "show", "job", "4243")
+    code, out, err = cli("--socket", daemon.socket, *words)
+    assert (code, err) == (0, "")
+    assert out.startswith("JobId=4243 JobName=eq ")
+    if "-o" in words:
+        assert out == spaced[1]
+
+
+def test_show_gpu_equals_index(daemon):
+    code, out, _ = cli("--socket", daemon.socket, "show", "gpu=1")
+    assert code == 0 and [field(r, "UUID") for r in records(out)] == [GPU1]
+
+
+def test_show_job_equals_unknown_and_bad(daemon, capsys):
+    assert cli("--socket", daemon.socket, "show", "job=999")[2] == \
+        "nvshare-status: job 999 is not registered with nvshare-scheduler on this node\n"
+    assert status.main(["--socket", daemon.socket, "show", "job=abc"]) == 2
+    assert "job id must be a positive integer, got 'abc'" in capsys.readouterr().err
+    # An update's KEY=VALUE words are not touched.
+    assert status.split_entity(["update", "gpu=0", "mode=serial"]) == ["update", "gpu=0", "mode=serial"]
+    assert status.split_entity(["--socket", "job=1", "show", "--socket", "gpu=2", "job=3"]) == \
+        ["--socket", "job=1", "show", "--socket", "gpu=2", "job", "3"]
+
+
+def test_an_idle_gpu_from_the_config_shows_what_the_policy_will_do(daemon):
+    """Issue 26: `Name=configured` and `Sharing=auto()` before any client came."""
+    code, out, _ = cli("--socket", daemon.socket, "show", "gpu", "0")
+    assert code == 0
+    assert field(out, "Name") == "(null)"
+    assert field(out, "Sharing") == "corun(idle)"

@@ -91,8 +91,11 @@ def test_a_bad_config_says_what_config_load_says(job, tmp_path, line, error):
     cfg = tmp_path / "node.yaml"
     cfg.write_text(cfg.read_text() + line + "\n")
     lines, err, _ = run_entry(job)
-    assert lines == []
-    assert err.startswith("nvshare-taskprolog: job 41: bad config, job runs without nvshare: ")
+    # Never ungated (issue 26): the hook still comes, on safe defaults, and the error is said.
+    assert lines[0].startswith("export LD_PRELOAD=") and "export NVSHARE_JOB_ID=41" in lines
+    assert "export NVSHARE_ON_DAEMON_LOSS=wait" in lines
+    assert "nvshare-taskprolog: job 41: bad config: " in err
+    assert "task starts with the hook on safe defaults" in err
     assert error in err
     with pytest.raises(config.ConfigError) as exc:
         config.load(cfg, environ={})
@@ -125,6 +128,10 @@ PLAIN = [
     "swap: oN\nnode_name: n-01.x\n",
     "gpus:\n- uuid: GPU-1\n  memory: 16G\n-   uuid: GPU-2\n    memory: 1T\nsocket: /s\n",
     "gpus:\n  - uuid: GPU-1\n    memory: 16G\n# c\nswap: off\n",
+    # Flow style, as scripts/demo.sh writes it (issue 26: it cost a full config.load per task).
+    "gpus: [{uuid: GPU-fa4e0000-0000-0000-0000-000000000000, memory: 16G}]\nswap: off\n",
+    "gpus: [{uuid: GPU-1, memory: 16G},\n  {uuid: GPU-2, memory: 1T}]\nsocket: /s\n",
+    "priority_classes: {qos: {prod: high}, default: normal}\non_daemon_loss: run\n",
     yaml.safe_dump({"socket": "/tmp/s.sock", "swap": False, "on_daemon_loss": "run",
                     "scheduling_mode": "serial", "switch_time_fixed": 2.5}),
 ]
@@ -136,6 +143,8 @@ NOT_PLAIN = [
     "\ufeffsocket: /s\n", "socket: /a b\n", "socket: {x: 1}\n", "socket:/s\n", " socket: /s\n",
     "scheduling_mode: auto\n  more\n", "-socket: /s\n", "%YAML 1.1\n---\nswap: on\n",
     "socket: |\n  /s\n", "not_a_key: 1\n",
+    "gpus: [{uuid: a}]\ngpus: [{uuid: b}]\n", "not_a_key: [1]\n", "site_task_prolog: [/x]\n",
+    "site_task_prolog_timeout: {a: 1}\n",
 ]
 
 
