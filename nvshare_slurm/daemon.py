@@ -29,13 +29,14 @@ from .daemoncore import Handler, RepeatedWarnings
 from .devices import GpuDevices
 from .gang import GangPolicy
 from .gpustate import GpuState
+from .hookwatch import HookWatch
 from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
 from .placement import GpuLoad, place_job
 from .policytypes import Action, GpuSettings
 from .proto import C
 from .registry import Job, Registry
 from .requesthandlers import RequestHandlers
-from .rogue import RogueTracker
+from .rogue import RogueTracker, RogueWatch
 from .sender import ActionSender
 from .statekeeper import StateKeeper
 from .statusreply import status_reply
@@ -70,11 +71,12 @@ class Daemon:
         self.by_index = {g.index: g for g in self.gpus.values()}
         self.gangs = GangPolicy()
         self.rogues = RogueTracker()
+        self.rogue_watch = RogueWatch(self, self.inventory, self.rogues)
+        self.hooks = HookWatch(self)
         self.ledger = UsageLedger()
         self.warnings = RepeatedWarnings(self.logger, self.now)
         self.burst_pages = BurstPages()
         self._work: list[tuple[GpuState, list[Action]]] | None = None   # while Actions go out
-        self._rogue_reported: set[tuple[str, int]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.listener: Listener | None = None
         self._throttle = log.Throttle()
@@ -237,33 +239,10 @@ class Daemon:
                          f"{self.config_file or config.config_path()}")
 
     async def check_rogues(self) -> None:
-        """One look at every GPU's processes; report (and with policy kill, kill) rogue ones."""
-        registered = self.registry.client_pids()
-        for gpu in self.gpus.values():
-            try:
-                if isinstance(self.inventory, ConfiguredInventory):
-                    procs = self.inventory.processes(gpu.uuid)
-                else:
-                    procs = await asyncio.to_thread(self.inventory.processes, gpu.uuid)
-            except InventoryError as exc:
-                self.logger.warning(f"gpu {gpu.uuid}: rogue check: {exc}")
-                continue
-            for proc in self.rogues.check(gpu.uuid, procs, registered, os.getpid()):
-                if (gpu.uuid, proc.pid) in self._rogue_reported:
-                    continue
-                self._rogue_reported.add((gpu.uuid, proc.pid))
-                if self.cfg.rogue_process == "kill":
-                    self.logger.warning(f"gpu {gpu.uuid}: pid {proc.pid} uses {proc.memory} bytes "
-                                        f"without nvshare (rogue); killing it")
-                    try:
-                        os.kill(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    except OSError as exc:
-                        self.logger.error(f"gpu {gpu.uuid}: pid {proc.pid}: cannot kill: {exc}")
-                else:
-                    self.logger.warning(f"gpu {gpu.uuid}: pid {proc.pid} uses {proc.memory} bytes "
-                                        f"without nvshare (rogue; policy warn)")
+        """One look at every GPU's processes (rogue.py), then at every managed job's processes
+        for a missing hook (hookwatch.py); each reports, and kills only with policy kill, checked."""
+        await self.rogue_watch.check()
+        await self.hooks.scan()
 
     async def _rogue_loop(self) -> None:
         while True:

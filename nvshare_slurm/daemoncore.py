@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .connection import Connection
     from .gang import GangPolicy
     from .gpustate import GpuState
+    from .hookwatch import HookWatch
     from .policytypes import Action, MemDecision
     from .registry import Job, Registry
     from .rogue import RogueTracker
@@ -45,6 +46,7 @@ class Core(Protocol):
     gangs: GangPolicy
     ledger: UsageLedger
     rogues: RogueTracker
+    hooks: HookWatch
     warnings: RepeatedWarnings
     inventory_error: str
     loop: asyncio.AbstractEventLoop | None

@@ -3,6 +3,10 @@
 Idempotent: an unknown job (never nvshare, already unregistered, daemon restarted without it) is fine.
 A failing Epilog drains the node, so before reporting failure it re-checks: a daemon that cannot be
 reached only matters if the job held nvshare here (then the daemon would keep a dead job's placement).
+It learns that from what was recorded, never from the job's node line (which shows an empty GRES=
+while the job is COMPLETING, exactly when the epilog runs): the daemon's state.json listing the job
+(it registered here), or Slurm's record of the job asking for nvshare GRES (TresPerNode) on a node
+list that includes this one. A job Slurm does not know (an epilog run by hand) never drains.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from . import slurm
 from .accounting import usage_line
 from .client import Client, DaemonUnavailable, RequestFailed
 from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
+from .registry import job_in_state
 from .wire import C
 
 ME = "nvshare-epilog"
@@ -46,17 +51,29 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
                 if exc.status == C.NVSHARE_ERR_NOJOB:
                     return 0
                 problem = f"nvshare: scheduler refused to unregister job {job_id}: {exc}"
-    # Only a job that held nvshare (or Slurm GPUs) here can leave state behind.
-    if not environ.get("SLURM_JOB_GPUS"):
-        try:
-            held = slurm.show_job(job_id, cfg.slurm_bin_dir, environ=environ).on_node(node)
-        except slurm.SlurmError:
-            held = None   # cannot tell: assume it did, the daemon is broken either way
-        if held is not None and not held.holds_nvshare:
-            return 0
-    say(ME, job_id, problem)
-    drain(cfg, node, problem, environ)
-    return 1
+    if must_drain(cfg, job_id, node, environ):
+        say(ME, job_id, problem)
+        drain(cfg, node, problem, environ)
+        return 1
+    say(ME, job_id, f"{problem}; the job held no nvshare GRES here and was not registered: "
+                    f"not draining")
+    return 0
+
+
+def must_drain(cfg: config_mod.Config, job_id: int, node: str, environ: dict[str, str]) -> bool:
+    """With the scheduler unreachable: whether this job can have left state behind here (it
+    registered, or held nvshare or Slurm GPUs on this node), so the node cannot serve nvshare jobs
+    until the scheduler is back."""
+    registered = job_in_state(cfg.state_dir, job_id)
+    try:
+        record = slurm.show_job(job_id, cfg.slurm_bin_dir, environ=environ)
+    except slurm.SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            return False          # Slurm does not know it: run by hand, nothing of it runs here
+        # Slurm cannot tell either: what the daemon recorded decides; nothing readable: drain.
+        return registered is not False or bool(environ.get("SLURM_JOB_GPUS"))
+    return registered is True or record.held_nvshare_on(node) or \
+        bool(environ.get("SLURM_JOB_GPUS"))
 
 
 def job_usage(client: Client, job_id: int) -> str | None:

@@ -7,21 +7,31 @@ reconnect and register again. Writes go to a temp file, fsync, rename (never a h
 Each job's JSON is made once, when it is added, so a snapshot of the whole file costs one join,
 whatever the number of jobs; the daemon writes snapshots off its event loop (statekeeper.py).
 Loading checks every job on its own: one damaged entry is left out and reported, never fatal.
+Before it is parsed, the file's size and nesting depth are bounded (a deeply nested file would
+otherwise raise RecursionError in the parser at every start: a crash loop), and every job field
+and admin override is checked by type and range, as `nvshare-status update` checks them.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from . import log
+from . import config, log
 from .policytypes import ClientInfo
 from .priority import RANK
 
 STATE_VERSION = 1
+# state.json of 100,000 jobs is about 40 MB; its deepest value (a job's gpus) lies at depth 4.
+STATE_MAX_BYTES = 64 << 20
+STATE_MAX_DEPTH = 8
+TEXT_MAX = 4096              # a user or job name in an entry
 
 
 @dataclass
@@ -40,6 +50,8 @@ class Job:
     #                            may not be the one its running processes were given (see adopt)
     share_class: str = "normal"        # high | normal | low (priority.py), from the prolog
     class_reason: str = "default"      # why: "qos prod", "partition scavenge", ...
+    provisional: bool = False  # known only from its own processes' re-registration (state lost,
+    #                            Slurm not answering): confirmed or corrected once Slurm answers
 
 
 @dataclass(eq=False)
@@ -66,8 +78,8 @@ class LoadResult:
 _JOB_FIELDS: dict[str, type | tuple[type, ...]] = {
     "job_id": int, "uid": int, "gid": int, "user": str, "name": str, "slots": int,
     "gpus": list, "gpu_index": list, "mem_limit": int, "registered": (int, float),
-    "rebuilt": bool, "share_class": str, "class_reason": str}
-_OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason"}
+    "rebuilt": bool, "share_class": str, "class_reason": str, "provisional": bool}
+_OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason", "provisional"}
 
 
 def job_from_json(item: Any) -> Job:
@@ -85,17 +97,93 @@ def job_from_json(item: Any) -> Job:
         value = item[key]
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
             raise ValueError(f"{key} is {type(value).__name__}, not {getattr(kind, '__name__', 'a number')}")
-    if not 0 < item["job_id"] < 1 << 32 or item["uid"] < 0 or item["gid"] < 0:
+    if not 0 < item["job_id"] < 1 << 32 or not 0 <= item["uid"] < 1 << 32 or \
+            not 0 <= item["gid"] < 1 << 32:
         raise ValueError("job_id, uid or gid out of range")
+    if not 0 <= item["slots"] <= 1 << 16 or not 0 <= item.get("mem_limit", 0) < 1 << 62:
+        raise ValueError("slots or mem_limit out of range")
+    if not math.isfinite(item.get("registered", 0)):
+        raise ValueError("registered is not a finite time")
+    if any(len(item.get(k, "")) > TEXT_MAX for k in ("user", "name", "class_reason")):
+        raise ValueError(f"user, name or class_reason longer than {TEXT_MAX} characters")
     gpus, index = item["gpus"], item["gpu_index"]
-    if not all(isinstance(u, str) for u in gpus) or \
-            not all(isinstance(i, int) and not isinstance(i, bool) for i in index):
-        raise ValueError("gpus must be strings and gpu_index integers")
+    if not all(isinstance(u, str) and 0 < len(u) <= 128 for u in gpus) or \
+            not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024
+                    for i in index):
+        raise ValueError("gpus must be GPU UUIDs and gpu_index GPU indices")
     if len(gpus) != len(index):
         raise ValueError(f"{len(gpus)} gpus but {len(index)} gpu_index entries")
     if item.get("share_class", "normal") not in RANK:
         raise ValueError(f"share_class {item['share_class']!r} is not one of {', '.join(RANK)}")
     return Job(**item)
+
+
+def _override_checks() -> dict[str, Any]:
+    low_fixed, high_fixed = config._RANGES["switch_time_fixed"]  # noqa: SLF001 - the one table
+    low_reserve, high_reserve = config._RANGES["memory_reserve_percent"]  # noqa: SLF001
+    low_runtime, high_runtime = config._RANGES["max_runtime_sec"]  # noqa: SLF001
+    return {
+        "mode": lambda v: isinstance(v, str) and v in config.MODES,
+        "switch_time_mode": lambda v: isinstance(v, str) and v in config.SWITCH_MODES,
+        "switch_time_fixed": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        and low_fixed <= v <= high_fixed,
+        "memory_reserve_percent": lambda v: isinstance(v, int) and not isinstance(v, bool)
+        and low_reserve <= v <= high_reserve,
+        "max_runtime_sec": lambda v: isinstance(v, int) and not isinstance(v, bool)
+        and low_runtime <= v <= high_runtime}
+
+
+_OVERRIDE_CHECKS = _override_checks()
+
+
+def overrides_from_json(uuid: str, item: Any) -> tuple[dict[str, Any], list[str]]:
+    """One GPU's admin overrides from state.json: the valid ones, and a line for each left out."""
+    if not isinstance(item, dict):
+        return {}, [f"gpu {log.escape(uuid)}: overrides are not an object"]
+    kept, problems = {}, []
+    for key, value in item.items():
+        check = _OVERRIDE_CHECKS.get(key)
+        if check is None:
+            problems.append(f"gpu {log.escape(uuid)}: override {log.escape(key)} is not one an "
+                            f"admin can set")
+        elif not check(value):
+            problems.append(f"gpu {log.escape(uuid)}: override {key}={log.escape(repr(value))} "
+                            f"is of the wrong type or out of range")
+        else:
+            kept[key] = value
+    return kept, problems
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of [ and { in JSON text, strings left out."""
+    depth = deepest = 0
+    for match in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def job_in_state(state_dir: str, job_id: int) -> bool | None:
+    """Whether the daemon's state.json lists the job (read only, never moved aside: for the
+    epilog while the daemon is down); None when there is no file or it cannot be read."""
+    path = Path(state_dir) / "state.json"
+    try:
+        if path.stat().st_size > STATE_MAX_BYTES:
+            return None
+        text = path.read_text(errors="strict")
+        if nesting_depth(text) > STATE_MAX_DEPTH:
+            return None
+        entries = json.loads(text).get("jobs")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    return any(isinstance(e, dict) and e.get("job_id") == job_id for e in entries)
+
 
 class Registry:
     def __init__(self, state_dir: str):
@@ -106,6 +194,7 @@ class Registry:
         self.gpu_overrides: dict[str, dict[str, Any]] = {}
         self._next_client_id = 1
         self._encoded: dict[int, str] = {}
+        self.on_job_added: Callable[[int], None] | None = None   # statekeeper: parked questions
 
     @property
     def path(self) -> Path:
@@ -117,6 +206,8 @@ class Registry:
         self.jobs[job.job_id] = job
         self.job_clients.setdefault(job.job_id, {})
         self.job_changed(job)
+        if self.on_job_added is not None:
+            self.on_job_added(job.job_id)
 
     def job_changed(self, job: Job) -> None:
         """After a change to a registered job: its JSON for the next snapshot."""
@@ -181,14 +272,21 @@ class Registry:
         if not self.path.exists():
             return LoadResult(False, [f"{self.path} does not exist"])
         try:
-            data = json.loads(self.path.read_text())
+            size = self.path.stat().st_size
+            if size > STATE_MAX_BYTES:
+                raise StateFileError(f"{size} bytes, more than {STATE_MAX_BYTES}")
+            text = self.path.read_text(errors="strict")
+            depth = nesting_depth(text)
+            if depth > STATE_MAX_DEPTH:
+                raise StateFileError(f"nested {depth} deep, more than {STATE_MAX_DEPTH}")
+            data = json.loads(text)
             if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
                 raise StateFileError(f"unknown state version {data.get('version')!r}"
                                      if isinstance(data, dict) else "not a JSON object")
             entries = data.get("jobs", [])
             if not isinstance(entries, list):
                 raise StateFileError("jobs is not a list")
-        except (OSError, ValueError, StateFileError) as exc:
+        except (OSError, ValueError, StateFileError, RecursionError) as exc:
             aside = self.path.with_name(f"state.json.broken-{int(time.time())}")
             try:
                 os.replace(self.path, aside)
@@ -201,6 +299,8 @@ class Registry:
         for number, entry in enumerate(entries):
             try:
                 job = job_from_json(entry)
+                if job.job_id in self.jobs:
+                    raise ValueError(f"job {job.job_id} is listed twice")
             except (ValueError, TypeError) as exc:
                 result.complete = False
                 result.problems.append(f"job entry {number}: {exc}")
@@ -218,8 +318,14 @@ class Registry:
                 self.add_job(job)
         overrides = data.get("gpu_overrides", {})
         if isinstance(overrides, dict):
-            self.gpu_overrides = {str(k): dict(v) for k, v in overrides.items()
-                                  if k in known_gpus and isinstance(v, dict)}
+            for uuid, item in overrides.items():
+                if uuid not in known_gpus:
+                    continue
+                kept, problems = overrides_from_json(uuid, item)
+                for problem in problems:
+                    log.get().error(f"state: {self.path}: {problem}; left out")
+                if kept:
+                    self.gpu_overrides[uuid] = kept
         else:
             result.complete = False
             log.get().error(f"state: {self.path}: gpu_overrides is not an object; left out")

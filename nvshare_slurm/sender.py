@@ -12,11 +12,12 @@ import signal
 
 from . import log
 from .burstpage import BurstPages
-from .connection import Connection, signal_pidfd
+from .connection import Connection
 from .daemoncore import Core, mem_reply, size
 from .gpustate import GpuState
 from .policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED,
                           UNRESPONSIVE, Action, ClientInfo)
+from .procinfo import ANY_START, ProcIdentity, signal_checked
 from .proto import C
 
 _DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
@@ -160,17 +161,16 @@ class ActionSender:
             self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK; "
                                 f"killing it (unresponsive_holder=kill)")
             pidfd = conn.pidfd if conn is not None else None
-            if pidfd is None:
+            if pidfd is None or conn is None:
                 self.logger.error(f"{where}: its process cannot be told apart from a reused pid; "
                                   f"not signalled")
             else:
-                try:
-                    signal_pidfd(pidfd, signal.SIGKILL)
-                except ProcessLookupError:
-                    self.logger.warning(f"{where}: the process that registered has exited (a "
-                                        f"child it forked holds the connection); not signalled")
-                except OSError as exc:
-                    self.logger.error(f"{where}: cannot kill: {exc}")
+                # The pidfd taken at registration pins the process; uid, job and run state are
+                # checked again now (procinfo.signal_checked, the one checked kill).
+                why_not = signal_checked(ProcIdentity(conn.pid, conn.uid, -1, ANY_START,
+                                                      info.job_id), signal.SIGKILL, pidfd)
+                if why_not:
+                    self.logger.warning(f"{where}: not signalled: {why_not}")
             if conn is not None:
                 self.logger.warning(f"{where}: lock revoked, connection closed")
                 conn.abort()          # drops its lock and queue place: the next waiter runs

@@ -25,6 +25,9 @@ from pathlib import Path
 GRES_NAME = "nvshare"
 _TYPED_GPU = re.compile(r"^gpu(\d{1,2})$")
 _JOB_ID = re.compile(r"^[1-9]\d{0,9}$")
+# gres:nvshare:1 (22.05), gres/nvshare:gpu1:2 (24.11) in a TresPer* request
+_NVSHARE_REQUEST = re.compile(rf"(?:^|,)gres[:/]{GRES_NAME}(?::|,|$)")
+_TRES_KEYS = ("TresPerNode", "TresPerJob", "TresPerTask", "TresPerSocket")
 ADMIN_COMMENT_MAX = 1000
 
 
@@ -58,9 +61,19 @@ class JobRecord:
     partition: str = ""
     interactive: bool = False                                  # BatchFlag=0: salloc, bare srun
     comment: str = ""                                          # the user's --comment
+    tres_requests: str = ""    # TresPerNode/Job/Task/Socket: what was asked for, kept while the
+    #                            job is COMPLETING (its node lines then show an empty GRES=)
 
     def on_node(self, node: str) -> NodeGres:
         return self.nodes.get(node, NodeGres())
+
+    def held_nvshare_on(self, node: str) -> bool:
+        """Whether the job holds (or, COMPLETING, held) nvshare or Slurm GPUs on node: its node
+        line says so, or the node is among its nodes and it asked for nvshare GRES."""
+        gres = self.on_node(node)
+        if gres.holds_nvshare or gres.gpu_index:
+            return True
+        return node in self.nodes and bool(_NVSHARE_REQUEST.search(self.tres_requests))
 
 
 def valid_job_id(value: str | None) -> int | None:
@@ -333,7 +346,9 @@ def _json_record(job: dict) -> JobRecord:
                      _json_str(job.get("admin_comment")), state,
                      qos=_json_str(job.get("qos")), partition=_json_str(job.get("partition")),
                      interactive=job.get("batch_flag") in (False, 0),
-                     comment=_json_str(job.get("comment")))
+                     comment=_json_str(job.get("comment")),
+                     tres_requests=",".join(_json_str(job.get(k)) for k in (
+                         "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket")))
 
 
 def _json_str(value: object) -> str:
@@ -386,7 +401,16 @@ def _parse_record(record: str, job_id: int) -> JobRecord:
     return JobRecord(job_id, name, user, uid, gid, nodes, admin_comment.rstrip(" "),
                      _word(fields, "JobState"), qos=_word(fields, "QOS"),
                      partition=_word(fields, "Partition"),
-                     interactive=_word(fields, "BatchFlag") == "0", comment=comment.rstrip(" "))
+                     interactive=_word(fields, "BatchFlag") == "0", comment=comment.rstrip(" "),
+                     tres_requests=",".join(_last_word(tail, k) for k in _TRES_KEYS))
+
+
+def _last_word(lines: list[str], key: str) -> str:
+    """Slurm's `   Key=value` line: the last one (a user's comment printed before it may hold
+    lines shaped like it)."""
+    values = [line[len(key) + 4:] for line in lines if line.startswith(f"   {key}=")]
+    value = values[-1].strip() if values else ""
+    return "" if value == "(null)" else value
 
 
 def _word(record: str, key: str) -> str:

@@ -2,11 +2,20 @@
 loop after each change to jobs or overrides (registry.py writes it), and the registry rebuilt
 from Slurm when that state was lost or incomplete, with questions about unknown jobs parked until
 the rebuild ends.
+
+Lost state is never "run unshared". While Slurm cannot be asked, the rebuild asks again (backing
+off to once a minute) for as long as it takes, and questions about unknown jobs stay parked. A
+process of an unknown job that re-registers meanwhile is accepted provisionally when the kernel
+vouches for it: its cgroup places it in that very job (`job_<id>`, proctrack/task cgroup) and its
+uid is the connection's. The job is then placed on the GPUs its TaskProlog gave it (the process's
+NVSHARE_MANAGED_GPUS) and gated at once; Slurm's answer later confirms it (or says it is not
+there, logged). Without such a cgroup (proctrack/linuxproc) the process waits for Slurm.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 from . import log, proto, slurm
 from .connection import Connection
@@ -14,7 +23,12 @@ from .daemoncore import Core, user_name
 from .placement import PlacementError
 from .policytypes import GpuSettings
 from .priority import classify
+from .procinfo import read_identity
+from .proto import C
 from .registry import Job
+
+# Seconds between attempts to ask Slurm while it does not answer; the last one repeats.
+REBUILD_RETRY_SEC = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 class StateKeeper:
@@ -31,6 +45,7 @@ class StateKeeper:
         self._rebuilding = False
         self._parked: list[tuple[Connection, proto.Frame]] = []
         self._rebuild_task: asyncio.Future | None = None
+        self.registry.on_job_added = self._job_known
 
     def restore(self) -> None:
         result = self.registry.load(set(self.gpus))
@@ -100,19 +115,32 @@ class StateKeeper:
         node = self.node_name()
         self._rebuilding = True
         try:
-            try:
-                records = await asyncio.to_thread(slurm.jobs_on_node, node,
-                                                  self.core.cfg.slurm_bin_dir)
-            except slurm.SlurmError as exc:
-                self.logger.error(f"state: cannot rebuild the registry from Slurm: "
-                                  f"{log.escape(exc, 256)}; jobs it lacks are unknown until "
-                                  f"their prolog runs again")
-                return
+            attempt = 0
+            while True:
+                try:
+                    records = await asyncio.to_thread(slurm.jobs_on_node, node,
+                                                      self.core.cfg.slurm_bin_dir)
+                    break
+                except slurm.SlurmError as exc:
+                    delay = REBUILD_RETRY_SEC[min(attempt, len(REBUILD_RETRY_SEC) - 1)]
+                    if attempt == 0:
+                        self.logger.error(
+                            f"state: cannot rebuild the registry from Slurm: "
+                            f"{log.escape(exc, 256)}; asking again until it answers (every "
+                            f"{REBUILD_RETRY_SEC[-1]:g}s at most). Meanwhile a process of an "
+                            f"unknown job is accepted provisionally where its cgroup shows its "
+                            f"job, and waits otherwise")
+                    else:
+                        self.logger.debug(f"state: Slurm still not answering: "
+                                          f"{log.escape(exc, 256)}")
+                    attempt += 1
+                    await asyncio.sleep(delay)
             added = []
             for record in records:
                 job = self._rebuild_job(record, node)
                 if job is not None:
                     added.append(job.job_id)
+            self._check_provisional({r.job_id: r for r in records}, node)
             self.logger.info(f"state: rebuilt from Slurm on node {log.escape(node)}: "
                              f"{len(added)} jobs added {added[:20]}"
                              f"{' ...' if len(added) > 20 else ''}")
@@ -126,7 +154,8 @@ class StateKeeper:
 
     def _rebuild_job(self, record: slurm.JobRecord, node: str) -> Job | None:
         gres = record.on_node(node)
-        if record.job_id in self.registry.jobs or record.uid is None or record.gid is None:
+        known = self.registry.jobs.get(record.job_id)
+        if known is not None or record.uid is None or record.gid is None:
             return None
         if not gres.holds_nvshare and not gres.gpu_index:
             return None
@@ -148,10 +177,94 @@ class StateKeeper:
         self.save()
         return job
 
+    def _check_provisional(self, records: dict[int, slurm.JobRecord], node: str) -> None:
+        """Slurm has answered: each provisionally accepted job is confirmed with its record (its
+        name, group, class), or reported when Slurm says it does not run here."""
+        for job in [j for j in self.registry.jobs.values() if j.provisional]:
+            record = records.get(job.job_id)
+            job.provisional = False
+            if record is None or record.uid != job.uid:
+                self.logger.warning(
+                    f"job {job.job_id}: accepted provisionally from its processes, but Slurm "
+                    f"{'does not run it on ' + log.escape(node) if record is None else 'names another uid'}"
+                    f"; kept gated until its epilog or an admin removes it")
+                self.registry.job_changed(job)
+                continue
+            job.gid = record.gid if record.gid is not None else job.gid
+            job.user, job.name = record.user or job.user, record.name
+            job.slots = max(record.on_node(node).nvshare_slots, 1)
+            share = classify(self.core.cfg.priority_classes, record.qos, record.partition,
+                             record.interactive, record.comment)
+            job.share_class, job.class_reason = share.name, share.reason
+            self.registry.job_changed(job)
+            self.logger.info(f"job {job.job_id}: accepted provisionally, now confirmed by Slurm")
+        self.save()
+
+    def _job_known(self, job_id: int) -> None:
+        """A job registered (its prolog, a provisional acceptance) while the rebuild waits for
+        Slurm: the questions parked about it are answered now, not when Slurm answers."""
+        if not self._parked:
+            return
+        ready = [(c, f) for c, f in self._parked if int(f.body().job_id) == job_id]
+        if not ready:
+            return
+        self._parked = [(c, f) for c, f in self._parked if int(f.body().job_id) != job_id]
+        loop = self.core.loop
+        for conn, frame in ready:
+            if loop is not None and not conn.closed:
+                loop.call_soon(self._answer_parked, conn, frame)
+
+    @staticmethod
+    def _answer_parked(conn: Connection, frame: proto.Frame) -> None:
+        if not conn.closed:
+            conn.dispatch(frame)
+            conn.unhold()
+
     def park(self, conn: Connection, frame: proto.Frame) -> bool:
-        """While the registry is rebuilt, keep a question about an unknown job for later."""
+        """While the registry is rebuilt, keep a question about an unknown job for later; a
+        re-registering process that its cgroup places in its job is accepted at once."""
         if not self._rebuilding:
             return False
+        if frame.type == C.NVSHARE_MSG_CLIENT_REGISTER and self._adopt(conn, frame.body()):
+            conn.dispatch(frame)          # its job is known now: registered as usual
+            return True
         conn.hold()
         self._parked.append((conn, frame))
         return True
+
+    def _adopt(self, conn: Connection, body: Any) -> bool:
+        """A job, registered provisionally, for a process whose kernel-kept cgroup puts it in
+        job_<id> with the connection's uid; False when the kernel does not vouch for it."""
+        job_id = int(body.job_id)
+        if job_id in self.registry.jobs or int(body.pid) != conn.pid:
+            return False          # (a container's PID namespace: it waits for Slurm)
+        identity = read_identity(conn.pid)
+        if identity is None or identity.job_id != job_id or identity.uid != conn.uid:
+            return False
+        gpus = [u for u in self._given_gpus(conn.pid) if u in self.gpus]
+        job = Job(job_id, identity.uid, identity.gid, user_name(identity.uid), "", len(gpus) or 1,
+                  gpus, [self.gpus[u].index for u in gpus], rebuilt=True, provisional=True)
+        self.registry.add_job(job)
+        self.core.add_gang(job)
+        self.save()
+        self.logger.warning(
+            f"job {job_id}: not known (state lost, Slurm not answering): accepted provisionally "
+            f"from its process pid {conn.pid} (cgroup job_{job_id}, uid {identity.uid}), gated on "
+            f"{','.join(map(str, job.gpu_index)) or 'the GPUs it uses'}; confirmed when Slurm "
+            f"answers")
+        return True
+
+    @staticmethod
+    def _given_gpus(pid: int) -> list[str]:
+        """The GPUs the job's TaskProlog gave the process (NVSHARE_MANAGED_GPUS in its
+        environment), in order; [] when it cannot be read."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read(1 << 20).split(b"\0")
+        except OSError:
+            return []
+        for item in environ:
+            if item.startswith(b"NVSHARE_MANAGED_GPUS="):
+                value = item.split(b"=", 1)[1].decode("ascii", "replace")
+                return list(dict.fromkeys(u for u in value.split(",") if u))[:64]
+        return []

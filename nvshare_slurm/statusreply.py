@@ -62,7 +62,10 @@ def _job_status(core: Core, job: Job) -> dict[str, Any]:
             "registered": job.registered, "clients": clients,
             "share_class": job.share_class, "class_reason": job.class_reason,
             "usage": core.ledger.job_usage(job.job_id, core.now()),
-            "gang": core.gangs.status(job.job_id)}
+            "gang": core.gangs.status(job.job_id),
+            # processes of the job running without the hook (hookwatch.py): ungated there
+            "unhooked": core.hooks.for_status(job.job_id),
+            "provisional": job.provisional}
 
 
 def fit_status(data: dict[str, Any]) -> bytes:

@@ -41,8 +41,13 @@ class Scheduler:
         self.state_dir = str(workdir / "state")
         self.config_path = workdir / "nvshare.yaml"
         self.log_path = workdir / "scheduler.log"
-        # No scontrol in workdir: a daemon that starts without state finds no Slurm to rebuild
-        # from at once (tests of the rebuild give it a fake scontrol).
+        # A stand-in scontrol that knows no jobs: a daemon that starts without state rebuilds
+        # nothing, at once (tests of the rebuild replace it with a fake that prints records).
+        # Without any, the daemon would keep asking, and questions about unknown jobs would wait.
+        workdir.joinpath("scontrol").write_text(
+            "#!/bin/sh\ncase \"$1\" in --json) echo \"scontrol: unrecognized option '--json'\" >&2;"
+            " exit 1;; esac\nexit 0\n")
+        workdir.joinpath("scontrol").chmod(0o755)
         config = {"socket": self.socket, "state_dir": self.state_dir, "gpus": FAKE_GPUS,
                   "log_level": "debug", "slurm_bin_dir": str(workdir)}
         config.update(settings)

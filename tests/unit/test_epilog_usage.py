@@ -2,6 +2,8 @@
 recorded-output scontrol stand-in (tests/unit/test_slurm_glue.py's fake_slurm)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -91,3 +93,80 @@ def test_a_finished_job_gets_its_admin_comment_through_the_accounting_database(t
     with pytest.raises(slurm.SlurmError) as info:
         slurm.set_admin_comment(5, "x", str(bindir))
     assert "Job has already finished" in str(info.value) and "no database" in str(info.value)
+
+
+# --- the scheduler down at job end: drain only when the job can have left state here -----------
+# (issue 25 item 8: while the job is COMPLETING its node line shows GRES= empty, so the node line
+# cannot say whether it held nvshare; what the daemon recorded, or the job's request, can.)
+
+def _down_env(tmp_path, bindir, job_id: int, state_jobs: list[int] | None):
+    state = tmp_path / "state"
+    if state_jobs is not None:
+        state.mkdir()
+        (state / "state.json").write_text(json.dumps({"version": 1, "gpu_overrides": {}, "jobs": [
+            {"job_id": j, "uid": 0, "gid": 0, "user": "root", "name": "", "slots": 1,
+             "gpus": [GPU0], "gpu_index": [0]} for j in state_jobs]}))
+    return slurm_env(tmp_path, bindir, job_id, NVSHARE_STATE_DIR=str(state))
+
+
+def _completing_record(tmp_path, gres_line: bool = False, nvshare: bool = True):
+    text = (DATA / "count_only_1.txt").read_text().replace("JobState=RUNNING",
+                                                           "JobState=COMPLETING")
+    if not gres_line:
+        text = text.replace("GRES=nvshare(CNT:1)", "GRES=")
+    if not nvshare:
+        text = text.replace("   TresPerNode=gres:nvshare:1\n", "")
+    path = tmp_path / "completing.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def _drained(calls) -> bool:
+    return calls.exists() and "update nodename=n1 state=drain" in calls.read_text()
+
+
+def test_epilog_drains_for_a_completing_nvshare_job_with_the_scheduler_down(tmp_path, fake_slurm,
+                                                                           capsys):
+    calls = fake_slurm(_completing_record(tmp_path))
+    env = _down_env(tmp_path, fake_slurm.bindir, 1, state_jobs=None)   # no state file at all
+    assert epilog.run(env, wait_sec=0.2) == 1
+    assert _drained(calls)
+    assert "nvshare: scheduler not running" in capsys.readouterr().err
+
+
+def test_epilog_drains_for_a_registered_job_whatever_slurm_says(tmp_path, fake_slurm):
+    calls = fake_slurm(_completing_record(tmp_path, nvshare=False))
+    env = _down_env(tmp_path, fake_slurm.bindir, 1, state_jobs=[1])
+    assert epilog.run(env, wait_sec=0.2) == 1 and _drained(calls)
+
+
+def test_epilog_leaves_a_job_without_nvshare_alone_with_the_scheduler_down(tmp_path, fake_slurm,
+                                                                          capsys):
+    calls = fake_slurm(_completing_record(tmp_path, nvshare=False))
+    env = _down_env(tmp_path, fake_slurm.bindir, 1, state_jobs=[2])
+    assert epilog.run(env, wait_sec=0.2) == 0 and not _drained(calls)
+    assert "not draining" in capsys.readouterr().err
+
+
+def _scontrol(bindir, complaint: str):
+    script = bindir / "scontrol"
+    calls = bindir.parent / "calls"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\ncase \"$1\" in show|--json) "
+                      f"echo '{complaint}' >&2; exit 1;; esac\nexit 0\n")
+    script.chmod(0o755)
+    return calls
+
+
+def test_epilog_by_hand_for_a_job_slurm_does_not_know_never_drains(tmp_path, fake_slurm):
+    calls = _scontrol(fake_slurm.bindir, "slurm_load_jobs error: Invalid job id specified")
+    env = _down_env(tmp_path, fake_slurm.bindir, 4242, state_jobs=[1])
+    assert epilog.run(env, wait_sec=0.2) == 0 and not _drained(calls)
+
+
+def test_epilog_with_slurm_down_too_trusts_the_daemons_record(tmp_path, fake_slurm):
+    calls = _scontrol(fake_slurm.bindir, "slurm_load_jobs error: Unable to contact slurm "
+                                         "controller (connect failure)")
+    env = _down_env(tmp_path, fake_slurm.bindir, 3, state_jobs=[1])       # not registered
+    assert epilog.run(env, wait_sec=0.2) == 0 and not _drained(calls)
+    (tmp_path / "state" / "state.json").unlink()
+    assert epilog.run(env, wait_sec=0.2) == 1 and _drained(calls)          # cannot tell: drain

@@ -1,0 +1,130 @@
+"""Who a process is, read from /proc, and the one way the daemon signals a process: checked.
+
+A pid alone names nobody for long: it is reused once its process exits. So every kill goes through
+signal_checked(), which holds the target through a pidfd (pidfd_open, Linux 5.3; or one the daemon
+took when the process registered), reads the process's uid, start time, Slurm job (its cgroup
+`job_<id>`) and run state from /proc, and signals through that pidfd only when all of them are what
+the caller saw before: a pid reused by another process, of another uid, or moved into another job,
+is never signalled, and neither is a stopped (suspended) process. A signal through the pidfd of a
+process that has exited since fails instead of reaching a stranger.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from .devices import slurm_jobs_of_cgroup
+
+ANY_START = -1
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """One process as /proc shows it; pid and start together name it for its whole life."""
+    pid: int
+    uid: int                  # real uid
+    gid: int                  # real gid
+    start: int                # start time in clock ticks since boot (/proc/<pid>/stat field 22);
+    #                           ANY_START where the caller's pidfd already pins the process
+    job_id: int | None        # the Slurm job of its cgroup (job_<id>), None outside any job
+    stopped: bool = False     # state T or t: stopped by a signal or traced (a suspended job)
+
+    def same_process(self, other: ProcIdentity) -> bool:
+        """Whether other is this very process, still of the same uid and job."""
+        return (self.pid, self.start, self.uid, self.job_id) == \
+            (other.pid, other.start, other.uid, other.job_id)
+
+
+def job_of_cgroup(text: str) -> int | None:
+    """The Slurm job a /proc/<pid>/cgroup text places the process in (devices.py reads the
+    `job_<id>` directory below a slurm one: v1 `/slurm/uid_U/job_J/step_S`, v2
+    `/system.slice/slurmstepd.scope/job_J/...`). None when there is none, or when hierarchies
+    disagree (nothing to trust)."""
+    jobs = slurm_jobs_of_cgroup(text)
+    return next(iter(jobs)) if len(jobs) == 1 else None
+
+
+def read_identity(pid: int) -> ProcIdentity | None:
+    """The process's identity now, or None when it has exited or /proc cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat_fields = fh.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+            status = fh.read()
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            cgroup = fh.read()
+        state, start = stat_fields[0].decode(), int(stat_fields[19])
+        lines = {line.split(":", 1)[0]: line.split(":", 1)[1].split()
+                 for line in status.splitlines() if ":" in line}
+        uid, gid = int(lines["Uid"][0]), int(lines["Gid"][0])
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+    return ProcIdentity(pid, uid, gid, start, job_of_cgroup(cgroup), state in ("T", "t"))
+
+
+def mapped_libraries(pid: int) -> set[str] | None:
+    """The file names (no directory) of the shared objects mapped into the process, or None when
+    its maps cannot be read (it exited, or a kernel that hides them)."""
+    names: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split(None, 5)     # address perms offset dev inode [path]
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/") and ".so" in path:
+                    names.add(path.rsplit("/", 1)[1].removesuffix(" (deleted)"))
+    except OSError:
+        return None
+    return names
+
+
+def signal_checked(expected: ProcIdentity, sig: int = signal.SIGKILL,
+                   pidfd: int | None = None) -> str:
+    """Signal the process `expected` names, through a pidfd, after checking that it still is that
+    process (uid, start time, the job of its cgroup where it is in one) and is not stopped.
+    Returns "" when signalled, else why not (one phrase, for the caller's log line). pidfd: one
+    the caller holds for it (kept open); otherwise one is opened (and closed) here."""
+    own = pidfd is None
+    if own:
+        try:
+            pidfd = os.pidfd_open(expected.pid)
+        except ProcessLookupError:
+            return "it has exited"
+        except (OSError, AttributeError) as exc:
+            return f"it cannot be held by a pidfd ({exc}), so a reused pid cannot be ruled out"
+    assert pidfd is not None
+    try:
+        now = read_identity(expected.pid)
+        try:
+            # Alive after /proc was read: what /proc showed was the pidfd's process (a pid is
+            # not reused while its process lives).
+            signal.pidfd_send_signal(pidfd, 0)
+        except ProcessLookupError:
+            return "it has exited"
+        if now is None:
+            return "its /proc entry cannot be read"
+        if expected.start == ANY_START and own:
+            return "no start time to check it against"
+        if expected.start != ANY_START and now.start != expected.start:
+            return (f"pid {expected.pid} is another process now (started at tick {now.start}, "
+                    f"not {expected.start})")
+        if now.uid != expected.uid:
+            return f"its uid is {now.uid}, not {expected.uid}"
+        # Outside any job cgroup (a node without proctrack/cgroup) its job cannot be read;
+        # in another job's it is not the process meant.
+        if now.job_id is not None and now.job_id != expected.job_id:
+            return (f"it is in job {now.job_id if now.job_id is not None else '(none)'}, "
+                    f"not {expected.job_id if expected.job_id is not None else '(none)'}")
+        if now.stopped:
+            return "it is stopped (suspended); a stopped process is never killed for this"
+        try:
+            signal.pidfd_send_signal(pidfd, sig)
+        except ProcessLookupError:
+            return "it has exited"
+        except OSError as exc:
+            return f"cannot signal it: {exc}"
+        return ""
+    finally:
+        if own:
+            os.close(pidfd)
