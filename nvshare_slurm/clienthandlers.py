@@ -1,9 +1,10 @@
 """The messages of a registered client process (libnvshare.so): CLIENT_REGISTER, then
 LOCK_REQUEST, LOCK_RELEASED, MEM_UPDATE, DRAIN_STUCK and DEMAND about one GPU of its job.
 
-Each handler checks the message against the connection's peer credentials and its job's
-placement, hands the event to that GPU's policy (gpustate.py) and the Actions it returns to the
-core (after_event). Anything a peer may not send closes its connection (Violation).
+Each handler checks the message against the connection's peer credentials and its job's placement
+(a client in a container's PID namespace: peerpid.py), hands the event to that GPU's policy
+(gpustate.py) and the Actions it returns to the core (after_event). Anything a peer may not send
+closes its connection (Violation).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .connection import Connection, Violation, peer_pidfd
 from .daemoncore import Core, Handler, fit, mem_reply, reply, size
 from .demand import Demand
 from .gpustate import GpuState
+from .peerpid import namespaced_peer_problem
 from .proto import C
 from .registry import RegisteredClient
 
@@ -50,6 +52,7 @@ class ClientHandlers:
         def refuse(status: int, message: str) -> None:
             self.logger.warning(f"job {body.job_id} pid {conn.pid} uid {conn.uid}: client "
                                 f"refused: {message}")
+            self.registry.refused.add(int(body.job_id), conn.pid, conn.uid, message)
             conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
                       {"status": status, "message": fit(message)}, frame.seq)
             conn.close()
@@ -62,8 +65,11 @@ class ClientHandlers:
             return refuse(C.NVSHARE_ERR_PERM, f"uid {conn.uid} may not attach to job "
                                               f"{job.job_id} of uid {job.uid}")
         if body.pid != conn.pid:
-            return refuse(C.NVSHARE_ERR_PERM, f"pid {body.pid} in the message is not the "
-                                              f"connecting process {conn.pid}")
+            # Only a process of a PID namespace (a container) in the job's cgroup; from here on
+            # the daemon knows it by SO_PEERCRED's pid alone (status, rogue matching, kills).
+            problem = namespaced_peer_problem(conn.pid, int(body.pid), job.job_id)
+            if problem is not None:
+                return refuse(C.NVSHARE_ERR_PERM, problem)
         if self.core.cfg.unresponsive_holder == "kill":
             conn.pidfd = peer_pidfd(conn)
         client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
@@ -73,7 +79,8 @@ class ClientHandlers:
                   {"status": C.NVSHARE_OK, "client_id": client.client_id,
                    "idle_release_us": int(self.core.cfg.idle_release_ms * 1000),
                    "message": "registered"}, frame.seq)
-        self.logger.debug(f"{conn.who()}: client registered (client {client.client_id})")
+        where = f" from a PID namespace (pid {body.pid} there)" if body.pid != conn.pid else ""
+        self.logger.debug(f"{conn.who()}: client registered{where} (client {client.client_id})")
 
     def _client_gpu(self, conn: Connection, frame: proto.Frame, body: Any) -> GpuState | None:
         """The GPU a client message names, if it is managed and placed for the client's job."""

@@ -26,6 +26,7 @@ from typing import Any
 from . import config, log
 from .policytypes import ClientInfo
 from .priority import RANK
+from .refusals import Refusals
 
 STATE_VERSION = 1
 # state.json of 100,000 jobs is about 40 MB; its deepest value (a job's gpus) lies at depth 4.
@@ -195,6 +196,7 @@ class Registry:
         self._next_client_id = 1
         self._encoded: dict[int, str] = {}
         self.on_job_added: Callable[[int], None] | None = None   # statekeeper: parked questions
+        self.refused = Refusals()         # client registrations refused lately (status)
 
     @property
     def path(self) -> Path:

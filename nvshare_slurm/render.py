@@ -269,13 +269,22 @@ def truncated_note(status: dict[str, Any]) -> str:
             f"`nvshare-status show job <id>` shows any one job)\n")
 
 
+def refused_note(status: dict[str, Any]) -> str:
+    """Client registrations the daemon refused lately (a container outside its job's cgroup, a
+    wrong uid): those processes run ungated."""
+    return "".join(f"Refused: job={number(r.get('job_id'))} pid={number(r.get('pid'))} "
+                   f"uid={number(r.get('uid'))} at={timestamp(r.get('time'))} "
+                   f"reason={safe(r.get('reason'))}\n"
+                   for r in status.get("refused") or [] if isinstance(r, dict))
+
+
 def render_gpus(status: dict[str, Any], oneliner: bool = False) -> str:
     gpus = status.get("gpus") or []
     if not gpus:
         node = safe(status.get("node") or "this node")
         return f"No GPUs managed by nvshare-scheduler on {node}\n"
     return format_records([gpu_record(g, status.get("node")) for g in gpus],
-                          oneliner) + truncated_note(status)
+                          oneliner) + truncated_note(status) + refused_note(status)
 
 
 def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
@@ -283,7 +292,7 @@ def render_jobs(status: dict[str, Any], oneliner: bool = False) -> str:
     if not jobs:
         return f"No nvshare jobs on {safe(status.get('node') or 'this node')}\n"
     return format_records([job_record(j, status.get("time"), status.get("node")) for j in jobs],
-                          oneliner) + truncated_note(status)
+                          oneliner) + truncated_note(status) + refused_note(status)
 
 
 def render_config(status: dict[str, Any], oneliner: bool = False) -> str:

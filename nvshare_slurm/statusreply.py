@@ -41,6 +41,8 @@ def status_reply(core: Core, what: int, job_id: int = 0) -> tuple[int, bytes]:
         data["config"] = core.cfg.as_dict()
     else:
         return C.NVSHARE_ERR_INVAL, f"unknown status query {what}".encode()
+    if what != C.NVSHARE_STATUS_CONFIG:
+        data["refused"] = core.registry.refused.for_status()
     return C.NVSHARE_OK, fit_status(data)
 
 
