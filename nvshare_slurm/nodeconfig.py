@@ -1,4 +1,5 @@
-"""nvshare-node-config: this node's slurm.conf, gres.conf and cgroup.conf lines for nvshare.
+"""nvshare-node-config: this node's slurm.conf, gres.conf and cgroup.conf lines for nvshare, and
+the container runtimes' files (oci.conf, the enroot hook, apptainer.conf).
 
     nvshare-node-config                    count-only: Gres=gpu:<GPUs>,nvshare:<GPUs x sharers>
     nvshare-node-config --typed            one type per GPU: Gres=gpu:<GPUs>,nvshare:gpu0:4,...
@@ -7,16 +8,19 @@
     nvshare-node-config --json             the same as JSON, for configuration management
 
 It prints one section per file, each headed by a comment line naming it (`# slurm.conf`,
-`# gres.conf`, `# cgroup.conf`), usable verbatim. The GPUs are Slurm `gpu` GRES on their device
-files, so Slurm's device cgroup (ConstrainDevices=yes) denies them to every job that holds no `gpu`
-GRES; an nvshare job's hook gets its GPU's device file from nvshare-scheduler instead.
+`# gres.conf`, `# cgroup.conf`, `# oci.conf`, `# /etc/enroot/hooks.d/nvshare.sh`,
+`# apptainer.conf`), usable verbatim; a site sets up the runtimes its jobs use (containerconf.py).
+The GPUs are Slurm `gpu` GRES on their device files, so Slurm's device cgroup (ConstrainDevices=yes)
+denies them to every job that holds no `gpu` GRES; an nvshare job's hook gets its GPU's device file
+from nvshare-scheduler instead.
 
 The GPUs come from NVML, or from the config's `gpus:` list where it has one (NVSHARE_CONFIG or
 --config), in the order the scheduler numbers them: type gpuK is the GPU with index K. The
-Prolog=, Epilog= and TaskProlog= paths are the entry points installed beside this Python (else
-/opt/nvshare/bin), or DIR/bin with --prefix DIR. It only prints: the files stay the admin's to edit.
-Exit status: 0 printed, 1 no GPUs, the inventory or the --config file cannot be read, or a device
-path or entry point that is not a plain path, 2 bad arguments.
+Prolog=, Epilog= and TaskProlog= paths (and nvshare-container's) are the entry points installed
+beside this Python (else /opt/nvshare/bin), or DIR/bin with --prefix DIR; the hook that
+apptainer.conf binds is this installation's, the socket directory the config's. It only prints: the
+files stay the admin's to edit. Exit status: 0 printed, 1 no GPUs, the inventory or the --config
+file cannot be read, or a device path or entry point that is not a plain path, 2 bad arguments.
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 from . import config as config_mod
+from . import containerconf
 from . import inventory as inventory_mod
+from . import libnvshare_file
 from .inventory import GpuInfo
 
 PROG = "nvshare-node-config"
@@ -39,7 +45,8 @@ MAX_SHARERS = 1024
 DEFAULT_BIN_DIR = "/opt/nvshare/bin"
 ENTRY_POINTS = {"Prolog": "nvshare-prolog", "Epilog": "nvshare-epilog",
                 "TaskProlog": "nvshare-taskprolog"}
-FILES = ("slurm.conf", "gres.conf", "cgroup.conf")
+FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "oci.conf", containerconf.ENROOT_HOOK,
+         "apptainer.conf")
 # What Slurm accepts as a NodeName without quoting; slurmd's default is the short host name.
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # A path printed as a value in a Slurm config file: nothing that could end the line, start another
@@ -82,6 +89,8 @@ class NodeGres:
     typed: bool
     gpus: tuple[GpuInfo, ...]
     bin_dir: str = DEFAULT_BIN_DIR
+    hook: str = "/opt/nvshare/lib/libnvshare.so"     # what containers bind (apptainer.conf)
+    socket: str = config_mod.Config.socket
 
     @property
     def slots(self) -> int:
@@ -151,7 +160,11 @@ class NodeGres:
             "# only through Slurm's gpu GRES. Keep the site's other settings (CgroupPlugin=).",
             "ConstrainDevices=yes",
         ]
-        return {"slurm.conf": slurm_conf, "gres.conf": gres_conf, "cgroup.conf": cgroup_conf}
+        return {"slurm.conf": slurm_conf, "gres.conf": gres_conf, "cgroup.conf": cgroup_conf,
+                "oci.conf": containerconf.oci_conf(self.bin_dir),
+                containerconf.ENROOT_HOOK: containerconf.enroot_hook(self.bin_dir),
+                "apptainer.conf": containerconf.apptainer_conf(self.hook,
+                                                               str(Path(self.socket).parent))}
 
 
 def _printable(text: str) -> str:
@@ -236,13 +249,15 @@ def main(argv: Sequence[str] | None = None,
         source = "the config's gpus: list" if cfg.gpus else "NVML"
         gpus = tuple(sorted(inventory_for(cfg).gpus(), key=lambda g: g.index))
         check_gpus(gpus)
+        hook = plain_path(libnvshare_file(), "the hook's path")
+        socket_path = plain_path(cfg.socket, "the config's socket")
     except (config_mod.ConfigError, inventory_mod.InventoryError, NodeConfigError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if not gpus:
         print(f"{PROG}: {source} lists no GPUs on {node}: nothing to share", file=sys.stderr)
         return 1
-    node_gres = NodeGres(node, args.sharers, args.typed, gpus, bin_dir)
+    node_gres = NodeGres(node, args.sharers, args.typed, gpus, bin_dir, hook, socket_path)
     render = render_json if args.json else render_text
     sys.stdout.write(render(node_gres, source))
     return 0

@@ -5,7 +5,8 @@
 # site's Slurm (scripts/install.sh never installs one). Does nothing when all of it is there already.
 set -euo pipefail
 need=()
-for cmd in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge make:make; do
+# crun: tests/slurm/test_containers.py runs Slurm OCI containers (srun --container).
+for cmd in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge make:make crun:crun; do
   path=$(command -v "${cmd%%:*}" 2>/dev/null) && [ -f "$path" ] && [ -x "$path" ] && continue
   [ -f "/usr/sbin/${cmd%%:*}" ] && [ -x "/usr/sbin/${cmd%%:*}" ] || need+=("${cmd#*:}")
 done

@@ -19,8 +19,9 @@ CACHE=${NVSHARE_TRIXIE_CACHE:-/var/cache/nvshare-trixie}
 ROOT=$CACHE/root
 MIRROR=${NVSHARE_TRIXIE_MIRROR:-http://deb.debian.org/debian}
 # passwd and util-linux (useradd, runuser): tests/slurm/test_users.py runs jobs as other users.
+# crun: tests/slurm/test_containers.py (srun --container).
 PACKAGES="slurm-wlm munge python3 python3-venv python3-dev gcc libc6-dev make procps passwd
-          util-linux ca-certificates"
+          util-linux ca-certificates crun"
 say() { echo "test-slurm-2411.sh: $*"; }
 trap 'say "failed at line $LINENO: $BASH_COMMAND"' ERR
 [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mounts)"; exit 1; }
@@ -38,6 +39,7 @@ if [ "${NVSHARE_TRIXIE_REFRESH:-0}" = 1 ] || [ ! -f "$STAMP" ] || [ "$(cat "$STA
   # by a killed run is undone first, so rm never walks into the host's /proc or /dev.
   if [ -d "$ROOT" ]; then
     grep -q " $ROOT/" /proc/mounts && umount -R -l "$ROOT"/{tmp,checkout,dev,sys,proc} 2>/dev/null || true
+    mountpoint -q "$ROOT" && umount -l "$ROOT" 2>/dev/null || true
     grep -q " $ROOT/" /proc/mounts && { say "mounts left under $ROOT; not removing it"; exit 1; }
     rm -rf --one-file-system "$ROOT"
   fi
@@ -75,10 +77,15 @@ cleanup() {
   for mnt in tmp checkout dev/pts dev sys proc; do
     mountpoint -q "$ROOT/$mnt" && { umount -R "$ROOT/$mnt" 2>/dev/null || umount -R -l "$ROOT/$mnt"; }
   done
+  mountpoint -q "$ROOT" && { umount "$ROOT" 2>/dev/null || umount -l "$ROOT"; }
   return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# The chroot's / a mount point of its own, as a node's / is: crun (tests/slurm/test_containers.py)
+# sets the propagation of / in its container's mount namespace, which fails on a plain directory.
+# Private, so the mounts below stay under it alone.
+mountpoint -q "$ROOT" || { mount --bind "$ROOT" "$ROOT" && mount --make-private "$ROOT"; }
 mkdir -p "$ROOT/checkout"
 mount -t proc proc "$ROOT/proc"
 mount --rbind /sys "$ROOT/sys" && mount --make-rslave "$ROOT/sys"

@@ -66,6 +66,15 @@ H100S = [(f"GPU-6b1d3c2a-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3"
          for i in range(4)]
 
 
+HOOK = "/opt/nvshare/lib/python3/site-packages/nvshare_slurm/libnvshare.so"
+
+
+@pytest.fixture(autouse=True)
+def installed_hook(monkeypatch):
+    """The hook apptainer.conf binds is this installation's: a fixed path for the golden files."""
+    monkeypatch.setattr(nodeconfig, "libnvshare_file", lambda: HOOK)
+
+
 @pytest.fixture
 def nvml(monkeypatch, tmp_path):
     """Install a fake pynvml with the given GPUs; the config file has no `gpus:` (so NVML is used)."""
@@ -126,7 +135,8 @@ def test_json_files_are_the_text_sections(nvml, capsys, typed):
     assert files == sections(text)
 
 
-HEADERS = ["# slurm.conf", "# gres.conf", "# cgroup.conf"]
+HEADERS = ["# slurm.conf", "# gres.conf", "# cgroup.conf", "# oci.conf",
+           "# /etc/enroot/hooks.d/nvshare.sh", "# apptainer.conf"]
 
 
 def sections(out: str) -> dict[str, list[str]]:
@@ -201,7 +211,8 @@ def test_sections_come_in_order_under_their_header_lines(nvml, capsys, typed):
     assert [line for line in lines if line in HEADERS] == HEADERS
     for header in HEADERS:   # each after a blank line, so it reads as the start of a new file
         assert lines[lines.index(header) - 1] == ""
-    assert list(sections(out)) == ["slurm.conf", "gres.conf", "cgroup.conf"]
+    assert list(sections(out)) == ["slurm.conf", "gres.conf", "cgroup.conf", "oci.conf",
+                                   "/etc/enroot/hooks.d/nvshare.sh", "apptainer.conf"]
     assert list(sections(out)) == list(nodeconfig.FILES)
 
 
@@ -417,3 +428,39 @@ def test_a_bad_config_is_named(tmp_path, capsys):
     config.write_text("gpus: [{uuid: GPU-1, memory: 0}]\n")
     code, _, err = run(capsys, "--config", str(config), "--node", "n1")
     assert code == 1 and "[0].memory: must be positive" in err and str(config) in err
+
+
+def shipped(name: str, skip: int) -> list[str]:
+    """A file of slurm/ without its `skip` lines that say where it goes (after the shebang)."""
+    lines = (Path(__file__).resolve().parents[2] / "slurm" / name).read_text().splitlines()
+    return lines[:1] + lines[1 + skip:] if lines[0].startswith("#!") else lines[skip:]
+
+
+def test_container_sections_are_the_shipped_files_for_the_prefix(nvml, capsys, tmp_path):
+    """slurm/oci.conf.example and slurm/enroot-hook are what the node gets for /opt/nvshare; another
+    prefix changes only the entry points' paths; apptainer.conf binds the hook and the config's
+    socket directory."""
+    nvml(H100S[:1])
+    files = sections(run(capsys, "--node", "gpu01", "--prefix", "/opt/nvshare")[1])
+    assert files["oci.conf"] == shipped("oci.conf.example", 2)
+    assert files["/etc/enroot/hooks.d/nvshare.sh"] == shipped("enroot-hook", 2)
+    config = tmp_path / "sock.yaml"
+    config.write_text("socket: /var/run/nvs/daemon.sock\n")
+    files = sections(run(capsys, "--node", "gpu01", "--prefix", "/usr/local",
+                         "--config", str(config))[1])
+    oci = files["oci.conf"]
+    assert [line for line in oci if "nvshare-container" in line and not line.startswith("#")] == [
+        'RunTimeRun="/usr/local/bin/nvshare-container oci %j %b -- /usr/bin/crun --rootless=true '
+        '--root=/tmp/ --cgroup-manager=disabled run --bundle %b %n.%u.%j.%s.%t"']
+    assert files["/etc/enroot/hooks.d/nvshare.sh"][-1] == \
+        "exec /usr/local/bin/nvshare-container enroot"
+    assert settings(files["apptainer.conf"]) == [f"bind path = {HOOK}", "bind path = /var/run/nvs"]
+
+
+def test_a_socket_that_is_not_plain_is_refused(nvml, capsys, tmp_path):
+    nvml(H100S[:1])
+    config = tmp_path / "sock.yaml"
+    config.write_text("socket: /run/a b/daemon.sock\n")
+    code, out, err = run(capsys, "--node", "gpu01", "--config", str(config))
+    assert code == 1 and out == ""
+    assert "the config's socket: '/run/a b/daemon.sock' is not a plain absolute path" in err
