@@ -1,7 +1,8 @@
-"""The release wheel, built the way scripts/build-wheel.sh builds it (zig against glibc 2.28).
+"""The release wheel, built the way scripts/build-wheel.sh builds it (zig against glibc 2.17).
 
-A site installs it on EL8 (glibc 2.28) or Ubuntu 20.04 as well as on this Debian 12 machine: it must
-be tagged manylinux_2_28, its libnvshare.so must need no newer glibc symbol version, auditwheel must
+A site installs it on EL7 (glibc 2.17), EL8 or Ubuntu 20.04 as well as on this Debian 12 machine, and
+mounts its hook into containers of any of those: it must be tagged manylinux_2_17 (and manylinux2014,
+the same floor's older name), its libnvshare.so must need no newer glibc symbol version, auditwheel must
 agree, it must carry what an admin copies (slurm/ snippets, the unit, the docs the unit names), and
 its hook must pass the same hook tests as the one built by gcc.
 """
@@ -22,9 +23,10 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "buildtools"))
-from elf_needs import MANYLINUX_BASELINE, glibc_needed, needed_versions  # noqa: E402
+from elf_needs import MANYLINUX_BASELINE, glibc_needed, needed_libraries, needed_versions  # noqa: E402
 
 BASELINE = "manylinux_{}_{}".format(*MANYLINUX_BASELINE)
+PLATFORM = f"{BASELINE}_x86_64.manylinux2014_x86_64"     # PEP 600's name, then the same floor's old name
 DATA = "nvshare_slurm-0.1.0.data/data"
 # The source tree pip sees: everything a build reads, nothing built or tested.
 NOT_SOURCE = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.so",
@@ -54,9 +56,12 @@ def wheel(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_the_wheel_is_tagged_for_the_manylinux_baseline(wheel):
     whl, unpacked = wheel
-    assert whl.name == f"nvshare_slurm-0.1.0-py3-none-{BASELINE}_x86_64.whl"
+    assert MANYLINUX_BASELINE == (2, 17)
+    assert whl.name == f"nvshare_slurm-0.1.0-py3-none-{PLATFORM}.whl"
     meta = (unpacked / "nvshare_slurm-0.1.0.dist-info" / "WHEEL").read_text()
-    assert f"Tag: py3-none-{BASELINE}_x86_64" in meta and "Root-Is-Purelib: false" in meta
+    assert re.findall(r"^Tag: (.*)$", meta, re.M) == [
+        f"py3-none-{BASELINE}_x86_64", "py3-none-manylinux2014_x86_64"], meta
+    assert "Root-Is-Purelib: false" in meta
 
 
 def test_its_hook_needs_no_glibc_newer_than_the_baseline(wheel):
@@ -65,6 +70,7 @@ def test_its_hook_needs_no_glibc_newer_than_the_baseline(wheel):
     assert glibc_needed(hook) <= MANYLINUX_BASELINE, needs
     # Before glibc 2.34 dlopen and pthread_create lived in libdl and libpthread: the hook names them.
     assert {"libc.so.6", "libdl.so.2", "libpthread.so.0"} <= set(needs)
+    assert {"libc.so.6", "libdl.so.2", "libpthread.so.0"} <= set(needed_libraries(hook))
 
 
 def test_auditwheel_agrees(wheel):
@@ -91,6 +97,19 @@ def test_the_wheel_carries_the_admins_files(wheel):
     entry_points = (wheel[1] / "nvshare_slurm-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert re.search(rf"^{command} = ", entry_points, re.M)
     assert "Apache License" in (docs / "LICENSE").read_text()
+
+
+def test_its_hook_loads_in_old_images(wheel):
+    """tests/hook/test_glibc_floor.py's checks of the installed hook, on the wheel's: its references
+    (elf_needs.py, and objdump where binutils is) and, where the Debian 11 root is cached, programs
+    there with it preloaded."""
+    hook = wheel[1] / "nvshare_slurm" / "libnvshare.so"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                          "tests/hook/test_glibc_floor.py", "-k", "installed_hook or objdump"], cwd=REPO,
+                         env={**os.environ, "NVSHARE_TEST_LIB": str(hook)},
+                         capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert re.search(r"\b[23] passed", run.stdout), run.stdout[-2000:]
 
 
 @pytest.mark.timeout(900)
