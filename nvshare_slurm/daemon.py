@@ -319,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if not daemon.gpus:
         logger.warning("no GPUs found: job registrations will be refused")
     daemon.state.restore()
+    from .sitecheck import admin_comment_problem
+    problem = admin_comment_problem(cfg)
+    if problem:
+        logger.warning(problem)
     try:
         return asyncio.run(daemon.serve())
     except OSError as exc:

@@ -369,20 +369,6 @@ class GpuState:
     def _share(self, sharing: str, reason: str) -> None:
         self.sharing, self.sharing_reason = sharing, reason
 
-    def sharing_now(self) -> tuple[str, str]:
-        """(corun | turns | gang | serial, why); before the first decision, what the policy would
-        choose for the next client, never the mode's name (status and metrics show this)."""
-        if self.sharing:
-            return self.sharing, self.sharing_reason
-        s = self.settings
-        if s.mode == "serial":
-            return "serial", "mode serial: one job at a time"
-        if s.mode == "concurrent":
-            return "turns", "mode concurrent"
-        if s.auto_share == "turns":
-            return "turns", "auto_share turns"
-        return "corun", "idle"
-
     def _schedule_adaptive(self, now: float, out: list[Action]) -> None:
         """Memory fits: turn-takers take exclusive turns among themselves, the rest co-run.
 
@@ -562,6 +548,21 @@ class GpuState:
             "max_runtime_sec": int(s.max_runtime_sec),
             "memory_reserve_percent": int(s.memory_reserve_percent),
             "co_running": sum(1 for h in self.holders.values() if h.drop_at is None) > 1,
-            "sharing": self.sharing_now()[0], "sharing_reason": self.sharing_now()[1],
+            "sharing": sharing_now(self)[0], "sharing_reason": sharing_now(self)[1],
             **self.lock.status(now), "jobs": jobs, "rogue": rogue,
         }
+
+
+def sharing_now(gpu: GpuState) -> tuple[str, str]:
+    """(corun | turns | gang | serial, why); before the first decision, what the policy would
+    choose for the next client, never the mode's name (status and metrics show this)."""
+    if gpu.sharing:
+        return gpu.sharing, gpu.sharing_reason
+    s = gpu.settings
+    if s.mode == "serial":
+        return "serial", "mode serial: one job at a time"
+    if s.mode == "concurrent":
+        return "turns", "mode concurrent"
+    if s.auto_share == "turns":
+        return "turns", "auto_share turns"
+    return "corun", "idle"

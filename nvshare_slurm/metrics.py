@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from . import log
 from .accounting import UsageLedger
-from .gpustate import GpuState
+from .gpustate import GpuState, sharing_now
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_REQUEST = 8192
@@ -41,7 +41,7 @@ class Source(Protocol):
 
 def sharing(gpu: GpuState) -> str:
     """How the GPU is shared right now, in one word for a label (the policy's own choice)."""
-    return gpu.sharing_now()[0]
+    return sharing_now(gpu)[0]
 
 
 class SchedulerCollector:

@@ -1,6 +1,8 @@
 """nvshare-prolog: Slurm Prolog (root, once per job per node). Registers nvshare jobs with the daemon.
 
 Jobs that hold no nvshare GRES on this node (and no Slurm gpu/shard GPUs) exit 0 doing nothing.
+On typed GRES (nvshare:gpuK) a job that asked for untyped `nvshare:N` is placed by the daemon over
+min(N, GPUs) distinct GPUs, as on a count-only node; a typed request follows Slurm's choice.
 Exit non-zero only when this node cannot serve nvshare jobs: Slurm then requeues the job and drains
 the node, and our last stderr line says why (it is also set as the drain reason).
 
@@ -58,6 +60,13 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     user = environ.get("SLURM_JOB_USER") or record.user
     gpu_index = list(gres.nvshare_gpus) or (env_gpus if not gres.holds_nvshare else [])
     slots = gres.nvshare_slots
+    spread = bool(gres.nvshare_gpus) and slots > len(gres.nvshare_gpus) \
+        and asked_untyped(record.tres_requests)
+    if spread:
+        # `--gres=nvshare:2` on typed GRES: Slurm may pack both slots on gpu0, but the user asked
+        # for two slots, i.e. two distinct GPUs where the node has them (the user guide): the
+        # daemon places it as on a count-only node.
+        gpu_index = []
     if len(gpu_index) > C.NVSHARE_MAX_GPUS:
         return fail(f"nvshare: job {job_id} holds {len(gpu_index)} GPUs, at most "
                     f"{C.NVSHARE_MAX_GPUS} per node are supported")
@@ -82,8 +91,19 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     pairs = zip(placement["gpu_index"], placement["gpu_uuid"], strict=False)
     where = ", ".join(f"GPU {i} ({u})" for i, u in pairs)
     kind = f"{slots} nvshare slot(s)" if gres.holds_nvshare else f"Slurm GPUs {env_gpus}"
+    if spread:
+        kind += f" (untyped request, Slurm counted them on GPU(s) {list(gres.nvshare_gpus)})"
     say(me, job_id, f"registered on {node}: {kind} on {where}, class {share.describe()}")
     return 0
+
+
+def asked_untyped(tres_requests: str) -> bool:
+    """Whether the job's request names nvshare without a type (gres:nvshare:2, gres/nvshare)."""
+    for item in tres_requests.split(","):
+        name, _, rest = item.strip().removeprefix("gres:").removeprefix("gres/").partition(":")
+        if name == "nvshare" and (not rest or rest.isdigit()):
+            return True
+    return False
 
 
 def _int(value: str | None, fallback: int | None) -> int | None:

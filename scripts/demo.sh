@@ -6,10 +6,12 @@
 # Everything it starts is stopped on exit; running it again starts from scratch.
 #
 # The environment can change how (scripts/gpu-slurm-e2e.sh uses these on the GPU machine):
-#   NVSHARE_SLURM_ROOT    Slurm and munge are unpacked under this root (usr/sbin/slurmd, env.sh; see
-#                         gpu-machine-slurm.sh): use them and install nothing (no apt-get, no pip)
+#   NVSHARE_SLURM_ROOT    Slurm and munge are unpacked under this root (Debian's packages, extracted:
+#                         usr/sbin/slurmd, usr/sbin/munged, and an env.sh that sets PATH and
+#                         LD_LIBRARY_PATH for them): use them and install nothing (no apt-get, no pip)
 #   NVSHARE_PYTHON        run nvshare-slurm as `$NVSHARE_PYTHON -m nvshare_slurm.<module>` with the
-#                         caller's PYTHONPATH, instead of the console scripts of $NVSHARE_PREFIX
+#                         caller's PYTHONPATH, instead of installing it into $NVSHARE_PREFIX; every
+#                         user must be able to run it (jobs' TaskProlog runs it), or the demo stops
 #   NVSHARE_DEMO_JOB      the batch script the two jobs run (default: a few seconds of GPU work)
 #   NVSHARE_DEMO_SRUN     a command to run as an `srun --gres=nvshare:1` step while the jobs run
 #   NVSHARE_DEMO_TIMEOUT  seconds the jobs may take (default 60)
@@ -34,19 +36,30 @@ fi
 if [ -n "$SLURM_ROOT" ]; then
   echo "== using Slurm unpacked in $SLURM_ROOT (nothing installed)"
   [ -x "$SLURM_ROOT/usr/sbin/slurmd" ] && [ -f "$SLURM_ROOT/env.sh" ] \
-    || { echo "demo.sh: no unpacked Slurm in $SLURM_ROOT (gpu-machine-slurm.sh install)"; exit 1; }
+    || { echo "demo.sh: no unpacked Slurm in $SLURM_ROOT (usr/sbin/slurmd and env.sh)"; exit 1; }
   # shellcheck disable=SC1091
   . "$SLURM_ROOT/env.sh"
   SBIN=$SLURM_ROOT/usr/sbin
 else
-  echo "== installing (scripts/install-demo-slurm.sh: Debian's Slurm and munge where missing; scripts/install.sh)"
+  echo "== installing (scripts/install-demo-slurm.sh: Debian's Slurm and munge where missing)"
   bash scripts/install-demo-slurm.sh
-  bash scripts/install.sh
+  if [ -z "${NVSHARE_PYTHON:-}" ]; then
+    echo "== installing nvshare-slurm (scripts/install.sh)"
+    bash scripts/install.sh      # refuses a Python other users cannot run
+  fi
   SBIN=/usr/sbin
 fi
 if [ -n "${NVSHARE_PYTHON:-}" ]; then
   PY_BIN=$(command -v "$NVSHARE_PYTHON")
   "$PY_BIN" -c 'import nvshare_slurm' || { echo "demo.sh: $PY_BIN cannot import nvshare_slurm (PYTHONPATH)"; exit 1; }
+  # Jobs run the TaskProlog as their user: a Python only root can run (pyenv's under /root)
+  # would fail every task (status 126). Tried as nobody, as install.sh does.
+  if id nobody >/dev/null 2>&1 && ! runuser -u nobody -- env PYTHONPATH="${PYTHONPATH:-}" \
+      "$PY_BIN" -c 'import nvshare_slurm' >/dev/null 2>&1; then
+    echo "demo.sh: other users cannot run $PY_BIN with nvshare_slurm (PYTHONPATH=${PYTHONPATH:-}):"
+    echo "  every job's TaskProlog would fail. Use a Python and a checkout every user can read."
+    exit 1
+  fi
 fi
 # The command line of one of nvshare-slurm's entry points (scheduler, status, prolog, epilog, taskprolog).
 nvshare_cmd() {
@@ -66,6 +79,8 @@ cleanup() {
   sleep 1
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+  # The logs stay for reading; the cluster's munge key does not stay behind in a temp dir.
+  rm -f "$DEMO/munge/munge.key"
 }
 trap cleanup EXIT
 
@@ -195,9 +210,11 @@ for _ in $(seq 100); do
   [ "$(timeout 5 squeue -h -t R -o %i | wc -l)" -ge $RUNNING ] && break; sleep 0.2
 done
 sleep 1
-echo "== nvshare-status while they run"
+echo "== nvshare-status while they run (as a user: nobody)"
 # shellcheck disable=SC2046
-NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml timeout 10 $(nvshare_cmd status) || true
+runuser -u nobody -- env NVSHARE_CONFIG="$DEMO/nvshare/nvshare.yaml" PYTHONPATH="${PYTHONPATH:-}" \
+  timeout 10 $(nvshare_cmd status) \
+  || { echo "demo.sh: nvshare-status failed for a user (nobody)"; exit 1; }
 # shellcheck disable=SC2046
 NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml timeout 10 $(nvshare_cmd status) show jobs || true
 for _ in $(seq $((TIMEOUT * 5))); do [ -z "$(timeout 5 squeue -h -o %i)" ] && break; sleep 0.2; done

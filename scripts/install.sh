@@ -30,6 +30,22 @@ if command -v "$PYTHON" >/dev/null 2>&1 \
   say "  (EL8/EL9: dnf install python3.11 python3.11-devel) and name it: NVSHARE_VENV_PYTHON=python3.11"
   exit 1
 fi
+# Every job's TaskProlog runs the venv's interpreter as the job's user: a Python that other users
+# cannot run (pyenv's under /root, mode 0700) would fail every task of every job on the node
+# (TaskProlog failed status=126), nvshare jobs or not. Refused here, before anything is installed.
+runs_for_everyone() {   # $1: an interpreter; as root, tried as nobody
+  [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 && id nobody >/dev/null 2>&1 || return 0
+  runuser -u nobody -- "$1" -c 'import encodings, venv' >/dev/null 2>&1
+}
+if command -v "$PYTHON" >/dev/null 2>&1; then
+  real_python=$("$PYTHON" -c 'import sys; print(sys.executable)')   # what the venv links to
+  if ! runs_for_everyone "$real_python"; then
+    say "ERROR: other users cannot run $real_python (from $PYTHON): the TaskProlog runs it as"
+    say "  each job's user, and every task on this node would fail (TaskProlog failed status=126)."
+    say "  Use a Python every user can run, e.g. NVSHARE_VENV_PYTHON=/usr/bin/python3 bash scripts/install.sh"
+    exit 1
+  fi
+fi
 command -v "$PYTHON" >/dev/null 2>&1 || need+=(python3)
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(
@@ -86,12 +102,15 @@ fi
 "$PREFIX/bin/python" -m compileall -q "$("$PREFIX/bin/python" -c 'import nvshare_slurm, os; print(os.path.dirname(nvshare_slurm.__file__))')" >/dev/null 2>&1 || true
 # The TaskProlog and the hook run as the job's user: everything under the prefix must be readable.
 chmod -R a+rX "$PREFIX"
-# ... and so must the interpreter the venv points to (not one under /root, e.g. pyenv's).
-if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 \
-    && ! runuser -u nobody -- "$PREFIX/bin/python" -c 'import nvshare_slurm' >/dev/null 2>&1; then
-  say "WARNING: other users cannot run $PREFIX/bin/python ($(readlink -f "$PREFIX/bin/python")) or"
-  say "  import nvshare_slurm: jobs would fail in the TaskProlog. Use a system Python"
-  say "  (NVSHARE_VENV_PYTHON=/usr/bin/python3) and a checkout all users can read."
+# ... and so must the interpreter the venv points to (an existing venv may predate the check
+# above) and, for an editable install, the checkout: tried as nobody, as a job's user would.
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null 2>&1 && id nobody >/dev/null 2>&1 \
+    && ! runuser -u nobody -- "$PREFIX/bin/nvshare-taskprolog" --help >/dev/null 2>&1; then
+  say "ERROR: other users cannot run $PREFIX/bin/nvshare-taskprolog (python"
+  say "  $(readlink -f "$PREFIX/bin/python")): every task on this node would fail in the TaskProlog."
+  say "  Remove $PREFIX and install again with a Python every user can run"
+  say "  (NVSHARE_VENV_PYTHON=/usr/bin/python3), from a checkout all users can read."
+  exit 1
 fi
 say "nvshare-slurm installed in $PREFIX ($("$PREFIX/bin/python" --version))"
 # An editable install has no data files: the checkout's slurm/ and docs/ are the same files.

@@ -61,3 +61,67 @@ def test_node_config_names_a_missing_config_file(tmp_path):
     assert str(missing) in run.stderr and "no such config file" in run.stderr
     assert "NVML" not in run.stderr and "Traceback" not in run.stderr
 
+
+
+# --- `--gres=nvshare:2` on typed GRES: two distinct GPUs, as the user guide promises -------------
+
+def test_untyped_request_on_typed_gres_gets_distinct_gpus(tmp_path, fake_slurm, scheduler_factory,
+                                                           capsys):
+    from helpers_slurm import slurm_env
+    from nvshare_slurm import prolog
+    sched = scheduler_factory()
+    fake_slurm("typed_untyped_request.txt")           # Slurm packed nvshare:gpu0(CNT:2)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 4, socket_path=sched.socket,
+                    SLURMD_NODENAME="n2")
+    assert prolog.run(env, wait_sec=2.0) == 0
+    job = sched.client().status(C.NVSHARE_STATUS_JOB, 4)["jobs"][0]
+    assert job["gpu_index"] == [0, 1]
+    assert "untyped request, Slurm counted them on GPU(s) [0]" in capsys.readouterr().err
+
+
+def test_typed_request_keeps_slurms_gpu(tmp_path, fake_slurm, scheduler_factory):
+    from helpers_slurm import slurm_env
+    from nvshare_slurm import prolog
+    sched = scheduler_factory()
+    fake_slurm("typed_gpu1_2.txt")                    # --gres=nvshare:gpu1:2
+    env = slurm_env(tmp_path, fake_slurm.bindir, 3, socket_path=sched.socket,
+                    SLURMD_NODENAME="n2")
+    assert prolog.run(env, wait_sec=2.0) == 0
+    assert sched.client().status(C.NVSHARE_STATUS_JOB, 3)["jobs"][0]["gpu_index"] == [1]
+
+
+def test_asked_untyped():
+    from nvshare_slurm.prolog import asked_untyped
+    assert asked_untyped("gres:nvshare:2") and asked_untyped("gres/nvshare:2,,")
+    assert asked_untyped("gres/nvshare") and asked_untyped("gres/gpu:1,gres/nvshare:3")
+    assert not asked_untyped("gres:nvshare:gpu1:2") and not asked_untyped("gres/nvshare:gpu0:1")
+    assert not asked_untyped("") and not asked_untyped("gres/nvsharex:2")
+
+
+# --- usage_admin_comment without accounting storage: the daemon says why, at start --------------
+
+def _fake_scontrol(tmp_path, storage: str):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "scontrol"
+    script.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'show config' ] || exit 1\n"
+                      f"echo 'AccountingStorageHost   = (null)'\n"
+                      f"echo 'AccountingStorageType   = {storage}'\n")
+    script.chmod(0o755)
+    return str(bindir)
+
+
+def test_admin_comment_without_slurmdbd_is_logged_at_start(tmp_path, scheduler_factory):
+    from helpers_daemon import wait_for_log
+    sched = scheduler_factory(usage_admin_comment=True,
+                              slurm_bin_dir=_fake_scontrol(tmp_path, "accounting_storage/none"))
+    wait_for_log(sched, "usage_admin_comment: true, but Slurm keeps no accounting "
+                        "(AccountingStorageType=accounting_storage/none)")
+
+
+def test_admin_comment_with_slurmdbd_is_quiet(tmp_path):
+    from nvshare_slurm import config, sitecheck
+    cfg = config.Config(usage_admin_comment=True,
+                        slurm_bin_dir=_fake_scontrol(tmp_path, "accounting_storage/slurmdbd"))
+    assert sitecheck.admin_comment_problem(cfg) == ""
+    assert sitecheck.admin_comment_problem(config.Config(slurm_bin_dir=cfg.slurm_bin_dir)) == ""
