@@ -22,6 +22,8 @@ have() {
 }
 
 # --- build prerequisites: a C compiler, a Python 3.10+ with venv (and its headers) ---
+# The compiler builds libnvshare.so; setup.py binds it to glibc 2.17's symbol versions, so that it
+# loads in containers with older images too, and fails the install when it cannot (admin guide).
 need=()
 have gcc || have cc || need+=(gcc)
 if command -v "$PYTHON" >/dev/null 2>&1 \
