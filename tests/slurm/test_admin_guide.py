@@ -165,6 +165,38 @@ def test_walk_the_admin_guide_as_a_user(request):
         cluster.run([BIN / "scancel", "-u", USER], timeout=10)
 
 
+# --- nvshare-node-config's example ---------------------------------------------------------------
+
+def test_node_config_prints_the_guides_example(tmp_path):
+    """The guide's "For a node with two GPUs, `nvshare-node-config --sharers 4` prints" block:
+    every line it shows (comments aside, which it shortens) comes out, in that order."""
+    text = GUIDE.read_text()
+    intro = "For a node with two GPUs, `nvshare-node-config --sharers 4` prints"
+    assert intro in text, "the guide's nvshare-node-config example moved: update this test"
+    block = text[text.index(intro):].split("\n\n", 1)[1]
+    shown = []
+    for line in block.split("\n"):
+        if line and not line.startswith("       "):
+            if shown and not line.strip():
+                continue
+            break
+        if line.strip() and not line.strip().startswith("#"):
+            shown.append(line.strip())
+    assert "NodeName=gpu01 Name=nvshare Count=8" in shown and "ConstrainDevices=yes" in shown
+    config = tmp_path / "nvshare.yaml"
+    config.write_text("gpus:\n- {uuid: GPU-a, memory: 16G}\n- {uuid: GPU-b, memory: 16G}\n")
+    run = subprocess.run([sys.executable, "-m", "nvshare_slurm.nodeconfig", "--sharers", "4",
+                          "--node", "gpu01", "--prefix", "/opt/nvshare", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    printed = [line for line in run.stdout.split("\n") if line and not line.startswith("#")]
+    at = 0
+    for line in shown:
+        assert line in printed[at:], f"the guide shows {line!r}; nvshare-node-config printed:\n" \
+                                     + run.stdout
+        at = printed.index(line, at) + 1
+
+
 # --- the offline install: a wheelhouse, then pip with no index ----------------------------------
 
 @pytest.mark.timeout(600)
