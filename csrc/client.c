@@ -2,10 +2,14 @@
  *
  * A thread started lazily (cuInit or the first gated call) connects, sends CLIENT_REGISTER and then
  * reads daemon messages for the life of the process; a writer thread sends what the outbox holds.
- * When the daemon is unreachable the thread retries with backoff up to ~1 s; meanwhile gated work
- * waits (NVSHARE_ON_DAEMON_LOSS=wait) or passes (run). The reader only decodes: answers go to the
- * outbox, everything else to the handlers the top layer registered (events.c), so this file calls
- * nothing above it. After a reconnect they report memory again and waiting threads ask again.
+ * The daemon is *gone* only when a connect finds nobody listening on its socket; then gated work
+ * waits (NVSHARE_ON_DAEMON_LOSS=wait) or passes (run), and the thread retries with backoff up to
+ * ~1 s. A daemon that keeps the connection open but answers late (a registration, a heartbeat, a
+ * question past NVSHARE_DAEMON_TIMEOUT_MS) is busy, not gone: logged once, waited for, gated. A
+ * connection the daemon closes is reconnected at once; only a failed reconnect makes it gone. The
+ * reader only decodes: answers go to the outbox, everything else to the handlers the top layer
+ * registered (events.c), so this file calls nothing above it. After a reconnect they report memory
+ * again and waiting threads ask again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,7 +34,6 @@
 /* CLIENT_REGISTER answered NOJOB: a restarted daemon may still be rebuilding its jobs from Slurm. */
 #define NOJOB_RETRY_NS 8000000000ull
 #define NOJOB_RETRY_PAUSE_MS 100
-#define REGISTER_TIMEOUT_MS 10000
 #define RECONNECT_BACKOFF_MAX_MS 1000
 
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -106,6 +109,40 @@ static int connect_daemon(int *err)
     return fd;
 }
 
+/* connect() failed because nobody listens there (no socket file, no listener, no way to it): the
+ * daemon is gone. Anything else (interrupted, out of descriptors) says nothing about the daemon. */
+static int nobody_listens(int err)
+{
+    return err == ENOENT || err == ECONNREFUSED || err == ENOTDIR || err == EACCES || err == EPERM ||
+           err == ENOTSOCK || err == EPROTOTYPE || err == ENAMETOOLONG;
+}
+
+static void refused_log(int32_t status, const char *message)
+{
+    char why[4 * sizeof ((struct nvshare_reply *)0)->message];
+    nvshare_escape(why, sizeof why, message);
+    nvshare_log("nvshare-scheduler refused this process (status %d: %s); GPU work runs unshared", status, why);
+}
+
+/* The answer to CLIENT_REGISTER, however long a busy daemon takes: past the deadline that is logged
+ * once, and only a closed connection ends the wait. 0 when one is there. */
+static int wait_for_answer(int fd)
+{
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int late = 0;
+    for (;;) {
+        int ready = poll(&pfd, 1, late ? -1 : (int)nvshare_cfg.daemon_timeout_ms);
+        if (ready > 0)
+            return 0;
+        if (ready < 0 && errno != EINTR)
+            return -1;
+        if (ready == 0 && !late) {
+            late = 1;
+            nvshare_outbox_note_stall("CLIENT_REGISTER", nvshare_cfg.daemon_timeout_ms);
+        }
+    }
+}
+
 /* 0 registered; -1 connection trouble (retry); -2 refused by the daemon (give up, pass through);
  * -3 the daemon does not know the job (yet). */
 static int register_client(int fd)
@@ -119,10 +156,7 @@ static int register_client(int fd)
     struct { struct nvshare_hdr hdr; struct nvshare_client_register body; } frame;
     nvshare_fill_header(&frame.hdr, NVSHARE_MSG_CLIENT_REGISTER, sizeof reg);
     frame.body = reg;
-    if (write_all(fd, &frame, sizeof frame) != 0)
-        return -1;
-    struct pollfd pfd = {fd, POLLIN, 0};
-    if (poll(&pfd, 1, REGISTER_TIMEOUT_MS) <= 0)
+    if (write_all(fd, &frame, sizeof frame) != 0 || wait_for_answer(fd) != 0)
         return -1;
     struct nvshare_hdr hdr;
     if (read_all(fd, &hdr, sizeof hdr) != 0 || hdr.magic != NVSHARE_MAGIC ||
@@ -131,6 +165,7 @@ static int register_client(int fd)
     char payload[4096];
     if (read_all(fd, payload, hdr.length) != 0)
         return -1;
+    nvshare_outbox_note_heard();
     if (hdr.type == NVSHARE_MSG_CLIENT_REGISTER_REPLY && hdr.length == sizeof(struct nvshare_client_register_reply)) {
         struct nvshare_client_register_reply rep;
         memcpy(&rep, payload, sizeof rep);
@@ -138,8 +173,7 @@ static int register_client(int fd)
         if (rep.status == NVSHARE_ERR_NOJOB)
             return -3;
         if (rep.status != NVSHARE_OK) {
-            nvshare_log("nvshare-scheduler refused this process (status %d: %s); GPU work runs unshared",
-                        rep.status, rep.message);
+            refused_log(rep.status, rep.message);
             return -2;
         }
         if (rep.idle_release_us)
@@ -152,8 +186,7 @@ static int register_client(int fd)
         rep.message[sizeof rep.message - 1] = '\0';
         if (rep.status == NVSHARE_ERR_NOJOB)
             return -3;
-        nvshare_log("nvshare-scheduler refused this process (status %d: %s); GPU work runs unshared",
-                    rep.status, rep.message);
+        refused_log(rep.status, rep.message);
         return -2;
     }
     return -1;
@@ -243,7 +276,8 @@ static int start_thread(void *(*fn)(void *))
     return rc;
 }
 
-/* Reads frames until the connection ends or the daemon falls silent. */
+/* Reads frames until the connection ends (or the queue to the daemon overflowed). A daemon that
+ * answers no heartbeat within the deadline is busy: logged once, and waited for. */
 static void read_frames(int fd)
 {
     uint64_t last_heard = nvshare_now_ns(), heartbeat_sent = 0;
@@ -253,14 +287,11 @@ static void read_frames(int fd)
         uint64_t now = nvshare_now_ns();
         if (ready < 0 && errno != EINTR)
             return;
-        if (nvshare_outbox_silent())  /* a question went unanswered, or the daemon reads nothing */
+        if (nvshare_outbox_silent())  /* the queue overflowed: the daemon reads nothing; reconnect */
             return;
         if (ready <= 0) {
-            if (heartbeat_sent && now - heartbeat_sent > (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull) {
-                nvshare_log("nvshare-scheduler answered no heartbeat for %u ms; treating it as lost",
-                            nvshare_cfg.daemon_timeout_ms);
-                return;
-            }
+            if (heartbeat_sent && now - heartbeat_sent > (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull)
+                nvshare_outbox_note_stall("a heartbeat", (now - heartbeat_sent) / 1000000ull);
             if (!heartbeat_sent && now - last_heard > HEARTBEAT_AFTER_QUIET_NS && nvshare_outbox_heartbeat() == 0)
                 heartbeat_sent = now;
             continue;
@@ -278,6 +309,7 @@ static void read_frames(int fd)
             return;
         last_heard = nvshare_now_ns();
         heartbeat_sent = 0;
+        nvshare_outbox_note_heard();
         dispatch(&hdr, payload);
         drop_passed_fds();   /* a frame's descriptors are its own: none outlives its dispatch */
     }
@@ -289,16 +321,60 @@ static const char *loss_words(void)
                                                         : "GPU work waits until it is back";
 }
 
+/* Nobody listens on the socket: the daemon is gone, and on_daemon_loss applies (events' down).
+ * Said once until a registration succeeds again: a daemon in a restart loop fills no job's output. */
+static void daemon_gone(int err, int *told)
+{
+    if (nvshare_outbox_daemon_gone())
+        return;
+    nvshare_outbox_set_gone(1);
+    if (events()->down)
+        events()->down();
+    if (!*told)
+        nvshare_log("cannot reach nvshare-scheduler at %s (%s); %s", nvshare_cfg.socket_path, strerror(err),
+                    loss_words());
+    *told = 1;
+}
+
+/* Connected again after it was gone: the daemon is there, so work is gated again from now on. */
+static void daemon_back(void)
+{
+    if (!nvshare_outbox_daemon_gone())
+        return;
+    nvshare_outbox_set_gone(0);
+    if (events()->down)
+        events()->down();   /* no connection yet: nothing held, nothing passes ungated */
+}
+
+static void back_off(uint64_t *backoff_ms)
+{
+    struct timespec pause = {(time_t)(*backoff_ms / 1000), (long)(*backoff_ms % 1000) * 1000000L};
+    nanosleep(&pause, NULL);
+    *backoff_ms = *backoff_ms * 2 > RECONNECT_BACKOFF_MAX_MS ? RECONNECT_BACKOFF_MAX_MS : *backoff_ms * 2;
+}
+
 static void *client_main(void *arg)
 {
     (void)arg;
     nvshare_in_hook = 1;
     uint64_t backoff_ms = 10, nojob_since = 0;
-    int warned = 0, ever_connected = 0;
+    int warned = 0, told_gone = 0, ever_connected = 0;
     for (;;) {
         int err = 0;
         int fd = connect_daemon(&err);
-        int reg = fd >= 0 ? register_client(fd) : -1;
+        if (fd < 0) {
+            if (nobody_listens(err)) {
+                daemon_gone(err, &told_gone);
+            } else if (!warned) {
+                nvshare_log("cannot connect to nvshare-scheduler at %s (%s); trying again, GPU work waits",
+                            nvshare_cfg.socket_path, strerror(err));
+            }
+            warned = 1;
+            back_off(&backoff_ms);
+            continue;
+        }
+        daemon_back();
+        int reg = register_client(fd);
         if (reg == -3) {
             uint64_t now = nvshare_now_ns();
             if (!nojob_since) {
@@ -324,16 +400,12 @@ static void *client_main(void *arg)
             return NULL;
         }
         if (reg != 0) {
-            if (fd >= 0)
-                close(fd);
-            if (!warned) {
-                nvshare_log("cannot reach nvshare-scheduler at %s (%s); %s", nvshare_cfg.socket_path,
-                            fd >= 0 || !err ? "no answer to CLIENT_REGISTER" : strerror(err), loss_words());
-                warned = 1;
-            }
-            struct timespec pause = {(time_t)(backoff_ms / 1000), (long)(backoff_ms % 1000) * 1000000L};
-            nanosleep(&pause, NULL);
-            backoff_ms = backoff_ms * 2 > RECONNECT_BACKOFF_MAX_MS ? RECONNECT_BACKOFF_MAX_MS : backoff_ms * 2;
+            close(fd);
+            if (!warned)
+                nvshare_log("nvshare-scheduler at %s closed the connection without answering CLIENT_REGISTER; "
+                            "trying again, GPU work waits", nvshare_cfg.socket_path);
+            warned = 1;
+            back_off(&backoff_ms);
             continue;
         }
         backoff_ms = 10;
@@ -342,7 +414,7 @@ static void *client_main(void *arg)
             nvshare_log("connected to nvshare-scheduler at %s", nvshare_cfg.socket_path);
         else
             nvshare_debug("connected to nvshare-scheduler at %s", nvshare_cfg.socket_path);
-        warned = 0;
+        warned = told_gone = 0;
         ever_connected = 1;
         nvshare_outbox_link(fd);
         if (events()->up)
@@ -354,7 +426,7 @@ static void *client_main(void *arg)
         close(fd);
         if (events()->down)
             events()->down();
-        nvshare_log("lost the connection to nvshare-scheduler; %s", loss_words());
+        nvshare_log("lost the connection to nvshare-scheduler; reconnecting (GPU work waits meanwhile)");
         warned = 1;
     }
     return NULL;

@@ -76,6 +76,27 @@ void nvshare_debug(const char *fmt, ...)
     errno = saved;
 }
 
+void nvshare_escape(char *dst, size_t size, const char *src)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p && size && n + 5 <= size; p++) {
+        if (*p == '\\') {
+            dst[n++] = '\\';
+            dst[n++] = '\\';
+        } else if (*p >= 0x20 && *p < 0x7f) {
+            dst[n++] = (char)*p;
+        } else {
+            dst[n++] = '\\';
+            dst[n++] = 'x';
+            dst[n++] = hex[*p >> 4];
+            dst[n++] = hex[*p & 15];
+        }
+    }
+    if (size)
+        dst[n] = '\0';
+}
+
 /* "1073741824", "512M", "20G", "1.5G", "64KiB": binary units. 0 on success. */
 int nvshare_parse_size(const char *text, uint64_t *out)
 {

@@ -42,6 +42,10 @@ uint64_t nvshare_now_ns(void);
 void nvshare_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void nvshare_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Text from elsewhere (the daemon's reasons) made fit for one log line: printable ASCII stays,
+ * a backslash and every other byte become \\ and \xNN. Always NUL-terminated, cut to fit. */
+void nvshare_escape(char *dst, size_t size, const char *src);
+
 /* strncpy without its truncation warnings: always NUL-terminated. */
 static inline void nvshare_copy_str(char *dst, size_t size, const char *src)
 {

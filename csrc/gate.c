@@ -444,7 +444,7 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
 static int should_open(struct nvshare_gpu *g)
 {
     return g->gate.held || atomic_load(&g->mode) == GPU_PASS ||
-           (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_outbox_connected());
+           (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && nvshare_outbox_daemon_gone());
 }
 
 static void ensure_keeper(struct nvshare_gpu *g);
@@ -685,18 +685,21 @@ void nvshare_gate_on_request_refused(uint32_t seq, int32_t status, const char *m
             atomic_store(&g->mode, GPU_PASS);
             open_gate(g);
             pthread_mutex_unlock(&g->gate.mu);
+            char why[4 * 256];
+            nvshare_escape(why, sizeof why, message);
             if (status == NVSHARE_ERR_NOGPU)
-                nvshare_debug("gpu %s: not managed for this job (%s); not gated", g->uuid, message);
+                nvshare_debug("gpu %s: not managed for this job (%s); not gated", g->uuid, why);
             else
                 nvshare_log("gpu %s: lock request refused (status %d: %s); not gated", g->uuid,
-                            status, message);
+                            status, why);
             return;
         }
         pthread_mutex_unlock(&g->gate.mu);
     }
 }
 
-/* Connection up: waiters ask again. Down: nobody holds anything; 'run' lets work pass meanwhile. */
+/* Connection up: waiters ask again. Down: nobody holds anything; 'run' lets work pass meanwhile, but
+ * only while the daemon is gone (nobody listens on its socket), never while it is only slow. */
 void nvshare_gate_on_connection_change(int connected)
 {
     int n = atomic_load(&nvshare_n_gpus);
@@ -715,7 +718,7 @@ void nvshare_gate_on_connection_change(int connected)
             nvshare_burst_end(g);
             handoff_forget(g);
             close_fd(&g->gate.handoff_out_fd);
-            if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN)
+            if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && nvshare_outbox_daemon_gone())
                 open_gate(g);
         }
         pthread_cond_broadcast(&g->gate.waiters_cv);
@@ -738,8 +741,12 @@ void nvshare_gates_open_all(void)
 
 void nvshare_gate_pass_through(struct nvshare_gpu *g)
 {
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->gate.mu);
     atomic_store(&g->mode, GPU_PASS);
-    atomic_store(&g->gate.open, 1);
+    open_gate(g);   /* memory of ours in host memory comes back first */
+    pthread_mutex_unlock(&g->gate.mu);
 }
 
 void nvshare_gate_note_demand(struct nvshare_gpu *g, uint64_t idle_since_ns, uint64_t gap_mean_ns,
@@ -782,6 +789,6 @@ void nvshare_gate_after_fork(void)
             atomic_store(&g->mode, GPU_UNKNOWN);
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(g->uuid);
         atomic_store(&g->mode, managed ? GPU_UNKNOWN : GPU_PASS);
-        atomic_store(&g->gate.open, managed ? (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN) : 1);
+        atomic_store(&g->gate.open, managed ? 0 : 1);   /* shut until the child's own connection says */
     }
 }

@@ -103,7 +103,7 @@ static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(uuid);
         atomic_store(&g->mode, managed ? GPU_UNKNOWN : GPU_PASS);
         atomic_store(&g->gate.open, managed ? (nvshare_outbox_refused() ? 1 : 0) : 1);
-        if (managed && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && !nvshare_outbox_connected())
+        if (managed && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && nvshare_outbox_daemon_gone())
             atomic_store(&g->gate.open, 1);
         atomic_store(&nvshare_n_gpus, n + 1);  /* publish after the slot is complete */
         if (!managed && nvshare_cfg.active)

@@ -57,7 +57,7 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     REAL_OR_FAIL(cuMemAlloc_v2);
     struct nvshare_gpu *g = nvshare_gpu_for_current();
-    size_t swappable = nvshare_memory_accounted(g) ? nvshare_swap_size(g, bytesize) : 0;
+    size_t swappable = nvshare_memory_accounted(g) && !nvshare_in_hook ? nvshare_swap_size(g, bytesize) : 0;
     int deferred;
     CUresult rc = admit(g, swappable ? swappable : bytesize, swappable ? NVSHARE_MEM_CAN_DEFER : 0,
                         &deferred);
@@ -66,7 +66,9 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (swappable && dptr) {
         rc = nvshare_swap_alloc(g, dptr, swappable, deferred);
         if (rc == CUDA_SUCCESS) {
-            nvshare_memory_record(g, (uint64_t)*dptr, KIND_PTR, swappable);
+            /* Recorded even if the GPU went pass-through while admit() waited (a refused client):
+             * only through the table does cuMemFree find swap.c's memory. */
+            nvshare_memory_record_swappable(g, (uint64_t)*dptr, swappable);
             return rc;
         }
         if (rc != CUDA_ERROR_NOT_SUPPORTED)

@@ -243,14 +243,30 @@ CUresult nvshare_memory_admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t fl
     return CUDA_SUCCESS;
 }
 
+static void record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size)
+{
+    pthread_mutex_lock(&mem_mu);
+    remember(key, kind, size, g);
+    pthread_mutex_unlock(&mem_mu);
+    if (nvshare_memory_accounted(g))
+        nvshare_memory_report(g);
+}
+
 void nvshare_memory_record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size)
 {
     if (!nvshare_memory_accounted(g) || size == 0 || nvshare_in_hook)
         return;
-    pthread_mutex_lock(&mem_mu);
-    remember(key, kind, size, g);
-    pthread_mutex_unlock(&mem_mu);
-    nvshare_memory_report(g);
+    record(g, key, kind, size);
+}
+
+/* The table is also how a free finds swap.c's memory (the driver's cuMemFree knows no reservation),
+ * so swappable memory is recorded whatever the GPU's mode: the daemon's refusal may have made the GPU
+ * pass-through while the allocation was being made (it waited for the registration's answer). */
+void nvshare_memory_record_swappable(struct nvshare_gpu *g, uint64_t key, uint64_t size)
+{
+    if (!g || !nvshare_cfg.active || size == 0)
+        return;
+    record(g, key, KIND_PTR, size);
 }
 
 void nvshare_memory_unrecord(uint64_t key, int kind)

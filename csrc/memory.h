@@ -23,7 +23,9 @@ int nvshare_memory_accounted(struct nvshare_gpu *g);
  * (NOGPU): the caller opens its gate for good. */
 CUresult nvshare_memory_admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int *deferred,
                               int *not_managed);
-/* After the driver allocated / freed: counted and reported. */
+/* After the driver allocated / freed: counted and reported. Swappable memory (swap.c's) is
+ * recorded even on a GPU gone pass-through meanwhile: its free is found through the table. */
+void nvshare_memory_record_swappable(struct nvshare_gpu *g, uint64_t key, uint64_t size);
 void nvshare_memory_record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size);
 void nvshare_memory_unrecord(uint64_t key, int kind);
 /* The GPU a counted allocation lies on, or NULL. */

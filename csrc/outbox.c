@@ -4,11 +4,15 @@
  * mutex, or that runs CUDA calls, ever writes to the socket. client.c's writer thread takes frames
  * out and sends them; its reader thread marks the link up or down and completes round trips. A frame
  * queued on one connection is never sent on the next: after a reconnect the gate asks again and
- * memory.c reports again. A round trip (MEM_UPDATE with a request) has a deadline; when the daemon
- * does not answer in time it counts as silent, and client.c drops the connection as if it were lost.
+ * memory.c reports again. A round trip (MEM_UPDATE with a request) waits as long as the connection
+ * is open: a daemon that is slow to answer is busy, not lost (its deadline only logs, once). The
+ * daemon counts as gone only when client.c finds nobody listening on its socket (link_gone); then
+ * 'run' lets work pass. Reports and DEMAND frames merge per GPU while unsent, so a daemon that
+ * reads slowly never fills the queue.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,7 +53,10 @@ static int link_fd = -1;
 static int writing;                /* the writer holds link_fd: it is not closed under it */
 static atomic_int link_up;
 static atomic_int link_refused;
-static atomic_int link_silent;     /* a question went unanswered past its deadline */
+static atomic_int link_silent;     /* the queue overflowed: the daemon reads nothing; reconnect */
+static atomic_int link_gone;       /* the last connect found nobody listening: the daemon is gone */
+static atomic_int stall_told;      /* a stall was logged; the next frame from the daemon says so */
+static _Atomic uint64_t stall_began_ns;
 static atomic_uint seq_counter;
 static atomic_uint idle_release_us;
 
@@ -81,9 +88,42 @@ static void lock_outbox(void)
 int nvshare_outbox_connected(void) { return atomic_load(&link_up); }
 int nvshare_outbox_refused(void) { return atomic_load(&link_refused); }
 int nvshare_outbox_silent(void) { return atomic_load(&link_silent); }
+int nvshare_outbox_daemon_gone(void) { return atomic_load(&link_gone) && !atomic_load(&link_up); }
 uint32_t nvshare_outbox_idle_release_us(void) { return atomic_load(&idle_release_us); }
 void nvshare_outbox_set_idle_release_us(uint32_t us) { atomic_store(&idle_release_us, us); }
-void nvshare_outbox_set_refused(void) { atomic_store(&link_refused, 1); }
+void nvshare_outbox_set_refused(void)
+{
+    lock_outbox();
+    atomic_store(&link_refused, 1);
+    pthread_cond_broadcast(&reply_cv);   /* questions waiting for a connection pass now */
+    pthread_mutex_unlock(&out_mu);
+}
+
+void nvshare_outbox_set_gone(int gone)
+{
+    lock_outbox();
+    atomic_store(&link_gone, gone);
+    pthread_cond_broadcast(&reply_cv);   /* with 'run', questions waiting for a connection pass */
+    pthread_mutex_unlock(&out_mu);
+}
+
+void nvshare_outbox_note_stall(const char *what, uint64_t waited_ms)
+{
+    if (atomic_exchange(&stall_told, 1))
+        return;
+    atomic_store(&stall_began_ns, nvshare_now_ns() - waited_ms * 1000000ull);
+    nvshare_log("nvshare-scheduler has not answered %s for %llu ms, but its connection is open: it is busy, "
+                "not lost, so GPU work waits for it (on_daemon_loss applies only once it is gone)", what,
+                (unsigned long long)waited_ms);
+}
+
+void nvshare_outbox_note_heard(void)
+{
+    if (!atomic_load_explicit(&stall_told, memory_order_relaxed) || !atomic_exchange(&stall_told, 0))
+        return;
+    nvshare_log("nvshare-scheduler answers again (after %.1f s)",
+                (double)(nvshare_now_ns() - atomic_load(&stall_began_ns)) / 1e9);
+}
 
 uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t length)
 {
@@ -95,14 +135,23 @@ uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t le
     return hdr->seq;
 }
 
-/* With out_mu held: the unsent memory report for this GPU, to be merged with a newer one. */
-static struct queued *unsent_report(const char *uuid)
+/* A frame only the newest of which matters: a memory report (MEM_UPDATE without a request) or DEMAND.
+ * Both begin with the GPU's uuid. */
+static int mergeable(uint16_t type, const void *payload)
+{
+    _Static_assert(offsetof(struct nvshare_mem_update, gpu_uuid) == 0, "uuid first");
+    _Static_assert(offsetof(struct nvshare_demand, gpu_uuid) == 0, "uuid first");
+    return type == NVSHARE_MSG_DEMAND ||
+           (type == NVSHARE_MSG_MEM_UPDATE && ((const struct nvshare_mem_update *)payload)->request == 0);
+}
+
+/* With out_mu held: the unsent frame of this kind for this GPU, to be merged with a newer one. */
+static struct queued *unsent_of(uint16_t type, const char *uuid)
 {
     for (unsigned i = 0; i < count; i++) {
         struct queued *q = &ring[(head + i) % OUTBOX_FRAMES];
-        const struct nvshare_mem_update *m = (const void *)q->payload;
-        if (q->hdr.type == NVSHARE_MSG_MEM_UPDATE && m->request == 0 &&
-            strncmp(m->gpu_uuid, uuid, sizeof m->gpu_uuid) == 0)
+        if (q->hdr.type == type && mergeable(type, q->payload) &&
+            strncmp(q->payload, uuid, NVSHARE_UUID_LEN) == 0)
             return q;
     }
     return NULL;
@@ -113,8 +162,8 @@ static uint32_t enqueue(uint16_t type, const void *payload, uint32_t length)
 {
     if (!atomic_load(&link_up) || length > OUTBOX_PAYLOAD)
         return 0;
-    if (type == NVSHARE_MSG_MEM_UPDATE && ((const struct nvshare_mem_update *)payload)->request == 0) {
-        struct queued *old = unsent_report(((const struct nvshare_mem_update *)payload)->gpu_uuid);
+    if (mergeable(type, payload)) {
+        struct queued *old = unsent_of(type, payload);
         if (old) {
             memcpy(old->payload, payload, length);  /* only the newest numbers matter */
             return old->hdr.seq;
@@ -192,11 +241,11 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
             return NVSHARE_ASK_NO_DAEMON;
         }
         if (!atomic_load(&link_up) || atomic_load(&link_silent)) {
-            if (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN) {
+            if (nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && atomic_load(&link_gone)) {
                 pthread_mutex_unlock(&out_mu);
                 return NVSHARE_ASK_NO_DAEMON;
             }
-            pthread_cond_wait(&reply_cv, &out_mu);  /* 'wait': until a connection answers */
+            pthread_cond_wait(&reply_cv, &out_mu);  /* until a connection answers, or it is gone */
             continue;
         }
         struct pending *p = NULL;
@@ -211,11 +260,18 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
         p->used = 1;
         p->epoch = epoch;
         p->seq = enqueue(NVSHARE_MSG_MEM_UPDATE, question, sizeof *question);
+        /* As long as the connection is open: past the deadline the daemon is busy, not lost. */
         struct timespec deadline;
         deadline_in(&deadline, (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull);
-        int rc = 0;
-        while (p->seq && !p->done && p->epoch == epoch && atomic_load(&link_up) && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&reply_cv, &out_mu, &deadline);
+        int late = 0;
+        while (p->seq && !p->done && p->epoch == epoch && atomic_load(&link_up)) {
+            if (late) {
+                pthread_cond_wait(&reply_cv, &out_mu);
+            } else if (pthread_cond_timedwait(&reply_cv, &out_mu, &deadline) == ETIMEDOUT) {
+                late = 1;
+                nvshare_outbox_note_stall("a memory question", nvshare_cfg.daemon_timeout_ms);
+            }
+        }
         int done = p->done;
         *status = p->status;
         if (done)
@@ -226,12 +282,8 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
             pthread_mutex_unlock(&out_mu);
             return NVSHARE_ASK_ANSWERED;
         }
-        if (rc == ETIMEDOUT && p->epoch == epoch && atomic_load(&link_up) && !atomic_load(&link_silent)) {
-            nvshare_log("nvshare-scheduler did not answer within %u ms; treating it as lost",
-                        nvshare_cfg.daemon_timeout_ms);
-            atomic_store(&link_silent, 1);  /* client.c drops the connection at its next tick */
-        }
-        /* Lost, silent or not sent: ask again on the next connection (or pass with 'run'). */
+        /* The connection ended, or the question could not be queued: ask again on the next
+         * connection (or pass, with 'run', once the daemon is gone). */
     }
 }
 
@@ -270,6 +322,9 @@ void nvshare_outbox_link(int fd)
     link_fd = fd;
     head = count = 0;  /* nothing queued for an older connection is sent on this one */
     atomic_store(&link_silent, 0);
+    atomic_store(&stall_told, 0);   /* a stall of an older connection is not this one's */
+    if (fd >= 0)
+        atomic_store(&link_gone, 0);
     atomic_store(&link_up, fd >= 0);
     pthread_cond_broadcast(&writer_cv);
     pthread_cond_broadcast(&reply_cv);
@@ -329,5 +384,7 @@ void nvshare_outbox_after_fork(void)
     atomic_store(&link_up, 0);
     atomic_store(&link_refused, 0);
     atomic_store(&link_silent, 0);
+    atomic_store(&link_gone, 0);     /* the child finds out for itself */
+    atomic_store(&stall_told, 0);
     memset(pending, 0, sizeof pending);
 }

@@ -24,6 +24,13 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
 int nvshare_outbox_connected(void);
 int nvshare_outbox_refused(void);
 int nvshare_outbox_silent(void);
+/* No connection, and the last connect found nobody listening (not merely a slow daemon): the one
+ * state in which on_daemon_loss=run lets gated work pass. */
+int nvshare_outbox_daemon_gone(void);
+/* A deadline passed with the connection open: logged once per stall; the next frame from the
+ * daemon ends the stall (logged too). */
+void nvshare_outbox_note_stall(const char *what, uint64_t waited_ms);
+void nvshare_outbox_note_heard(void);
 uint32_t nvshare_outbox_idle_release_us(void);
 /* The one frame header: magic, version, type, length, and the next sequence number (returned). */
 uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t length);
@@ -31,6 +38,7 @@ uint32_t nvshare_fill_header(struct nvshare_hdr *hdr, uint16_t type, uint32_t le
 /* For client.c only: the link's state, answers, and the frames to write. */
 void nvshare_outbox_set_idle_release_us(uint32_t us);
 void nvshare_outbox_set_refused(void);
+void nvshare_outbox_set_gone(int gone);
 void nvshare_outbox_link(int fd);
 void nvshare_outbox_answer(uint32_t seq, int32_t status, const struct nvshare_mem_reply *reply);
 int nvshare_outbox_is_question(uint32_t seq);

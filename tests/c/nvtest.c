@@ -6,6 +6,8 @@
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
  *   free:I (the I-th live allocation; kept when the free fails)
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
+ *   waitfile:PATH (until PATH exists: the test acts between two steps)
+ *   fill:I:HEX  check:I:HEX  (every byte of the I-th live allocation set to, compared with, HEX)
  *   pattern:BYTES:ROUNDS:US  (allocate, then ROUNDS times: a kernel of US, read back and check every
  *                             byte, write a new pattern; the data must survive swaps at its address)
  *   barrier:US:N:RANKS:RANK  (N rounds of an NCCL-like collective: the fake driver's barrier kernel,
@@ -626,6 +628,39 @@ static int run_more(const char *action, char *arg)
     }
     if (strncmp(action, "ipc", 3) == 0)
         return run_ipc(action, arg);
+    if (strcmp(action, "fill") == 0 || strcmp(action, "check") == 0) {
+        /* fill:I:HEX / check:I:HEX: every byte of the I-th live allocation set to / compared with HEX */
+        char *h = strchr(arg, ':');
+        int i = atoi(arg), byte = h ? (int)strtol(h + 1, NULL, 16) : 0;
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        CUresult rc = i < n_allocs ? cuMemGetAddressRange_v2(&base, &size, allocs[i]) : CUDA_ERROR_INVALID_VALUE;
+        enum { PIECE = 4 << 20 };
+        unsigned char *buf = malloc(PIECE);
+        size_t bad = 0;
+        for (size_t off = 0; rc == CUDA_SUCCESS && buf && off < size; off += PIECE) {
+            size_t n = size - off < PIECE ? size - off : PIECE;
+            if (action[0] == 'f') {
+                memset(buf, byte, n);
+                rc = api.cuMemcpyHtoD_v2(base + off, buf, n);
+                continue;
+            }
+            rc = api.cuMemcpyDtoH_v2(buf, base + off, n);
+            for (size_t k = 0; rc == CUDA_SUCCESS && k < n; k++)
+                bad += buf[k] != (unsigned char)byte;
+        }
+        free(buf);
+        printf("%s %d rc=%d bytes=%zu bad=%zu\n", action, i, rc, size, bad);
+        return 1;
+    }
+    if (strcmp(action, "waitfile") == 0) {
+        /* waitfile:PATH: until PATH exists (at most 120 s), so a test can act between two steps */
+        int waited = 0;
+        for (; access(arg, F_OK) != 0 && waited < 120000; waited += 10)
+            usleep(10000);
+        printf("waitfile %s\n", access(arg, F_OK) == 0 ? "ok" : "timeout");
+        return 1;
+    }
     if (strcmp(action, "capture") == 0) {
         char *n = strchr(arg, ':');
         char *hold = n ? strchr(n + 1, ':') : NULL;
