@@ -10,6 +10,12 @@ Every peer is a local process, but not every local process is friendly. So:
 - a peer whose replies pile up is read no further until they drain (back-pressure), and is cut off
   with transport.abort() when they do not drain within WRITE_STALL_SEC or pass MAX_QUEUED_OUTPUT;
 - status queries of each non-root uid are rate limited (a query over the rate waits, unread);
+- frames are served in turns, round robin over uids and, within a uid, over its connections: each
+  uid's turn is at most SERVE_SLICE_SEC of handling (and one connection's at most FRAMES_PER_TURN
+  frames), then the next uid's, and I/O is polled between rounds. So one uid's flood, of any frame
+  type, registered or not, delays another uid's frame by about one slice, whatever the number of
+  its connections; input waiting for its turn is bounded per connection (INPUT_HIGH_WATER, then
+  the socket is read no further);
 - whatever a handler raises closes that one connection with one log line, the frame's bytes escaped.
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ import errno
 import logging
 import os
 import resource
+import math
 import socket
 import signal
 import stat
@@ -34,8 +41,12 @@ from .proto import C
 
 FRAME_DEADLINE_SEC = 10.0
 WRITE_STALL_SEC = 10.0
-# Input read ahead while a peer's status queries wait for the rate limit.
+# Input read ahead while a peer's frames wait for their turn (or its status queries for the rate
+# limit); above it the socket is read no further until they are served.
 INPUT_HIGH_WATER = 64 << 10
+READ_SIZE = 64 << 10                # one recv() (asyncio's default is 256 KiB)
+SERVE_SLICE_SEC = 0.0005            # one uid's handling per round, at most (one frame at least)
+FRAMES_PER_TURN = 16                # one connection's frames per turn before its uid's next one
 # Above this much queued output a peer's further requests wait unread.
 OUTPUT_HIGH_WATER = 64 << 10
 # One full status reply past the high-water mark, and room for the lock messages of its GPUs.
@@ -103,6 +114,7 @@ class Connection(asyncio.Protocol):
         self._output_blocked = False
         self._eof = False
         self._held = False
+        self.queued_for_turn = False     # in Listener's round robin: complete frames wait
         self.accepted_boottime = time.clock_gettime(time.CLOCK_BOOTTIME)
         self.sock: socket.socket | None = None      # the accepted socket, for send_with_fd
         self.burst_pages: set[str] = set()          # GPUs whose burst page this peer has
@@ -118,11 +130,17 @@ class Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=OUTPUT_HIGH_WATER)
+        if hasattr(transport, "max_size"):   # the selector transport's recv() size
+            transport.max_size = READ_SIZE
         self._arm_frame_deadline()       # the first frame must come, and be whole, in time
 
     def data_received(self, data: bytes) -> None:
+        # Served in its uid's turn (Listener.serve_round), never here: a flood must not be
+        # handled ahead of other uids' frames just because its socket was read first.
         self._buffer += data
-        self._process()
+        if len(self._buffer) > INPUT_HIGH_WATER and self.transport is not None:
+            self.transport.pause_reading()
+        self.listener.queue_for_turn(self)
 
     def eof_received(self) -> bool:
         # The peer sends no more; what it sent is still answered, then the connection closes.
@@ -131,7 +149,7 @@ class Connection(asyncio.Protocol):
         if self._rate_waiting:
             self.close()
         else:
-            self._process()
+            self.listener.queue_for_turn(self)
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -151,12 +169,16 @@ class Connection(asyncio.Protocol):
         self._output_blocked = False
         self._cancel("_stall_timer")
         if not self.closed:
-            self.listener.loop.call_soon(self._process)
+            self.listener.queue_for_turn(self)
 
     # --- frames in, frames out -------------------------------------------------------------------
 
-    def _process(self) -> None:
+    def serve_turn(self, until: float = math.inf, budget: int = FRAMES_PER_TURN) -> None:
+        """Its turn (Listener.serve_round): up to `budget` frames, and none begun after `until`
+        (perf_counter) but the first; what is left waits for its next turn."""
+        self.queued_for_turn = False
         listener = self.listener
+        served = 0
         while not self.closed and not self._output_blocked and not self._rate_waiting \
                 and not self._held:
             if len(self._buffer) < proto.HDR_SIZE:
@@ -168,6 +190,9 @@ class Connection(asyncio.Protocol):
             end = proto.HDR_SIZE + length
             if len(self._buffer) < end:
                 break
+            if served >= budget or (served and time.perf_counter() >= until):
+                listener.queue_for_turn(self)
+                break
             if msg_type == C.NVSHARE_MSG_STATUS_QUERY and self.uid != 0:
                 if self._rate_token:
                     self._rate_token = False
@@ -177,10 +202,16 @@ class Connection(asyncio.Protocol):
             raw = bytes(self._buffer[:end])
             del self._buffer[:end]
             self._cancel("_frame_timer")     # a frame came whole: the next one's deadline is new
+            served += 1
             self.dispatch(proto.Frame(msg_type, seq, raw[proto.HDR_SIZE:]))
         if self.closed:
             return
         if self._held:
+            return
+        if self.queued_for_turn:             # whole frames wait for its next turn
+            if len(self._buffer) <= INPUT_HIGH_WATER and self.transport is not None \
+                    and not self._output_blocked:
+                self.transport.resume_reading()
             return
         if self._eof and not self._rate_waiting and not self._output_blocked:
             if self._buffer:
@@ -195,8 +226,7 @@ class Connection(asyncio.Protocol):
             self._cancel("_frame_timer")
         if self.transport is None:
             return
-        if self._output_blocked or (self._rate_waiting
-                                    and len(self._buffer) > INPUT_HIGH_WATER):
+        if self._output_blocked or len(self._buffer) > INPUT_HIGH_WATER:
             self.transport.pause_reading()
         else:
             # Rate-limited, still read (up to INPUT_HIGH_WATER): a peer that hangs up is seen.
@@ -226,7 +256,7 @@ class Connection(asyncio.Protocol):
     def unhold(self) -> None:
         self._held = False
         if not self.closed:
-            self.listener.loop.call_soon(self._process)
+            self.listener.queue_for_turn(self)
 
     def _refuse(self, exc: Exception, raw: bytes) -> None:
         self.listener.logger.warning(f"connection from {self.who()}: {exc}; frame "
@@ -236,7 +266,7 @@ class Connection(asyncio.Protocol):
     def rate_granted(self) -> None:
         """Its status query's turn has come (the token is taken for it)."""
         self._rate_waiting, self._rate_token = False, True
-        self._process()
+        self.listener.queue_for_turn(self)
 
     def _arm_frame_deadline(self) -> None:
         self._cancel("_frame_timer")
@@ -245,7 +275,8 @@ class Connection(asyncio.Protocol):
 
     def _frame_late(self) -> None:
         self._frame_timer = None
-        if self.closed or self._rate_waiting or self._output_blocked or self._held:
+        if self.closed or self._rate_waiting or self._output_blocked or self._held \
+                or self.queued_for_turn:
             return      # waiting on us, not on the peer
         self.listener.throttle(("late", self.uid), logging.WARNING,
                                f"connection from {self.who()}: no complete frame within "
@@ -351,6 +382,10 @@ class Listener:
         self.per_uid: dict[int, int] = {}
         self._buckets: dict[int, TokenBucket] = {}
         self._status_waiting: dict[int, collections.deque[Connection]] = {}
+        # uid -> its connections whose frames wait for a turn; uids in round-robin order
+        self._turns: dict[int, collections.deque[Connection]] = {}
+        self._round: asyncio.Handle | None = None
+        self.stopping = False            # the daemon stops: no frame is served any more
         self._backoff = ACCEPT_BACKOFF_MIN
         self._retry: asyncio.TimerHandle | None = None
         self._serving = False
@@ -361,7 +396,44 @@ class Listener:
         self.loop.add_reader(self.sock.fileno(), self._accept)
         self._serving = True
 
+    def queue_for_turn(self, conn: Connection) -> None:
+        """conn has input: serve it in its uid's next turn (a round is scheduled)."""
+        if conn.queued_for_turn or conn.closed or self.stopping:
+            return
+        conn.queued_for_turn = True
+        waiting = self._turns.get(conn.uid)
+        if waiting is None:
+            waiting = self._turns[conn.uid] = collections.deque()
+        waiting.append(conn)
+        if self._round is None:
+            self._round = self.loop.call_soon(self.serve_round)
+
+    def serve_round(self) -> None:
+        """One round: each uid with input in turn gets up to SERVE_SLICE_SEC, its connections
+        round robin. Callbacks run after the next poll, so I/O is read between rounds."""
+        self._round = None
+        for uid in list(self._turns):
+            waiting = self._turns[uid]
+            until = time.perf_counter() + SERVE_SLICE_SEC
+            while waiting:
+                conn = waiting.popleft()
+                if conn.closed or self.stopping:
+                    conn.queued_for_turn = False
+                    continue
+                conn.serve_turn(until)
+                if time.perf_counter() >= until:
+                    break
+            del self._turns[uid]
+            if waiting:
+                self._turns[uid] = waiting      # to the end: the next uid goes first next round
+        if self._turns and self._round is None and not self.stopping:
+            self._round = self.loop.call_soon(self.serve_round)
+
     def close(self) -> None:
+        self.stopping = True
+        if self._round is not None:
+            self._round.cancel()
+            self._round = None
         if self._serving:
             self.loop.remove_reader(self.sock.fileno())
             self._serving = False

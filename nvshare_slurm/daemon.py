@@ -81,6 +81,7 @@ class Daemon:
         self.listener: Listener | None = None
         self._throttle = log.Throttle()
         self._stop: asyncio.Event | None = None
+        self.stopping = False       # SIGTERM came: nothing is granted, nothing more is served
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sender = ActionSender(self, self.burst_pages)
         self.state = StateKeeper(self)
@@ -126,7 +127,12 @@ class Daemon:
         the gang pass over all GPUs and what its Actions bring about, then the GPUs' timers.
 
         Sending may cut a peer off (Connection.abort), which drops its client: that event's
-        Actions join the work list here instead of going out in the middle of these."""
+        Actions join the work list here instead of going out in the middle of these.
+
+        A stopping daemon sends nothing: closing its connections must not grant their waiters
+        (a grant to one while a closed holder's process still runs is an overlap)."""
+        if self.stopping:
+            return
         if self._work is not None:
             self._work.append((gpu, actions))
             return
@@ -192,6 +198,18 @@ class Daemon:
         if exc is not None:
             text += f": {type(exc).__name__}: {exc}"
         self._throttle(("loop", text[:80]), logging.ERROR, f"event loop: {log.escape(text, 256)}")
+
+    def begin_stop(self) -> None:
+        """SIGTERM or SIGINT: from this moment no frame is served and no Action goes out (no
+        grant, no drop), and no policy timer fires; then serve() closes the connections."""
+        self.stopping = True
+        if self.listener is not None:
+            self.listener.stopping = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self._stop is not None:
+            self._stop.set()
 
     def _on_frame(self, conn: Connection, frame: proto.Frame) -> None:
         handler = self._handlers.get(frame.type)
@@ -281,21 +299,19 @@ class Daemon:
             self.state.start_rebuild()
         self.listener.start()
         self._stop = asyncio.Event()
-        self.loop.add_signal_handler(signal.SIGTERM, self._stop.set)
-        self.loop.add_signal_handler(signal.SIGINT, self._stop.set)
+        self.loop.add_signal_handler(signal.SIGTERM, self.begin_stop)
+        self.loop.add_signal_handler(signal.SIGINT, self.begin_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reload)
         rogue_task = asyncio.ensure_future(self._rogue_loop())
         modes = ", ".join(f"{g.uuid} ({g.settings.mode})" for g in self.gpus.values()) or "none"
         self.logger.info(f"listening on {path} (pid {os.getpid()}); GPUs: {modes}")
         await self._stop.wait()
-        self.logger.info("stopping: SIGTERM")
+        self.logger.info("stopping: SIGTERM; no more grants")
         rogue_task.cancel()
         if metrics is not None:
             metrics.close()
         self.listener.close()
         self.burst_pages.close()
-        for handle in self._timers.values():
-            handle.cancel()
         await self.state.flush()
         remove_socket(path)
         return 0
