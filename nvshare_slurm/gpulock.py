@@ -4,6 +4,14 @@ class first, FIFO within a class), the clients attached here, and a gang's turn 
 Its methods change the record and return or append the Action that tells a client (DROP_LOCK,
 LOCK_CONTENDED, UNRESPONSIVE); when to call them is the policy's (gpustate.py). gang.py changes a
 GPU's part of a gang turn only through the turn methods below. No clock, no I/O.
+
+Fairness between users (issue 25): the FIFO is round robin over owners (a client's uid) within a
+class, so one user's many clients take one turn per round, not one each. An owner whose holder
+does not release within its drain grace after DROP_LOCK loses its place: its clients here wait
+benched, granted nothing, for drop_grace_sec after its first miss, doubling with each further
+miss within MISS_MEMORY_SEC (at most PENALTY_MAX_SEC), and an owner with recent misses gets a
+shorter grace (halved per miss, at least MIN_GRACE_SEC). So a user's unresponsive clients cost the
+others one grace now and then, however many they are.
 """
 from __future__ import annotations
 
@@ -12,6 +20,18 @@ from typing import Any
 
 from .policytypes import CONTENDED, DROP, UNRESPONSIVE, Action, ClientInfo, Holder, Turn
 from .priority import RANK
+
+MISS_MEMORY_SEC = 3600.0        # misses older than this are forgotten
+PENALTY_MAX_SEC = 3600.0        # the longest an owner waits benched
+MIN_GRACE_SEC = 1.0             # the shortest drain grace of an owner with recent misses
+MAX_OWNERS_KEPT = 4096          # owners with a miss remembered, at most
+
+
+def owner(client: ClientInfo) -> object:
+    """Whose a client is, for fairness: its uid (the daemon's RegisteredClient); a ClientInfo
+    without one (the policy's tests) is its own owner."""
+    uid = getattr(client, "uid", None)
+    return uid if uid is not None else ("client", client.client_id)
 
 
 @dataclass
@@ -23,6 +43,10 @@ class GpuLock:
     gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
     gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
     turn: Turn | None = None
+    # Unresponsive owners: their clients' requests wait here, never granted, until penalty_until.
+    benched: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)
+    misses: dict[object, list[float]] = field(default_factory=dict)   # owner -> missed drops
+    penalty_until: dict[object, float] = field(default_factory=dict)
 
     # --- clients -------------------------------------------------------------------------------
 
@@ -31,14 +55,40 @@ class GpuLock:
         self.clients[client.client_id] = client
 
     def enqueue(self, client: ClientInfo, now: float) -> None:
-        """The client waits: a gang's client in gang_queue, anyone else in the FIFO."""
+        """The client waits: a gang's client in gang_queue, anyone else in the FIFO; a client
+        whose owner is benched waits benched."""
         cid = client.client_id
+        if self.penalty_until.get(owner(client), 0.0) > now:
+            if cid not in self.benched and cid not in self.queue and cid not in self.gang_queue:
+                self.benched[cid] = (client, now)
+            return
         waiting = self.gang_queue if client.job_id in self.gang_jobs else self.queue
         if cid not in waiting:
-            waiting[cid] = (client, now)
-            if waiting is self.queue and client.rank < max(c.rank for c, _ in self.queue.values()):
-                # A better class waits ahead of worse ones; FIFO within a class (stable sort).
-                self.queue = dict(sorted(self.queue.items(), key=lambda item: item[1][0].rank))
+            if waiting is self.queue:
+                self._enqueue_fair(client, now)
+            else:
+                waiting[cid] = (client, now)
+
+    def _enqueue_fair(self, client: ClientInfo, now: float) -> None:
+        """Into the FIFO by (class, how many of its owner's clients hold or wait ahead of it): a
+        better class ahead of worse ones, and round robin over owners within a class (FIFO among
+        the clients of one owner, and among owners' clients of the same round)."""
+        self.queue[client.client_id] = (client, now)
+        if len(self.queue) == 1:
+            return
+        counts: dict[object, int] = {}
+        for holder in self.holders.values():
+            who = owner(holder.client)
+            counts[who] = counts.get(who, 0) + 1
+        keys: dict[int, tuple[int, int]] = {}
+        for cid, (c, _) in self.queue.items():
+            who = owner(c)
+            keys[cid] = (c.rank, counts.get(who, 0))
+            counts[who] = counts.get(who, 0) + 1
+        ordered = list(keys.values())
+        if all(a <= b for a, b in zip(ordered, ordered[1:], strict=False)):
+            return                                     # already in order: no sort
+        self.queue = dict(sorted(self.queue.items(), key=lambda item: keys[item[0]]))
 
     def forget(self, client_id: int) -> tuple[bool, ClientInfo | None]:
         """The client is gone: its lock, queue place and attachment. Returns whether it held the
@@ -46,6 +96,7 @@ class GpuLock:
         held = self.holders.pop(client_id, None) is not None
         self.queue.pop(client_id, None)
         self.gang_queue.pop(client_id, None)
+        self.benched.pop(client_id, None)
         client = self.clients.pop(client_id, None)
         if client is not None:
             clients = self.attached.get(client.job_id, {})
@@ -66,7 +117,8 @@ class GpuLock:
         holder = self.holders.get(client_id)
         if holder is not None:
             return "dropping" if holder.drop_at is not None else "holding"
-        return "waiting" if client_id in self.queue or client_id in self.gang_queue else "idle"
+        return "waiting" if client_id in self.queue or client_id in self.gang_queue \
+            or client_id in self.benched else "idle"
 
     # --- holders -------------------------------------------------------------------------------
 
@@ -116,18 +168,72 @@ class GpuLock:
         self.holders[client_id].stuck_at = now
 
     def report_unresponsive(self, now: float, grace: float, out: list[Action]) -> None:
-        """UNRESPONSIVE, once, for each holder not released `grace` after its DROP_LOCK (or its
-        latest DRAIN_STUCK)."""
+        """UNRESPONSIVE, once, for each holder not released within its grace (grace_for) after
+        its DROP_LOCK (or its latest DRAIN_STUCK); its owner loses its place (penalize)."""
         for holder in self.holders.values():
             since = holder.grace_from()
-            if since is not None and not holder.unresponsive_reported and now >= since + grace:
+            if since is not None and not holder.unresponsive_reported \
+                    and now >= since + self.grace_for(holder.client, grace):
                 holder.unresponsive_reported = True
+                self.penalize(holder.client, now, grace)
                 out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
 
+    def grace_for(self, client: ClientInfo, grace: float) -> float:
+        """The drain grace of a client: drop_grace_sec, halved for each recent miss of its owner
+        (at least MIN_GRACE_SEC, never more than drop_grace_sec)."""
+        missed = len(self.misses.get(owner(client), ()))
+        return grace if not missed else min(grace, max(MIN_GRACE_SEC, grace / (1 << min(missed, 30))))
+
+    def penalize(self, client: ClientInfo, now: float, grace: float) -> float:
+        """A missed drop of client's owner: bench its waiting clients for drop_grace_sec, doubled
+        for each earlier miss within MISS_MEMORY_SEC (at most PENALTY_MAX_SEC). The seconds."""
+        who = owner(client)
+        recent = [t for t in self.misses.get(who, []) if now - t < MISS_MEMORY_SEC][-16:]
+        recent.append(now)
+        if who not in self.misses and len(self.misses) >= MAX_OWNERS_KEPT:
+            self.forget_misses(now)
+        self.misses[who] = recent
+        period = min(PENALTY_MAX_SEC, max(grace, MIN_GRACE_SEC) * (1 << (len(recent) - 1)))
+        self.penalty_until[who] = max(self.penalty_until.get(who, 0.0), now + period)
+        for waiting in (self.queue, self.gang_queue):
+            for cid, entry in [(c, e) for c, e in waiting.items() if owner(e[0]) == who]:
+                del waiting[cid]
+                self.benched[cid] = entry
+        return period
+
+    def penalty_left(self, client: ClientInfo, now: float) -> float:
+        return max(0.0, self.penalty_until.get(owner(client), 0.0) - now)
+
+    def unbench(self, now: float) -> None:
+        """Owners whose penalty is over: their benched clients wait in the queue again (at its
+        end, in the order they asked)."""
+        over = [who for who, until in self.penalty_until.items() if until <= now]
+        for who in over:
+            del self.penalty_until[who]
+        if not over or not self.benched:
+            return
+        back = [e for e in self.benched.values() if owner(e[0]) in over]
+        for client, _ in back:
+            del self.benched[client.client_id]
+            self.enqueue(client, now)
+
+    def forget_misses(self, now: float) -> None:
+        """Drop the misses older than MISS_MEMORY_SEC (and owners left with none)."""
+        for who in list(self.misses):
+            kept = [t for t in self.misses[who] if now - t < MISS_MEMORY_SEC]
+            if kept:
+                self.misses[who] = kept
+            else:
+                del self.misses[who]
+
     def deadlines(self, grace: float) -> list[float]:
-        """When a holder's drain grace runs out, and when gang.py next needs a pass."""
-        found = [since + grace for h in self.holders.values()
+        """When a holder's drain grace runs out, when a benched owner may wait in the queue
+        again, and when gang.py next needs a pass."""
+        found = [since + self.grace_for(h.client, grace) for h in self.holders.values()
                  if (since := h.grace_from()) is not None and not h.unresponsive_reported]
+        if self.benched:
+            found.extend(until for who, until in self.penalty_until.items()
+                         if any(owner(c) == who for c, _ in self.benched.values()))
         if self.turn is not None and self.turn.deadline is not None:
             found.append(self.turn.deadline)
         return found
@@ -201,7 +307,11 @@ class GpuLock:
                         for h in self.holders.values()],
             "waiting": [{"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
                          "waiting_sec": round(now - since, 3), "class": c.share_class}
-                        for c, since in [*self.queue.values(), *self.gang_queue.values()]],
+                        for c, since in [*self.queue.values(), *self.gang_queue.values()]] + [
+                        {"job_id": c.job_id, "step_id": c.step_id, "pid": c.pid, "user": c.user,
+                         "waiting_sec": round(now - since, 3), "class": c.share_class,
+                         "penalty_sec": round(self.penalty_left(c, now), 3)}
+                        for c, since in self.benched.values()],
             "turn": None if self.turn is None else {
                 "job_id": self.turn.job_id,
                 "state": "ending" if not self.turn.grants else

@@ -263,6 +263,7 @@ class GpuState:
 
     def _schedule(self, now: float, admin: bool = False) -> list[Action]:
         out: list[Action] = []
+        self.lock.unbench(now)          # penalties that are over: back in the queue (gpulock.py)
         self.memory.begin_pass()
         self.memory.expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.

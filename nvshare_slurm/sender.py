@@ -153,10 +153,14 @@ class ActionSender:
         """A holder that ignored DROP_LOCK for drop_grace_sec loses the lock here, whatever the
         policy, so one client can never keep a GPU from the others; kill also signals it (and
         cutting its connection off drops it). The Actions of a release for it come back."""
-        grace = self.core.cfg.drop_grace_sec
+        grace = gpu.lock.grace_for(info, self.core.cfg.drop_grace_sec)
         where = f"gpu {gpu.uuid}: {info.label()}"
         client = self.registry.clients.get(info.client_id)
         conn = client.connection if client is not None else None
+        uid = getattr(info, "uid", None)
+        self.logger.warning(f"gpu {gpu.uuid}: uid {uid if uid is not None else '?'} loses its place "
+                            f"there for {gpu.lock.penalty_left(info, self.core.now()):g}s: "
+                            f"a holder of it did not release in time after DROP_LOCK")
         if self.core.cfg.unresponsive_holder == "kill":
             self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK; "
                                 f"killing it (unresponsive_holder=kill)")
@@ -175,10 +179,8 @@ class ActionSender:
                 self.logger.warning(f"{where}: lock revoked, connection closed")
                 conn.abort()          # drops its lock and queue place: the next waiter runs
             return []
-        if not gpu.queue:
-            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
-                                f"(unresponsive; policy warn)")
-            return []
+        # Revoked even when nobody waits now (its owner's own clients may wait benched): a holder
+        # that keeps an unanswered DROP_LOCK would keep the GPU from whoever comes next.
         self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
                             f"(unresponsive; policy warn): lock revoked and handed on; what it "
                             f"still runs there is not gated")
