@@ -190,7 +190,7 @@ struct nvshare_job_register {
     uint32_t flags;             /* NVSHARE_JOB_* */
     uint32_t n_gpus;            /* entries used in gpu_index[] */
     int32_t gpu_index[16];      /* NVML indices chosen by Slurm (NVSHARE_MAX_GPUS) */
-    uint64_t mem_limit;         /* bytes per GPU, 0 = none */
+    uint64_t reserved;          /* 0 (was a job-wide cap that nothing set; NVSHARE_MEM_LIMIT is per process) */
     char name[128];             /* job name, for status only (NVSHARE_NAME_LEN) */
     char user[32];              /* NVSHARE_USER_LEN */
     char class_reason[64];      /* why that class, e.g. "qos prod" (status only; NVSHARE_REASON_LEN) */

@@ -88,14 +88,14 @@ class Client:
 
     def register_job(self, job_id: int, uid: int, gid: int, slots: int = 0,
                      gpu_index: list[int] | None = None, name: str = "", user: str = "",
-                     mem_limit: int = 0, share_class: str = "normal",
+                     share_class: str = "normal",
                      class_reason: str = "") -> dict[str, Any]:
         """Register a job (root only); returns the placement {gpu_uuid: [...], gpu_index: [...]}."""
         gpus = list(gpu_index or [])
         flags = (C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0) | class_flag(share_class)
         fields = {"job_id": job_id, "uid": uid, "gid": gid, "slots": slots, "n_gpus": len(gpus),
                   "gpu_index": gpus, "flags": flags,
-                  "mem_limit": mem_limit, "name": _fit(name, C.NVSHARE_NAME_LEN),
+                  "name": _fit(name, C.NVSHARE_NAME_LEN),
                   "user": _fit(user, C.NVSHARE_USER_LEN),
                   "class_reason": _fit(class_reason, C.NVSHARE_REASON_LEN)}
         return self._job_reply(self.request(C.NVSHARE_MSG_JOB_REGISTER, fields))

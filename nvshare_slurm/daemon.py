@@ -107,7 +107,7 @@ class Daemon:
                              f"of them together")
 
     def place(self, job_id: int, uid: int, gid: int, user: str, name: str, slots: int,
-              given: list[int] | None, mem_limit: int) -> Job:
+              given: list[int] | None) -> Job:
         """A new Job placed on this node's GPUs (not yet added); PlacementError if it cannot be."""
         jobs_on: dict[str, int] = {}
         for job in self.registry.jobs.values():
@@ -117,7 +117,7 @@ class Daemon:
                  for g in self.gpus.values()]
         placed = place_job(loads, slots, given, C.NVSHARE_ERR_NOGPU, C.NVSHARE_ERR_INVAL)
         return Job(job_id, uid, gid, user, name, slots, [g.uuid for g in placed],
-                   [g.index for g in placed], mem_limit)
+                   [g.index for g in placed])
 
     # --- actions from the policy ---------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class Core(Protocol):
         later; False when nothing is being rebuilt."""
 
     def place(self, job_id: int, uid: int, gid: int, user: str, name: str, slots: int,
-              given: list[int] | None, mem_limit: int) -> Job:
+              given: list[int] | None) -> Job:
         """A new Job placed on this node's GPUs (not yet added); PlacementError if it cannot be."""
 
     def drop_client(self, conn: Connection) -> None:

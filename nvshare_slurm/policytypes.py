@@ -66,7 +66,7 @@ class ClientInfo:
     step_id: int
     pid: int
     user: str = ""
-    mem_limit: int = 0        # NVSHARE_MEM_LIMIT of this process, else the job's mem_limit; 0 = none
+    mem_limit: int = 0        # NVSHARE_MEM_LIMIT of this process; 0 = none
     share_class: str = "normal"   # its job's class (priority.py): high, normal, low
 
     @property

@@ -45,7 +45,6 @@ class Job:
     slots: int
     gpus: list[str]            # placed GPU UUIDs in placement order
     gpu_index: list[int]
-    mem_limit: int = 0
     registered: float = field(default_factory=time.time)
     rebuilt: bool = False      # registered from Slurm's record after state was lost: its placement
     #                            may not be the one its running processes were given (see adopt)
@@ -101,8 +100,8 @@ def job_from_json(item: Any) -> Job:
     if not 0 < item["job_id"] < 1 << 32 or not 0 <= item["uid"] < 1 << 32 or \
             not 0 <= item["gid"] < 1 << 32:
         raise ValueError("job_id, uid or gid out of range")
-    if not 0 <= item["slots"] <= 1 << 16 or not 0 <= item.get("mem_limit", 0) < 1 << 62:
-        raise ValueError("slots or mem_limit out of range")
+    if not 0 <= item["slots"] <= 1 << 16:
+        raise ValueError("slots out of range")
     if not math.isfinite(item.get("registered", 0)):
         raise ValueError("registered is not a finite time")
     if any(len(item.get(k, "")) > TEXT_MAX for k in ("user", "name", "class_reason")):
@@ -116,7 +115,9 @@ def job_from_json(item: Any) -> Job:
         raise ValueError(f"{len(gpus)} gpus but {len(index)} gpu_index entries")
     if item.get("share_class", "normal") not in RANK:
         raise ValueError(f"share_class {item['share_class']!r} is not one of {', '.join(RANK)}")
-    return Job(**item)
+    # mem_limit: written before 0.1.0 lost its job-wide cap (nothing ever set it; NVSHARE_MEM_LIMIT
+    # is per process): read and dropped, so a node upgraded in place keeps its jobs.
+    return Job(**{k: v for k, v in item.items() if k != "mem_limit"})
 
 
 def _override_checks() -> dict[str, Any]:

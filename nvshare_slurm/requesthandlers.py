@@ -84,7 +84,7 @@ class RequestHandlers:
         user = proto.text(body.user) or user_name(int(body.uid))
         try:
             job = self.core.place(job_id, int(body.uid), int(body.gid), user, proto.text(body.name),
-                                  int(body.slots), given, int(body.mem_limit))
+                                  int(body.slots), given)
         except PlacementError as exc:
             known = self.core.inventory_error
             reason = f"{exc} ({known})" if known else str(exc)

@@ -163,7 +163,7 @@ class StateKeeper:
                                             else None)
         try:
             job = self.core.place(record.job_id, record.uid, record.gid, record.user or
-                                  user_name(record.uid), record.name, gres.nvshare_slots, given, 0)
+                                  user_name(record.uid), record.name, gres.nvshare_slots, given)
         except PlacementError as exc:
             self.logger.warning(f"job {record.job_id}: not rebuilt from Slurm: "
                                 f"{log.escape(exc)}")

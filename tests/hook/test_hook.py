@@ -221,13 +221,13 @@ def test_mem_limit_and_the_jobs_view_of_memory(hook_lib, scheduler, tmp_path):
     assert "NVSHARE_MEM_LIMIT" in out.stderr  # the refusal is explained on stderr
 
 
-def test_small_allocations_up_to_the_jobs_limit_exactly(hook_lib, scheduler, tmp_path):
+def test_small_allocations_up_to_the_gpus_memory_exactly(hook_lib, scheduler_factory, tmp_path):
     """Small allocations are admitted from a budget each answer of the daemon leaves (a sixteenth
-    of the headroom): the job's limit, 8 MiB, still lets exactly 32 of 40 256-KiB allocations
-    through, freeing some lets as many more through, and refusals are the daemon's."""
+    of the headroom): an 8 MiB GPU still lets exactly 32 of 40 256-KiB allocations through,
+    freeing some lets as many more through, and refusals are the daemon's."""
     kib = 1 << 10
-    scheduler.client().register_job(143, uid=os.getuid(), gid=os.getgid(), gpu_index=[0],
-                                     mem_limit=8 << 20)
+    scheduler = scheduler_factory(gpus=[{"uuid": GPU0, "memory": "8M"}], memory_reserve_percent=0)
+    scheduler.client().register_job(143, uid=os.getuid(), gid=os.getgid(), gpu_index=[0])
     job = Job.__new__(Job)
     job.env = {"NVSHARE_SOCKET": scheduler.socket, "NVSHARE_JOB_ID": "143", "SLURM_STEP_ID": "0",
                "CUDA_VISIBLE_DEVICES": GPU0, "NVSHARE_MANAGED_GPUS": GPU0,

@@ -178,9 +178,9 @@ def test_gpus_are_independent(scheduler_factory, clients):
 
 def test_memory_admission(scheduler_factory, clients):
     sched = scheduler_factory(memory_reserve_percent=0)
-    register(sched, 1, mem_limit=4 * G)
+    register(sched, 1)
     register(sched, 2)
-    a = clients(sched, 1)
+    a = clients(sched, 1, "--mem-limit", str(4 * G))     # the process's NVSHARE_MEM_LIMIT
     b = clients(sched, 2)
     a.send(f"mem {GPU0} 0 0 0 {3 * G}")
     reply = a.expect("mem_reply")

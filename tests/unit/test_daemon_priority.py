@@ -38,7 +38,7 @@ def test_the_reserved_class_value_is_refused(scheduler_factory):
     assert proto.class_of_flags(C.NVSHARE_JOB_CLASS_MASK) is None
     client = sched.client()
     fields = {"job_id": 5, "uid": 0, "gid": 0, "slots": 1, "n_gpus": 0, "gpu_index": [],
-              "flags": C.NVSHARE_JOB_CLASS_MASK, "mem_limit": 0, "name": "", "user": "root",
+              "flags": C.NVSHARE_JOB_CLASS_MASK, "name": "", "user": "root",
               "class_reason": ""}
     with pytest.raises(RequestFailed) as info:
         client._job_reply(client.request(C.NVSHARE_MSG_JOB_REGISTER, fields))

@@ -13,14 +13,28 @@ from nvshare_slurm.registry import Job, Registry
 
 def test_state_round_trip_and_atomic_write(tmp_path):
     reg = Registry(str(tmp_path / "state"))
-    reg.add_job(Job(12, 1000, 1000, "alice", "train", 1, ["GPU-a"], [0], 4 << 30))
+    reg.add_job(Job(12, 1000, 1000, "alice", "train", 1, ["GPU-a"], [0]))
     reg.gpu_overrides["GPU-a"] = {"mode": "serial"}
     reg.save()
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["state.json"]  # no temp left
     again = Registry(str(tmp_path / "state"))
     again.load({"GPU-a"})
-    assert again.jobs[12].user == "alice" and again.jobs[12].mem_limit == 4 << 30
+    assert again.jobs[12].user == "alice" and again.jobs[12].gpus == ["GPU-a"]
     assert again.gpu_overrides == {"GPU-a": {"mode": "serial"}}
+
+
+def test_a_state_file_of_the_version_with_a_job_wide_cap_still_loads(tmp_path):
+    """Before 0.1.0 every job entry had mem_limit (always 0: nothing set it): read and dropped."""
+    reg = Registry(str(tmp_path))
+    reg.add_job(Job(12, 1000, 1000, "alice", "train", 1, ["GPU-a"], [0]))
+    reg.save()
+    state = json.loads((tmp_path / "state.json").read_text())
+    for entry in state["jobs"]:
+        entry["mem_limit"] = 0
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    again = Registry(str(tmp_path))
+    again.load({"GPU-a"})
+    assert again.jobs[12].user == "alice" and not hasattr(again.jobs[12], "mem_limit")
 
 
 def test_gone_gpus_are_dropped_from_restored_placements(tmp_path):
