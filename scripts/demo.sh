@@ -18,6 +18,7 @@
 #   NVSHARE_DEMO_CONSTRAIN=1  a site's device confinement: task/cgroup, proctrack/cgroup and
 #                         ConstrainDevices=yes, the GPU's device file as a `gpu` GRES beside nvshare
 #                         (NVSHARE_DEMO_GPU_DEVICE, default /dev/nvidia0), as nvshare-node-config prints
+#   NVSHARE_DEMO_OCI_CONF  an oci.conf to put beside slurm.conf, for `srun --container` steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -101,7 +102,8 @@ else
   GPU=fake
   echo "== no NVIDIA GPU: using the fake CUDA driver (tests/c/build/libcuda.so.1)"
   make -s -C tests/c >/dev/null
-  GPUS_YAML="gpus: [{uuid: GPU-fa4e0000-0000-0000-0000-000000000000, memory: 16G}]"
+  GPUS_YAML="log_level: debug
+gpus: [{uuid: GPU-fa4e0000-0000-0000-0000-000000000000, memory: 16G}]"
 fi
 
 HOST=$(hostname -s)
@@ -143,6 +145,8 @@ if [ -n "$CONSTRAIN" ]; then
   echo "== a site's device cgroups: $TASK_PLUGIN, $PROCTRACK, ConstrainDevices=yes, gpu GRES on $GPU_DEVICE"
 fi
 PYTHONPATH=$REPO "${PY_BIN:-python3}" -m nvshare_slurm.localcluster "$DEMO" "${CLUSTER[@]}"
+# Slurm OCI (`srun --container`): slurmstepd reads oci.conf from slurm.conf's directory.
+[ -z "${NVSHARE_DEMO_OCI_CONF:-}" ] || install -m 644 "$NVSHARE_DEMO_OCI_CONF" "$DEMO/oci.conf"
 
 echo "== starting munged, nvshare-scheduler, slurmctld, slurmd (logs in $DEMO)"
 install -m 600 /etc/munge/munge.key "$DEMO/munge/munge.key"
