@@ -97,6 +97,8 @@ enum nvshare_status {
 #define NVSHARE_DROP_MAX_RUNTIME 2
 #define NVSHARE_DROP_ADMIN 3
 #define NVSHARE_DROP_MEMORY 4
+#define NVSHARE_DROP_SUSPEND 5     /* its job is being suspended (Slurm): move `bytes` out, ask again when you like;
+                                      the daemon grants nothing to a suspended job until it resumes */
 
 /* nvshare_mem_update.flags */
 #define NVSHARE_MEM_CAN_DEFER 1     /* this allocation can be made without GPU memory until the next grant */

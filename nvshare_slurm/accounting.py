@@ -8,7 +8,9 @@ module stays pure (a clock is passed in) like gpustate.py.
 
 Per job and GPU: seconds during which at least one of the job's processes held the GPU's lock
 (held), seconds during which at least one waited for it and none held it (wait), the peak of the
-job's memory there (resident + swapped out), bytes moved to host memory, and turns granted.
+job's memory there (resident + swapped out), bytes moved to host memory, and turns granted. Per
+job: seconds suspended (suspend.py says when a suspension starts and ends); a suspended client's
+requests wait outside the queue, so that time is never counted as waiting.
 Per GPU: hand-overs (grants), drains (a DROP_LOCK answered, with how long it took), bytes moved out
 and back in, and the seconds of drains that moved memory.
 """
@@ -62,6 +64,8 @@ class UsageLedger:
         self.jobs: dict[int, dict[str, JobGpuUsage]] = {}
         self.gpus: dict[str, GpuCounters] = {}
         self._seen: dict[str, _Seen] = {}
+        self.suspended_sec: dict[int, float] = {}       # job -> seconds suspended, ended ones
+        self.suspended_since: dict[int, float] = {}     # job -> since when, while suspended
 
     def _job(self, job_id: int, uuid: str) -> JobGpuUsage:
         return self.jobs.setdefault(job_id, {}).setdefault(uuid, JobGpuUsage())
@@ -129,18 +133,33 @@ class UsageLedger:
                 usage.wait_sec += now - usage.waiting_since
                 usage.waiting_since = None
 
+    def suspend(self, job_id: int, now: float) -> None:
+        """The job is suspended from now (a second call while it is changes nothing)."""
+        self.suspended_since.setdefault(job_id, now)
+
+    def resume(self, job_id: int, now: float) -> None:
+        since = self.suspended_since.pop(job_id, None)
+        if since is not None:
+            self.suspended_sec[job_id] = self.suspended_sec.get(job_id, 0.0) + now - since
+
     def job_usage(self, job_id: int, now: float) -> dict[str, dict[str, Any]]:
-        """Per GPU uuid: held_sec, wait_sec, peak_memory, swapped_out, turns (JSON-ready)."""
+        """Per GPU uuid: held_sec, wait_sec, suspended_sec (the job's, on each of its GPUs),
+        peak_memory, swapped_out, turns (JSON-ready)."""
         out: dict[str, dict[str, Any]] = {}
+        since = self.suspended_since.get(job_id)
+        suspended = self.suspended_sec.get(job_id, 0.0) + (now - since if since is not None else 0)
         for uuid, usage in self.jobs.get(job_id, {}).items():
             held, wait = usage.totals(now)
             out[uuid] = {"held_sec": round(held, 3), "wait_sec": round(wait, 3),
+                         "suspended_sec": round(suspended, 3),
                          "peak_memory": usage.peak_memory, "swapped_out": usage.swapped_out,
                          "turns": usage.turns}
         return out
 
     def forget_job(self, job_id: int) -> None:
         self.jobs.pop(job_id, None)
+        self.suspended_sec.pop(job_id, None)
+        self.suspended_since.pop(job_id, None)
 
 
 def usage_line(usage: dict[str, dict[str, Any]], index_of: dict[str, int] | None = None) -> str:
@@ -150,7 +169,9 @@ def usage_line(usage: dict[str, dict[str, Any]], index_of: dict[str, int] | None
     parts = []
     for uuid, u in usage.items():
         label = f"gpu{index_of[uuid]}" if index_of and uuid in index_of else uuid
+        suspended = float(u.get("suspended_sec") or 0)
         parts.append(f"{label} held={u['held_sec']:.1f}s wait={u['wait_sec']:.1f}s "
+                     f"{f'suspended={suspended:.1f}s ' if suspended else ''}"
                      f"peak={human_size(int(u['peak_memory']))} "
                      f"swapped={human_size(int(u['swapped_out']))} turns={u['turns']}")
     return "; ".join(parts)

@@ -132,6 +132,8 @@ class ClientHandlers:
             return reply(conn, frame, C.NVSHARE_ERR_NOGPU,
                          f"GPU {log.escape(proto.text(body.gpu_uuid))} is not managed "
                          f"for this job")
+        if self.core.suspends.park(_info(conn), gpu.uuid):
+            return None                  # its job is suspended: asked again when it resumes
         self.core.after_event(gpu, gpu.request(_info(conn), self.core.now()))
 
     def _on_lock_released(self, conn: Connection, frame: proto.Frame) -> None:

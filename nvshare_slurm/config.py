@@ -95,6 +95,8 @@ class Config:
     on_daemon_loss: str = "wait"           # wait | run
     rogue_process: str = "warn"            # warn | kill
     rogue_check_sec: float = 10.0
+    suspend_check_sec: float = 0.25        # how often clients' run state (stopped, frozen) is read
+    suspend_slurm_poll_sec: float = 1.0    # how often squeue is asked for suspended jobs; 0 = never
     max_connections_per_uid: int = 256     # each job process holds one; root is not capped
     node_name: str = "-"                   # this node's Slurm NodeName; "-": the short host name
     log_level: str = "info"
@@ -136,6 +138,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_release_ms": (0.1, 60000),
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),
+    "suspend_check_sec": (0.05, 60),
+    "suspend_slurm_poll_sec": (0, 3600),
     "max_connections_per_uid": (1, 1_000_000),
     "metrics_port": (0, 65535),
     "site_task_prolog_timeout": (0.1, 3600),
@@ -199,6 +203,8 @@ def _convert(key: str, value: Any, source: str) -> Any:
         low, high = _RANGES[key]
         if not low <= value <= high:
             raise ConfigError(f"{where}: {value} is outside {low}..{high}")
+    if key == "suspend_slurm_poll_sec" and 0 < value < 0.2:
+        raise ConfigError(f"{where}: {value} asks slurmctld too often: 0 (off) or at least 0.2")
     if key == "node_name" and not _NODE_RE.match(value):
         raise ConfigError(f"{where}: {value!r} is not a Slurm node name (or - for the host name)")
     if key == "metrics_bind":

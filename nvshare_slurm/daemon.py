@@ -40,6 +40,7 @@ from .rogue import RogueTracker, RogueWatch
 from .sender import ActionSender
 from .statekeeper import StateKeeper
 from .statusreply import status_reply
+from .suspend import SuspendWatch
 
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus", "metrics_port")
@@ -73,6 +74,7 @@ class Daemon:
         self.rogues = RogueTracker()
         self.rogue_watch = RogueWatch(self, self.inventory, self.rogues)
         self.hooks = HookWatch(self)
+        self.suspends = SuspendWatch(self)
         self.ledger = UsageLedger()
         self.warnings = RepeatedWarnings(self.logger, self.now)
         self.burst_pages = BurstPages()
@@ -303,11 +305,13 @@ class Daemon:
         self.loop.add_signal_handler(signal.SIGINT, self.begin_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self.reload)
         rogue_task = asyncio.ensure_future(self._rogue_loop())
+        suspend_task = asyncio.ensure_future(self.suspends.run())
         modes = ", ".join(f"{g.uuid} ({g.settings.mode})" for g in self.gpus.values()) or "none"
         self.logger.info(f"listening on {path} (pid {os.getpid()}); GPUs: {modes}")
         await self._stop.wait()
         self.logger.info("stopping: SIGTERM; no more grants")
         rogue_task.cancel()
+        suspend_task.cancel()
         if metrics is not None:
             metrics.close()
         self.listener.close()

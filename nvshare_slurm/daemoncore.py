@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .policytypes import Action, MemDecision
     from .registry import Job, Registry
     from .rogue import RogueTracker
+    from .suspend import SuspendWatch
 
 # A hook that cannot bring its memory back gives the lock back and asks again every 250 ms: the
 # warnings of that loop are repeated at most this often per client and GPU (debug in between).
@@ -47,6 +48,7 @@ class Core(Protocol):
     ledger: UsageLedger
     rogues: RogueTracker
     hooks: HookWatch
+    suspends: SuspendWatch
     warnings: RepeatedWarnings
     inventory_error: str
     loop: asyncio.AbstractEventLoop | None

@@ -105,6 +105,14 @@ class GpuLock:
                 self.attached.pop(client.job_id, None)
         return held, client
 
+    def withdraw(self, client_id: int) -> bool:
+        """The client waits no more (its job is suspended): out of every queue, still attached.
+        Whether it waited."""
+        waited = False
+        for waiting in (self.queue, self.gang_queue, self.benched):
+            waited = waiting.pop(client_id, None) is not None or waited
+        return waited
+
     def head(self) -> ClientInfo | None:
         return next(iter(self.queue.values()))[0] if self.queue else None
 

@@ -48,8 +48,8 @@ from typing import Any
 from .demand import Demand, GpuDemand
 from .gpulock import GpuLock
 from .gpumemory import GpuMemory, MemUsage
-from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, Action, ClientInfo, GpuSettings, Holder,
-                          MemDecision)
+from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, SWAP_OUT, Action, ClientInfo, GpuSettings,
+                          Holder, MemDecision)
 from .proto import C
 
 
@@ -567,3 +567,27 @@ def sharing_now(gpu: GpuState) -> tuple[str, str]:
     if s.auto_share == "turns":
         return "turns", "auto_share turns"
     return "corun", "idle"
+
+
+def suspend_client(gpu: GpuState, client_id: int, now: float, stopped: bool,
+                   move: int) -> list[Action]:
+    """The client's job is suspended, or its process stopped or frozen (suspend.py): it waits in
+    no queue on `gpu`. A holder that still runs hears DROP_LOCK(SUSPEND) with `move` bytes to
+    move to host memory (a holder already dropping, PREPARE_SWAP_OUT) and releases as any holder
+    does; a stopped one cannot answer, so it holds nothing from now on (it reads its DROP_LOCK
+    when it runs again). Another client's turn starts at once either way."""
+    out: list[Action] = []
+    gpu.lock.withdraw(client_id)
+    holder = gpu.holders.get(client_id)
+    client = gpu.clients.get(client_id)
+    if holder is None:
+        if move and client is not None:
+            out.append(Action(SWAP_OUT, client, 0, 0, move))
+        return out + gpu.tick(now)
+    if holder.drop_at is None:
+        gpu.lock.drop(holder, now, C.NVSHARE_DROP_SUSPEND, out, move)
+    elif move:
+        out.append(Action(SWAP_OUT, holder.client, 0, 0, move))
+    if not stopped:
+        return out + gpu.tick(now)
+    return out + gpu.release(client_id, now)

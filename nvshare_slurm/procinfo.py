@@ -28,7 +28,8 @@ class ProcIdentity:
     start: int                # start time in clock ticks since boot (/proc/<pid>/stat field 22);
     #                           ANY_START where the caller's pidfd already pins the process
     job_id: int | None        # the Slurm job of its cgroup (job_<id>), None outside any job
-    stopped: bool = False     # state T or t: stopped by a signal or traced (a suspended job)
+    stopped: bool = False     # state T or t (stopped by a signal, or traced), or its cgroup is
+    #                           frozen or freezing (Slurm's suspend under proctrack/cgroup)
 
     def same_process(self, other: ProcIdentity) -> bool:
         """Whether other is this very process, still of the same uid and job."""
@@ -60,7 +61,60 @@ def read_identity(pid: int) -> ProcIdentity | None:
         uid, gid = int(lines["Uid"][0]), int(lines["Gid"][0])
     except (OSError, ValueError, IndexError, KeyError):
         return None
-    return ProcIdentity(pid, uid, gid, start, job_of_cgroup(cgroup), state in ("T", "t"))
+    return ProcIdentity(pid, uid, gid, start, job_of_cgroup(cgroup),
+                        state in ("T", "t") or bool(cgroup_frozen(cgroup)))
+
+
+def cgroup_frozen(cgroup_text: str, root: str = "/sys/fs/cgroup") -> str:
+    """Why the cgroup a /proc/<pid>/cgroup text names is frozen (or freezing), else "": cgroup v1
+    `freezer.state` FROZEN or FREEZING, or v2 `cgroup.events` `frozen 1` (`cgroup.freeze` 1 while
+    it is still freezing). A frozen process is in no run state of its own to read (often D or S),
+    and slurmstepd's SIGSTOP under proctrack/cgroup is such a freeze."""
+    for line in cgroup_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or ".." in parts[2].split("/"):
+            continue
+        path = parts[2].rstrip("\n")
+        if "freezer" in parts[1].split(","):
+            state = _read_small(f"{root}/freezer{path}/freezer.state")
+            if state in ("FROZEN", "FREEZING"):
+                return f"its cgroup is {state.lower()} (freezer.state {state})"
+        elif parts[0] == "0" and parts[1] == "":
+            for base in (root, f"{root}/unified"):
+                events = _read_small(f"{base}{path}/cgroup.events")
+                if events is None:
+                    continue
+                if "frozen 1" in events.splitlines():
+                    return "its cgroup is frozen (cgroup.events frozen 1)"
+                if _read_small(f"{base}{path}/cgroup.freeze") == "1":
+                    return "its cgroup is freezing (cgroup.freeze 1)"
+                break
+    return ""
+
+
+def pause_reason(pid: int, root: str = "/sys/fs/cgroup") -> str:
+    """Why the process cannot run now, or "" when it can (or has exited): stopped (state T),
+    traced (t), or its cgroup frozen. Two small reads of /proc, one or two of the cgroup tree."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0].decode()
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            cgroup = fh.read(65536)
+    except (OSError, ValueError, IndexError):
+        return ""
+    if state == "T":
+        return "stopped (state T)"
+    if state == "t":
+        return "stopped by a debugger (state t)"
+    return cgroup_frozen(cgroup, root)
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(4096).strip()
+    except OSError:
+        return None
 
 
 def mapped_libraries(pid: int) -> set[str] | None:
@@ -128,3 +182,34 @@ def signal_checked(expected: ProcIdentity, sig: int = signal.SIGKILL,
     finally:
         if own:
             os.close(pidfd)
+
+
+def memory_headroom(pid: int, root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes the process's memory cgroup may still grow by (v2 memory.max - memory.current, v1
+    memory.limit_in_bytes - memory.usage_in_bytes), or None when it has no limit or none can be
+    read. Pinned host memory for a swap-out counts against it (Slurm's --mem)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or ".." in parts[2].split("/"):
+            continue
+        if "memory" in parts[1].split(","):
+            names = [(f"{root}/memory{parts[2]}", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+        elif parts[0] == "0" and parts[1] == "":
+            names = [(f"{base}{parts[2]}", "memory.max", "memory.current")
+                     for base in (root, f"{root}/unified")]
+        else:
+            continue
+        for directory, limit_name, usage_name in names:
+            limit, usage = _read_small(f"{directory}/{limit_name}"), \
+                _read_small(f"{directory}/{usage_name}")
+            if limit is None or usage is None:
+                continue
+            if not limit.isdigit() or not usage.isdigit() or int(limit) >= 1 << 60:
+                return None               # "max", or v1's "no limit" (a huge number)
+            return max(0, int(limit) - int(usage))
+    return None

@@ -203,6 +203,10 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
     unhooked = [safe(p.get("pid")) for p in job.get("unhooked") or [] if isinstance(p, dict)]
     if unhooked:
         record.append([("Ungated", f"no hook in pid {_join(unhooked)}")])
+    suspended = job.get("suspended")
+    if isinstance(suspended, dict):
+        record.append([("State", "suspended"), ("Suspended", duration(suspended.get("sec"))),
+                       ("Reason", safe(suspended.get("reason")))])
     if job.get("provisional"):
         record.append([("Provisional", "yes(state lost, Slurm not answering yet)")])
     usage = job.get("usage")
@@ -211,6 +215,8 @@ def job_record(job: dict[str, Any], now: Any = None, node: Any = None) -> Record
             u = u if isinstance(u, dict) else {}
             record.append([("GpuUsage", gpu_label(uuid)), ("Held", duration(u.get("held_sec"))),
                            ("Waited", duration(u.get("wait_sec"))),
+                           *([("SuspendedTime", duration(u.get("suspended_sec")))]
+                             if u.get("suspended_sec") else []),
                            ("PeakMemory", human_size(u.get("peak_memory"))),
                            ("Swapped", human_size(u.get("swapped_out"))),
                            ("Turns", number(u.get("turns")))])

@@ -467,6 +467,19 @@ def _scontrol(args: list[str], slurm_bin_dir: str, timeout: float, attempts: int
     raise SlurmError(f"scontrol {' '.join(args)}: {last}")
 
 
+def suspended_jobs(node: str, slurm_bin_dir: str, timeout: float = 5.0,
+                   environ: dict[str, str] | None = None) -> set[int]:
+    """The jobs slurmctld holds SUSPENDED on `node` (one squeue call). slurmctld marks a job
+    SUSPENDED before slurmd signals it (SIGTSTP, then SIGSTOP or a cgroup freeze 2 s later:
+    PreemptParameters=suspend_grace_time from 23.11), so this is the early word of a suspend.
+    SlurmError when squeue cannot run or fails."""
+    out, why = _run("squeue", ["--noheader", "--states=SUSPENDED", f"--nodelist={node}",
+                               "--format=%A"], slurm_bin_dir, timeout, environ)
+    if out is None:
+        raise SlurmError(f"squeue --states=SUSPENDED: {why}")
+    return {job for word in out.split() if (job := valid_job_id(word)) is not None}
+
+
 def drain_node(node: str, reason: str, slurm_bin_dir: str,
                environ: dict[str, str] | None = None) -> None:
     """Drain the node with our reason (slurmd drains it anyway, with a generic 'Prolog error');

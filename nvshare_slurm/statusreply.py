@@ -55,7 +55,8 @@ def _job_status(core: Core, job: Job) -> dict[str, Any]:
             use = gpu.usage.get(client.client_id)
             gpus[uuid] = {"allocated": use.allocated if use else 0,
                           "swapped": use.swapped if use else 0,
-                          "state": gpu.client_state(client.client_id)}
+                          "state": core.suspends.state_of(client.client_id)
+                          or gpu.client_state(client.client_id)}
         for uuid in sorted(client.ungated):
             gpus[uuid] = {"allocated": 0, "swapped": 0, "state": "ungated"}
         clients.append({"pid": client.pid, "step_id": client.step_id, "gpus": gpus})
@@ -67,7 +68,9 @@ def _job_status(core: Core, job: Job) -> dict[str, Any]:
             "gang": core.gangs.status(job.job_id),
             # processes of the job running without the hook (hookwatch.py): ungated there
             "unhooked": core.hooks.for_status(job.job_id),
-            "provisional": job.provisional}
+            "provisional": job.provisional,
+            # stopped or frozen processes, or Slurm's SUSPENDED (suspend.py): no turns meanwhile
+            "suspended": core.suspends.for_status(job.job_id)}
 
 
 def fit_status(data: dict[str, Any]) -> bytes:

@@ -48,6 +48,9 @@ class Scheduler:
             "#!/bin/sh\ncase \"$1\" in --json) echo \"scontrol: unrecognized option '--json'\" >&2;"
             " exit 1;; esac\nexit 0\n")
         workdir.joinpath("scontrol").chmod(0o755)
+        # And a squeue that knows no suspended job (suspend.py asks it while jobs are registered).
+        workdir.joinpath("squeue").write_text("#!/bin/sh\nexit 0\n")
+        workdir.joinpath("squeue").chmod(0o755)
         config = {"socket": self.socket, "state_dir": self.state_dir, "gpus": FAKE_GPUS,
                   "log_level": "debug", "slurm_bin_dir": str(workdir)}
         config.update(settings)

@@ -122,6 +122,8 @@ KEYS = {
     "site_task_prolog": ("/etc/slurm/task prolog", "/etc/slurm/task prolog",
                          ["taskprolog.site", "./t", 5, ["/t"], "/a\nb", "/a\x1bb", True]),
     "site_task_prolog_timeout": ("2.5", 2.5, [0, 0.05, 3601, "soon", "nan", True, [1]]),
+    "suspend_check_sec": ("0.5", 0.5, [0, 0.01, 61, "often", True]),
+    "suspend_slurm_poll_sec": ("0", 0.0, [0.1, -1, 3601, "never", True]),
     "gpus": ([{"uuid": "GPU-a", "memory": "1G"}], (config.GpuSpec("GPU-a", 1 << 30, 0),),
              ["GPU-a", [{"uuid": "GPU-a"}]]),
     "priority_classes": (

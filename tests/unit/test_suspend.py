@@ -1,0 +1,278 @@
+"""Suspend (issue 28): a stopped or frozen holder holds no lock and is never taken as unresponsive;
+a job Slurm suspends moves its GPU memory to host memory and asks for nothing until it resumes.
+
+A real nvshare-scheduler and real client processes (tests/lockclient.py); SIGSTOP and a cgroup v1
+freezer freeze are real; Slurm's word is a stand-in squeue in the daemon's slurm_bin_dir."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers_daemon import GPU0, gpu_status, register, wait_for_log
+from helpers_procs import JobCgroup
+from nvshare_slurm import render, slurm
+from nvshare_slurm.accounting import UsageLedger, usage_line
+from nvshare_slurm.config import ConfigError, load
+from nvshare_slurm.procinfo import cgroup_frozen, memory_headroom, pause_reason, read_identity, \
+    signal_checked
+from nvshare_slurm.proto import C
+
+MiB = 1 << 20
+
+
+def job_status(sched, job_id: int) -> dict:
+    return sched.client().status(C.NVSHARE_STATUS_JOB, job_id)["jobs"][0]
+
+
+def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} never held")
+        time.sleep(0.02)
+
+
+def with_squeue(sched, suspended: Path):
+    """The daemon's squeue prints the job ids written to `suspended` (Slurm's SUSPENDED jobs)."""
+    suspended.write_text("")
+    script = Path(sched.workdir) / "squeue"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {suspended}.calls\ncat {suspended}\n")
+    script.chmod(0o755)
+    return sched.start()
+
+
+# --- a stopped holder ------------------------------------------------------------------------------
+
+def test_a_stopped_holder_gives_its_turn_at_once_is_not_killed_and_shows_suspended(
+        scheduler_factory, clients):
+    sched = scheduler_factory(scheduling_mode="concurrent", unresponsive_holder="kill",
+                              switch_time_mode="fixed", switch_time_fixed=30)
+    register(sched, 1)
+    register(sched, 2)
+    holder = clients(sched, 1, "--on-contended", "ignore")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    waiter = clients(sched, 2)
+    waiter.send(f"request {GPU0}")
+    waiter.absent("grant", 0.3)
+    os.kill(holder.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        waiter.expect("grant", timeout=5)
+        # Before: the lock stayed with the stopped holder for its switch interval + drop_grace_sec.
+        assert time.monotonic() - stopped_at < 2.0
+        job = job_status(sched, 1)
+        assert job["suspended"]["reason"] == "stopped (state T)"
+        assert job["clients"][0]["gpus"][GPU0]["state"] == "suspended"
+        text = render.render_jobs({"jobs": [job]})
+        assert "State=suspended" in text, text
+        assert [h["job_id"] for h in gpu_status(sched)["holders"]] == [2]
+        time.sleep(0.5)
+        assert holder.proc.poll() is None            # unresponsive_holder: kill spared it
+        assert "unresponsive" not in sched.log()
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    # Running again, it reads the DROP_LOCK that waited for it, releases, and may ask again.
+    holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND)
+    wait_for_log(sched, "runs again after")
+    assert job_status(sched, 1)["suspended"] is None
+    holder.send(f"request {GPU0}")
+    waiter.send(f"release {GPU0}")
+    holder.expect("grant")
+    assert holder.proc.poll() is None
+
+
+def test_a_frozen_holder_behaves_as_a_stopped_one_and_is_never_killed(scheduler_factory, clients):
+    if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
+        pytest.skip("needs the cgroup v1 freezer")
+    sched = scheduler_factory(scheduling_mode="concurrent", unresponsive_holder="kill",
+                              drop_grace_sec=1.0, switch_time_mode="fixed", switch_time_fixed=0.2)
+    register(sched, 11)
+    register(sched, 12)
+    cgroup = JobCgroup(11, os.getuid())
+    assert cgroup.root == Path("/sys/fs/cgroup/freezer")
+    try:
+        holder = clients(sched, 11)
+        (cgroup.step / "cgroup.procs").write_text(str(holder.pid))
+        holder.send(f"request {GPU0}")
+        holder.expect("grant")
+        (cgroup.step / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (cgroup.step / "freezer.state").read_text().strip() == "FROZEN")
+        seen = read_identity(holder.pid)
+        assert seen is not None and seen.stopped
+        assert "frozen" in pause_reason(holder.pid)
+        assert "stopped" in signal_checked(seen)     # a frozen process is never killed either
+        frozen_at = time.monotonic()
+        waiter = clients(sched, 12)
+        waiter.send(f"request {GPU0}")
+        waiter.expect("grant", timeout=5)
+        assert time.monotonic() - frozen_at < 2.0
+        assert "freezer.state FROZEN" in job_status(sched, 11)["suspended"]["reason"]
+        time.sleep(1.5)                              # past drop_grace_sec: still not reported
+        assert "unresponsive" not in sched.log()
+        (cgroup.step / "freezer.state").write_text("THAWED")
+        holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND)
+        wait_for_log(sched, "runs again after")
+        time.sleep(0.3)
+        assert holder.proc.poll() is None
+    finally:
+        (cgroup.step / "freezer.state").write_text("THAWED")
+        cgroup.close()
+
+
+# --- Slurm says SUSPENDED before slurmd freezes the job ----------------------------------------------
+
+def test_a_job_slurm_suspends_moves_its_memory_out_and_waits_until_it_resumes(
+        scheduler_factory, clients, tmp_path):
+    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
+                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    with_squeue(sched, suspended)
+    register(sched, 21)
+    register(sched, 22)
+    holder = clients(sched, 21, "--swap")
+    holder.send(f"mem {GPU0} {600 * MiB} {MiB} 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    idle = clients(sched, 22, "--swap")
+    idle.send(f"mem {GPU0} {300 * MiB} 0 0 0")
+    wait_for(lambda: gpu_status(sched)["memory_used"] == 900 * MiB, what="both reported")
+
+    suspended.write_text("21\n22\n")
+    # The holder is asked to move every swappable byte out (not the fixed MiB); the client that
+    # holds nothing is asked the same by PREPARE_SWAP_OUT.
+    drop = holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND)
+    assert drop["bytes"] == 599 * MiB
+    assert idle.expect("prepare_swap_out")["bytes"] == 300 * MiB
+    gpu = wait_for(lambda: (g := gpu_status(sched))["memory_swapped"] == 899 * MiB and g,
+                   what="the memory out")
+    assert gpu["memory_used"] == MiB and gpu["holders"] == []
+    # It asks again at once (a hook whose program goes on): nothing is granted while suspended.
+    holder.send(f"request {GPU0}")
+    holder.absent("grant", 1.0)
+    job = job_status(sched, 21)
+    assert job["suspended"]["reason"] == "its job is suspended by Slurm"
+    assert job["clients"][0]["gpus"][GPU0]["state"] == "suspended"
+    assert "--states=SUSPENDED" in (tmp_path / "suspended.calls").read_text()
+
+    suspended.write_text("")
+    holder.expect("grant", timeout=5)
+    holder.expect("swapped_in")
+    wait_for(lambda: gpu_status(sched)["memory_swapped"] == 300 * MiB, what="its memory back")
+    usage = job_status(sched, 21)["usage"][GPU0]
+    # The time suspended is its own, not wait time: it waited for nothing meanwhile.
+    assert usage["suspended_sec"] >= 1.0
+    assert usage["wait_sec"] < 0.5, usage
+    assert "suspended=" in usage_line({GPU0: usage})
+
+
+def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
+                                                                         tmp_path):
+    memory = Path("/sys/fs/cgroup/memory")
+    if not (memory / "cgroup.procs").exists() or not os.access(memory, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory hierarchy")
+    sched = scheduler_factory(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    with_squeue(sched, suspended)
+    register(sched, 31)
+    group = memory / f"nvt_suspend_{os.getpid()}"
+    group.mkdir()
+    try:
+        holder = clients(sched, 31, "--swap")
+        (group / "cgroup.procs").write_text(str(holder.pid))
+        used = int((group / "memory.usage_in_bytes").read_text())
+        (group / "memory.limit_in_bytes").write_text(str(used + 64 * MiB))
+        assert memory_headroom(holder.pid) is not None
+        holder.send(f"mem {GPU0} {600 * MiB} 0 0 0")
+        holder.send(f"request {GPU0}")
+        holder.expect("grant")
+        suspended.write_text("31\n")
+        # The lock goes, the memory stays, and the log says why.
+        assert holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND)["bytes"] == 0
+        wait_for_log(sched, "stays on the GPU while suspended: the job's memory limit has")
+        assert gpu_status(sched)["memory_swapped"] == 0
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            (memory / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+# --- the pieces ----------------------------------------------------------------------------------
+
+def test_cgroup_frozen_reads_v1_freezer_and_v2_events(tmp_path):
+    v1 = tmp_path / "freezer" / "slurm" / "uid_1" / "job_5" / "step_0"
+    v1.mkdir(parents=True)
+    text_v1 = "6:freezer:/slurm/uid_1/job_5/step_0\n4:memory:/x\n"
+    for state, expected in (("THAWED", ""), ("FREEZING", "freezing"), ("FROZEN", "frozen")):
+        (v1 / "freezer.state").write_text(state + "\n")
+        assert expected in cgroup_frozen(text_v1, str(tmp_path))
+        assert bool(cgroup_frozen(text_v1, str(tmp_path))) == bool(expected)
+    v2 = tmp_path / "system.slice" / "slurmstepd.scope" / "job_5" / "step_0"
+    v2.mkdir(parents=True)
+    text_v2 = "0::/system.slice/slurmstepd.scope/job_5/step_0\n"
+    (v2 / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    (v2 / "cgroup.freeze").write_text("0\n")
+    assert cgroup_frozen(text_v2, str(tmp_path)) == ""
+    (v2 / "cgroup.freeze").write_text("1\n")
+    assert "freezing" in cgroup_frozen(text_v2, str(tmp_path))
+    (v2 / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    assert "frozen 1" in cgroup_frozen(text_v2, str(tmp_path))
+    assert cgroup_frozen("6:freezer:/../../etc\n", str(tmp_path)) == ""
+
+
+def test_pause_reason_sees_a_stopped_process():
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.1)
+        assert pause_reason(proc.pid) == ""
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert wait_for(lambda: pause_reason(proc.pid)) == "stopped (state T)"
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: pause_reason(proc.pid) == "")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert pause_reason(proc.pid) == ""             # gone: nothing to say
+
+
+def test_suspended_jobs_asks_squeue_for_this_node(tmp_path):
+    script = tmp_path / "squeue"
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\nprintf '12\\n 7\\nbad\\n'\n")
+    script.chmod(0o755)
+    assert slurm.suspended_jobs("node-1", str(tmp_path)) == {12, 7}
+    assert (tmp_path / "args").read_text().split() == [
+        "--noheader", "--states=SUSPENDED", "--nodelist=node-1", "--format=%A"]
+    script.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact' >&2\nexit 1\n")
+    with pytest.raises(slurm.SlurmError, match="Unable to contact"):
+        slurm.suspended_jobs("node-1", str(tmp_path))
+
+
+def test_the_ledger_counts_suspended_time_apart():
+    ledger = UsageLedger()
+    ledger.jobs[5] = {GPU0: ledger._job(5, GPU0)}
+    ledger.suspend(5, 10.0)
+    ledger.suspend(5, 11.0)                          # a second client of the job: no restart
+    assert ledger.job_usage(5, 12.5)[GPU0]["suspended_sec"] == 2.5
+    ledger.resume(5, 13.0)
+    assert ledger.job_usage(5, 20.0)[GPU0]["suspended_sec"] == 3.0
+    assert "suspended=3.0s" in usage_line(ledger.job_usage(5, 20.0))
+    assert "suspended" not in usage_line({GPU0: {**ledger.job_usage(5, 20.0)[GPU0],
+                                                 "suspended_sec": 0}})
+
+
+def test_suspend_settings_are_checked(tmp_path, monkeypatch):
+    path = tmp_path / "nvshare.yaml"
+    path.write_text("suspend_slurm_poll_sec: 0.05\n")
+    with pytest.raises(ConfigError, match="suspend_slurm_poll_sec"):
+        load(str(path), environ={})
+    path.write_text("suspend_slurm_poll_sec: 0\nsuspend_check_sec: 0.5\n")
+    cfg = load(str(path), environ={})
+    assert (cfg.suspend_slurm_poll_sec, cfg.suspend_check_sec) == (0, 0.5)
