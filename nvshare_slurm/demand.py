@@ -35,6 +35,17 @@ TURN_GAP_SEC = 0.025
 TURN_GROUP_BUSY = 1.0
 TURN_GROUP_LEAVE = 0.6
 TURN_GROUP_BURST_SEC = 0.004
+# The cost rule (issue 27): a client that takes turns by its own demand only for its long bursts
+# and gaps (busy below TURN_BUSY) waits in turns, after each burst, for the rotation of the
+# other turn-takers it would queue behind (same class or better): a compute-bound one holds a full
+# switch interval, a bursty one about its burst (it hands over in its pause). Its own gap hides
+# part of that wait. Co-running instead stretches its burst: beside a busy turn holder the GPU
+# time-slices the two contexts, so a burst takes about (1 + CORUN_STRETCH) times as long. It
+# co-runs when the wait left over exceeds that stretch. Issue 27's bursty job (28 ms bursts, 43 ms
+# gaps) beside three 100 ms turns: wait 257 ms a step against 28 ms co-running (it ran 2.45x its
+# solo time in turns, 1.54x co-located); a W2 pair (35 ms bursts, 82 ms gaps) keeps its turns
+# (the partner's burst fits in its gap: no wait).
+CORUN_STRETCH = 1.0
 # Classes: a light client of a worse class co-runs beside a busy better one only below this busy
 # share. Co-running kernels share the GPU's time, so such a client costs the better job at most
 # about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
@@ -75,9 +86,18 @@ class Demand:
         return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
 
 
+def turn_length(demand: Demand | None, turn_sec: float) -> float:
+    """How long a turn-taker holds its turn while others wait: a compute-bound (or unreported)
+    one its switch interval, a bursty one its burst (it gives the GPU back in its pause)."""
+    if demand is None or demand.busy >= TURN_BUSY:
+        return turn_sec
+    return min(turn_sec, demand.burst)
+
+
 @dataclass
 class GpuDemand:
     reports: dict[int, Demand] = field(default_factory=dict)   # each client's latest DEMAND
+    corun_by_cost: set[int] = field(default_factory=set)   # turn-takers by demand that co-run
     group_turns: bool = False         # the bursty co-runners overlap: they take turns (TURN_GROUP_BUSY)
     # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
     drain: dict[int, tuple[float, float]] = field(default_factory=dict)
@@ -95,18 +115,39 @@ class GpuDemand:
 
     def forget(self, client_id: int) -> None:
         self.reports.pop(client_id, None)
+        self.corun_by_cost.discard(client_id)
         self.drain.pop(client_id, None)
         self.asked.discard(client_id)
 
     def takes_turns(self, client_id: int) -> bool:
+        """As the last pass decided (takers): by its own demand, unless turns cost it more."""
+        return self._by_demand(client_id) and client_id not in self.corun_by_cost
+
+    def _by_demand(self, client_id: int) -> bool:
         demand = self.reports.get(client_id)
         return demand is None or demand.takes_turns or (self.group_turns and demand.bursty)
 
-    def takers(self, clients: Container[int]) -> set[int]:
+    def takers(self, clients: Mapping[int, ClientInfo], turn_sec: float) -> set[int]:
         """The turn-takers: a busy client between two turns is still busy; one that has not
-        reported yet counts as busy once it has asked for the lock."""
-        takers = {cid for cid in self.reports if cid in clients and self.takes_turns(cid)}
-        return takers | {cid for cid in self.asked if cid not in self.reports}
+        reported yet counts as busy once it has asked for the lock. A bursty one among them that
+        would wait longer for the others' turns than co-running costs it co-runs instead (the
+        cost rule above, CORUN_STRETCH); compute-bound ones always take turns."""
+        takers = {cid for cid in self.reports if cid in clients and self._by_demand(cid)}
+        takers |= {cid for cid in self.asked if cid not in self.reports}
+        self.corun_by_cost = {cid for cid in takers if self._loses_in_turns(cid, takers, clients,
+                                                                              turn_sec)}
+        return takers - self.corun_by_cost
+
+    def _loses_in_turns(self, client_id: int, takers: set[int], clients: Mapping[int, ClientInfo],
+                        turn_sec: float) -> bool:
+        demand = self.reports.get(client_id)
+        if demand is None or demand.busy >= TURN_BUSY:
+            return False
+        rank = clients[client_id].rank if client_id in clients else None
+        rotation = sum(turn_length(self.reports.get(cid), turn_sec) for cid in takers
+                       if cid != client_id and (rank is None or cid not in clients
+                                                or clients[cid].rank <= rank))
+        return rotation - demand.gap > CORUN_STRETCH * demand.burst
 
     def any_bursty(self, client_ids: set[int]) -> bool:
         return any(self.reports[c].bursty for c in client_ids if c in self.reports)

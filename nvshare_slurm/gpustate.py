@@ -20,9 +20,11 @@ Modes (docs/protocol.md "Scheduling modes"):
   in turns against 1.085x co-running on an H100); every other client co-runs with whoever holds
   the GPU (the hardware time-slices contexts), so an interactive step or a short-burst job never
   waits for a turn. With at most one turn-taker everyone co-runs. A client that has not reported
-  yet counts as a turn-taker. turns: the concurrent rules for all (switch interval floor
-  switch_time_min); corun: SHARED grants to all. Once memory does not fit: the concurrent rules
-  with swap (co-runners beyond the oldest get DROP_LOCK(MEMORY)).
+  yet counts as a turn-taker; a bursty one co-runs when the others' turns would cost it more
+  than co-running (demand.py's cost rule). turns: the concurrent rules for all (switch interval
+  floor switch_time_min); corun: SHARED grants to all. Once memory does not fit: the concurrent
+  rules with swap (co-runners beyond the oldest get DROP_LOCK(MEMORY)); in adaptive, clients
+  that gain nothing by turns and whose memory is resident co-run beside them (turn_holders).
 
 Share classes (priority.py; docs/design-scheduler.md "Priority classes"): the FIFO is ordered by
 class, FIFO within one. A better class at the head takes the GPU from a worse exclusive holder at
@@ -378,7 +380,7 @@ class GpuState:
         light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
         bursty_busy = self.demand.update_group(self.settings.burst_turns, self.clients)
         wanting = set(self.queue) | set(self.holders)
-        takers = self.demand.takers(self.clients)
+        takers = self.demand.takers(self.clients, self.switch_interval())
         best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
                    default=None)
         outranked = {cid for cid in wanting
@@ -456,24 +458,25 @@ class GpuState:
                               bursts=bursts))
 
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
-        if len(self.holders) > 1:
+        holders = turn_holders(self, now, out)      # adaptive: who gains nothing by turns co-runs
+        if len(holders) > 1:
             # Co-runners no longer fit (or the mode changed): the oldest keeps it, the rest requeue.
             memory = not admin and self.settings.mode == "auto"
             reason = C.NVSHARE_DROP_MEMORY if memory else C.NVSHARE_DROP_ADMIN
-            for holder in list(self.holders.values())[1:]:
+            for holder in holders[1:]:
                 if holder.drop_at is None:
                     move = self.memory.use(holder.client.client_id).swappable if memory else 0
                     self.lock.drop(holder, now, reason, out, move)
         head = self.lock.head()
-        if not self.holders and head is not None:
-            self._try_grant(head, now, False, out)
-        if not self.holders or not self.queue:
+        if not holders and head is not None and self._try_grant(head, now, False, out):
+            holders = [self.holders[head.client_id]]
+        if not holders or not self.queue:
             self.contention_since = None
             return
         if self.contention_since is None:
             self.contention_since = now
-        if len(self.holders) == 1:
-            holder = next(iter(self.holders.values()))
+        if len(holders) == 1:
+            holder = holders[0]
             if holder.drop_at is None:
                 head = next(iter(self.queue.values()))[0]
                 if head.rank > holder.client.rank:
@@ -552,6 +555,35 @@ class GpuState:
             "sharing": sharing_now(self)[0], "sharing_reason": sharing_now(self)[1],
             **self.lock.status(now), "jobs": jobs, "rogue": rogue,
         }
+
+
+def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
+    """Memory does not fit (auto, adaptive): turns with swap, but a client that gains nothing by
+    them co-runs beside whoever holds, as while memory fits (SHARED | BURSTS): light by its own
+    demand, or bursty and losing more by waiting for the others' turns than by co-running
+    (demand.py's cost rule), with its memory resident (one swapped out takes its turn to bring it
+    back), not outranked (a worse class co-runs only below CLASS_CORUN_BUSY), and only while
+    the largest turn-taker's memory fits beside all the co-runners' (no turn's swap ever needs
+    theirs). Grants those that wait; returns the other holders, who take the turns."""
+    s, mem, clients = gpu.settings, gpu.memory, gpu.clients
+    if s.mode != "auto" or s.auto_share != "adaptive":
+        return list(gpu.holders.values())
+    takers = gpu.demand.takers(clients, gpu.switch_interval())
+    wanting = set(gpu.queue) | set(gpu.holders)
+    best = min((clients[cid].rank for cid in takers & wanting if cid in clients), default=None)
+    beside = {cid for cid in wanting - takers if cid in clients and not mem.use(cid).swapped
+              and (best is None or clients[cid].rank <= best or gpu.demand.light_beside_better(cid))}
+    largest = max((mem.use(cid).allocated + mem.use(cid).swapped
+                   for cid in (takers | wanting) - beside), default=0)
+    if beside and sum(mem.use(cid).allocated for cid in beside) + largest > mem.usable:
+        beside = set()
+    if beside:
+        gpu._regrant_co_runners(set(gpu.holders) - beside, out)
+        turn_began = gpu.contention_since    # a co-runner's grant does not restart the turn
+        for cid in [cid for cid in gpu.queue if cid in beside]:
+            gpu._grant(gpu.queue[cid][0], now, True, out, bursts=True)
+        gpu.contention_since = turn_began
+    return [h for cid, h in gpu.holders.items() if cid not in beside]
 
 
 def sharing_now(gpu: GpuState) -> tuple[str, str]:
