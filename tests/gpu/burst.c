@@ -15,6 +15,12 @@
  *   burst --calibrate [--kernel-ms 1]
  *   burst --ipm N --gpu-ms G [--kernel-ms 1] (--host-ms H | --host-ratio R) (--steps S | --seconds T)
  *         [--start-delay SECONDS] [--start-at EPOCH_SECONDS] [--gpu-times]
+ *         [--poisson-ms MEAN [--seed N]] [--mem-mib M]
+ *
+ * --poisson-ms: a serving member (bench/bench_mixes.py): requests arrive open-loop at exponential
+ * intervals of MEAN ms (seeded), each one step (--host-ms is then 0); a request that arrives while
+ * the last one runs waits for it, and its latency is from its arrival to its synchronise. --mem-mib
+ * allocates that much more device memory at start (a memory-heavy member) and keeps it.
  *
  * --start-at holds the first step until that wall-clock time: jobs started together begin their
  * steps at offsets the caller chose, whatever their start-ups did (bursty jobs with fixed pauses keep
@@ -273,7 +279,7 @@ static double arg_num(int argc, char **argv, int *i)
 int main(int argc, char **argv)
 {
     double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
-    double start_at = 0;
+    double start_at = 0, poisson_ms = 0, seed = 1, mem_mib = 0;
     long steps = 0;
     int do_calibrate = 0, gpu_times = 0;
     for (int i = 1; i < argc; i++) {
@@ -288,6 +294,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--start-delay")) delay = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--start-at")) start_at = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--gpu-times")) gpu_times = 1;
+        else if (!strcmp(argv[i], "--poisson-ms")) poisson_ms = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--seed")) seed = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--mem-mib")) mem_mib = arg_num(argc, argv, &i);
         else {
             fprintf(stderr, "burst: unknown argument %s (see the comment at the top of burst.c)\n", argv[i]);
             return 2;
@@ -321,6 +330,11 @@ int main(int argc, char **argv)
         iters = 1;
     if (gpu_times)
         setup_kernel_times(steps > 0 ? steps * k : MAX_TIMED_LAUNCHES);
+    if (mem_mib > 0) {
+        CUdeviceptr ballast;
+        CHECK(cu.alloc(&ballast, (size_t)(mem_mib * 1048576.0)), "cuMemAlloc (--mem-mib)");
+    }
+    srand48((long)seed);
     phase_end[4] = now_epoch();
     launch(iters, -1);  /* warm-up: the module's first launch, outside the measured steps */
     CHECK(cu.sync(), "cuCtxSynchronize");
@@ -342,7 +356,16 @@ int main(int argc, char **argv)
         return 1;
     double t_end = now_mono() + seconds;
     long n = 0;
+    double *lat = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
+    double arrival = now_mono();        /* --poisson-ms: the next request's arrival */
+    if (!lat)
+        return 1;
     while (n < cap && n < 1000000 && (steps > 0 || now_mono() < t_end)) {
+        if (poisson_ms > 0) {
+            arrival += -log(1.0 - drand48()) * poisson_ms / 1000;
+            if (arrival > now_mono())
+                sleep_s(arrival - now_mono());
+        }
         double m0 = now_mono();
         starts[n] = now_epoch();
         for (long j = 0; j < k; j++)
@@ -350,8 +373,10 @@ int main(int argc, char **argv)
         CHECK(cu.sync(), "cuCtxSynchronize");
         double wall = now_mono() - m0;
         ends[n] = starts[n] + wall;
+        lat[n] = poisson_ms > 0 ? now_mono() - arrival : wall;
         n++;
-        sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
+        if (poisson_ms <= 0)
+            sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
     }
     printf("{\"startup_s\": %.4f, \"start\": %.6f, ", startup, t_start);
     if (start_at > 0)
@@ -367,7 +392,7 @@ int main(int argc, char **argv)
         printf("%s%.6f", i ? ", " : "", ends[i]);
     printf("], \"latencies_ms\": [");
     for (long i = 0; i < n; i++)
-        printf("%s%.3f", i ? ", " : "", (ends[i] - starts[i]) * 1000);
+        printf("%s%.3f", i ? ", " : "", lat[i] * 1000);
     printf("]");
     if (gpu_times)
         print_kernel_times(n * k);
