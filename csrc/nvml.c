@@ -7,7 +7,8 @@
  *  - on a managed GPU (NVSHARE_MANAGED_GPUS), the memory: total is NVSHARE_MEM_LIMIT where that is
  *    smaller, used is what the job's own processes hold, free is the device's free memory, at most
  *    total minus used;
- *  - on a managed GPU, the running-process lists hold the job's own processes only;
+ *  - on a managed GPU, the running-process lists hold the job's own processes only, and another
+ *    job's process has no name (nvmlSystemGetProcessName);
  *  - everything else (utilisation, clocks, temperatures) is the device's, unchanged.
  * A process belongs to the job when /proc/<pid>/cgroup places it in this process's Slurm job cgroup
  * (job_<id>), or, where jobs have no cgroup (proctrack/linuxproc), when its environment, which only its
@@ -64,7 +65,7 @@ struct nvml_proc_detail_list_v1 {
 enum real_id {
     R_COUNT, R_COUNT_V2, R_BY_INDEX, R_BY_INDEX_V2, R_INDEX, R_MEM, R_MEM_V2,
     R_COMPUTE, R_COMPUTE_V2, R_COMPUTE_V3, R_GRAPHICS, R_GRAPHICS_V2, R_GRAPHICS_V3,
-    R_MPS, R_MPS_V2, R_MPS_V3, R_DETAIL,
+    R_MPS, R_MPS_V2, R_MPS_V3, R_DETAIL, R_PROC_NAME,
     R_BY_UUID, R_UUID,  /* called, not interposed */
     R_N
 };
@@ -76,7 +77,8 @@ static const char *const real_names[R_N] = {
     "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses",
     "nvmlDeviceGetMPSComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-    "nvmlDeviceGetRunningProcessDetailList", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID",
+    "nvmlDeviceGetRunningProcessDetailList", "nvmlSystemGetProcessName", "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetUUID",
 };
 static void *_Atomic real_fns[R_N];
 
@@ -496,6 +498,20 @@ NVSHARE_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d
     return NVML_ERROR_UNKNOWN;
 }
 
+/* nvidia-smi (driver 580) takes its process table from NVML's private export table, which this file
+ * does not touch, and then names each pid here: another job's process keeps its pid and memory in
+ * that table, but not its name (NVML's answer for a process that is gone). */
+NVSHARE_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    typedef nvmlReturn_t (*name_fn)(unsigned int, char *, unsigned int);
+    name_fn fn = (name_fn)real(R_PROC_NAME);
+    if (!fn)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (active() && !in_job(pid))
+        return NVML_ERROR_NOT_FOUND;
+    return fn(pid, name, length);
+}
+
 /* ---- dlsym ------------------------------------------------------------------------------------ */
 static const struct { const char *name; enum real_id id; void *wrapper; } wrapped[] = {
     {"nvmlDeviceGetCount", R_COUNT, (void *)nvmlDeviceGetCount},
@@ -515,6 +531,7 @@ static const struct { const char *name; enum real_id id; void *wrapper; } wrappe
     {"nvmlDeviceGetMPSComputeRunningProcesses_v2", R_MPS_V2, (void *)nvmlDeviceGetMPSComputeRunningProcesses_v2},
     {"nvmlDeviceGetMPSComputeRunningProcesses_v3", R_MPS_V3, (void *)nvmlDeviceGetMPSComputeRunningProcesses_v3},
     {"nvmlDeviceGetRunningProcessDetailList", R_DETAIL, (void *)nvmlDeviceGetRunningProcessDetailList},
+    {"nvmlSystemGetProcessName", R_PROC_NAME, (void *)nvmlSystemGetProcessName},
 };
 
 void *nvshare_nvml_wrapper(void *handle, const char *name)

@@ -230,6 +230,13 @@ EXPORT int nvmlDeviceGetRunningProcessDetailList(struct dev *dev, struct detail_
     return OK;
 }
 
+EXPORT int nvmlSystemGetProcessName(unsigned pid, char *name, unsigned length)
+{
+    if (!name || length < 2) return E_INVALID;
+    snprintf(name, length, "proc%u", pid);
+    return OK;
+}
+
 /* Not interposed by the hook: must pass through untouched. */
 EXPORT int nvmlDeviceGetName(struct dev *dev, char *buf, unsigned len)
 {

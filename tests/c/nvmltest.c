@@ -29,6 +29,7 @@ int nvmlDeviceGetMemoryInfo_v2(dev_t_, struct mem_v2 *);
 int nvmlDeviceGetComputeRunningProcesses(dev_t_, unsigned *, struct proc_v1 *);
 int nvmlDeviceGetComputeRunningProcesses_v3(dev_t_, unsigned *, struct proc_v2 *);
 int nvmlDeviceGetRunningProcessDetailList(dev_t_, struct detail_list *);
+int nvmlSystemGetProcessName(unsigned, char *, unsigned);
 #define F(name) name
 #define LOAD() 0
 #else
@@ -51,6 +52,7 @@ int nvmlDeviceGetMemoryInfo_v2_t(dev_t_, struct mem_v2 *);
 int nvmlDeviceGetComputeRunningProcesses_t(dev_t_, unsigned *, struct proc_v1 *);
 int nvmlDeviceGetComputeRunningProcesses_v3_t(dev_t_, unsigned *, struct proc_v2 *);
 int nvmlDeviceGetRunningProcessDetailList_t(dev_t_, struct detail_list *);
+int nvmlSystemGetProcessName_t(unsigned, char *, unsigned);
 #define LOAD() ((lib = dlopen("libnvidia-ml.so.1", RTLD_NOW)) == NULL)
 #endif
 
@@ -97,6 +99,17 @@ int main(int argc, char **argv)
         rc = F(nvmlDeviceGetRunningProcessDetailList)(d, &l);
         for (unsigned k = 0; rc == 0 && k < l.count; k++)
             printf("detail %u pid %u used %llu\n", i, dl[k].pid, dl[k].used);
+    }
+    /* NVMLTEST_NAMES="pid,pid": each pid's name as nvidia-smi asks for it. */
+    const char *names = getenv("NVMLTEST_NAMES");
+    for (const char *p = names; p && *p;) {
+        unsigned pid = (unsigned)strtoul(p, NULL, 10);
+        char pname[64] = "";
+        int rc = F(nvmlSystemGetProcessName)(pid, pname, sizeof pname);
+        printf("pname %u rc %d name %s\n", pid, rc, rc == 0 ? pname : "-");
+        p = strchr(p, ',');
+        if (p)
+            p++;
     }
     fflush(stdout);
     if (argc > 1 && strcmp(argv[1], "hold") == 0) {

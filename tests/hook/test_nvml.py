@@ -44,6 +44,8 @@ def parse(out: str) -> dict:
         elif w[0] in ("proc", "proc1", "detail"):
             key = {"proc": "procs", "proc1": "procs1", "detail": "detail"}[w[0]]
             seen[key].setdefault(int(w[1]), {})[int(w[3])] = int(w[5])
+        elif w[0] == "pname":
+            seen.setdefault("names", {})[int(w[1])] = (int(w[3]), w[5])
         elif w[0] == "handle":
             seen["handle_rc"][int(w[1])] = int(w[3])
     return seen
@@ -115,6 +117,17 @@ def test_a_job_sees_its_gpu_its_limit_its_use_and_its_processes(hook_lib, reader
     want = {mine: G, me: G // 2}
     assert seen["probe"][0] == (7, 2)                          # NVML_ERROR_INSUFFICIENT_SIZE, 2
     assert seen["procs"][0] == want and seen["procs1"][0] == want and seen["detail"][0] == want
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_another_jobs_process_has_no_name(hook_lib, reader, sleeper):
+    """nvidia-smi lists processes from NVML's private table and names each pid: another job's
+    process is not named (NVML_ERROR_NOT_FOUND, as for a process that is gone); the job's is."""
+    mine, theirs = sleeper(77), sleeper(78)
+    seen = read_nvml(reader, in_job(hook_lib, NVMLTEST_NAMES=f"{mine},{theirs},1"))
+    assert seen["names"] == {mine: (0, f"proc{mine}"), theirs: (6, "-"), 1: (6, "-")}
+    plain = read_nvml(reader, {**job_env(hook_lib), "NVMLTEST_NAMES": f"{theirs}"})
+    assert plain["names"] == {theirs: (0, f"proc{theirs}")}
 
 
 @pytest.mark.parametrize("reader", READERS)
