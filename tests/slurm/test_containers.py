@@ -95,7 +95,9 @@ def oci_site():
     base = cluster_dir("nvsoci-")
     cluster = SlurmCluster(base, [(NODE, "nvshare:4", [f"NodeName={NODE} Name=nvshare Count=4"])],
                            settings=CONSTRAINED, cgroup_conf=CONSTRAINED_CGROUP_CONF)
-    cluster.nodes[NODE].settings.update(gpus=[FAKE_GPUS[0]], scheduling_mode="serial")
+    # rogue_check_sec: how often the daemon looks for a task without the hook (the last test).
+    cluster.nodes[NODE].settings.update(gpus=[FAKE_GPUS[0]], scheduling_mode="serial",
+                                        rogue_check_sec=0.5)
     (base / "crun-shim").write_text(CRUN_SHIM.format(crun=CRUN))
     (base / "crun-shim").chmod(0o755)
     with running(cluster):
@@ -166,3 +168,43 @@ def test_two_container_jobs_register_from_their_pid_namespaces_and_take_turns(oc
                    if x[0] != y[0] and y[1] < x[2]]
     turns = 1 + sum(1 for x, y in zip(rows, rows[1:], strict=False) if x[0] != y[0])
     assert overlapping == [] and turns == 2, rows
+
+
+def test_a_container_without_the_hook_is_reported_in_its_output_status_and_log(oci_site, workdir):
+    """A site whose oci.conf runs crun itself (no nvshare-container): on 22.05 the TaskProlog's
+    exports never reach the container, on 24.11 the hook is not mounted there. The job is not
+    silently ungated: the daemon finds its process (the CUDA driver mapped, the hook not) in the
+    job's cgroup, logs it once, nvshare-status shows the job Ungated, and the job's output says so."""
+    conf = oci_site.base / "oci.conf"
+    shipped = conf.read_text()
+    # The shipped RunTimeRun less its nvshare-container part: crun with the same flags.
+    plain = "\n".join('RunTimeRun="' + line.split(" -- ", 1)[1] if line.startswith("RunTimeRun=")
+                      else line for line in shipped.splitlines() if not line.startswith("#")) + "\n"
+    assert "nvshare-container" not in plain and 'RunTimeRun="' in plain, plain
+    conf.write_text(plain)
+    try:
+        bundle = make_bundle(workdir / "bundle", [str(BUILD), str(workdir)])
+        node = oci_site.nodes[NODE]
+        out = workdir / "plain.out"
+        proc = start_container_job(oci_site, bundle, workdir / "trace.plain",
+                                   "burst:50000:80:20", out)
+
+        def diagnostics() -> str:
+            return (oci_site.diagnostics() + f"\n--- oci.conf\n{plain}\n--- the job's output\n"
+                    + out.read_text(errors="replace"))
+
+        ungated = wait_until(
+            lambda: [j for j in client(node).status(C.NVSHARE_STATUS_JOBS)["jobs"]
+                     if j.get("unhooked")] or None,
+            60, "the job shown without the hook", diagnostics)
+        assert proc.wait(90) == 0, diagnostics()
+        (job,) = ungated
+        assert not job["clients"]          # nothing registered: the hook never loaded
+        text = out.read_text(errors="replace")
+        assert f"nvshare: job {job['job_id']}: pid" in text and "its GPU work is not gated" in text, \
+            diagnostics()
+        log = node.log_path.read_text(errors="replace")
+        assert log.count(f"job {job['job_id']}: pid") >= 1 and "without libnvshare.so" in log
+        assert log.count("the job's output says so") == 1, diagnostics()
+    finally:
+        conf.write_text(shipped)
