@@ -144,9 +144,14 @@ class GpuDemand:
         if demand is None or demand.busy >= TURN_BUSY:
             return False
         rank = clients[client_id].rank if client_id in clients else None
-        rotation = sum(turn_length(self.reports.get(cid), turn_sec) for cid in takers
-                       if cid != client_id and (rank is None or cid not in clients
-                                                or clients[cid].rank <= rank))
+        ahead = [cid for cid in takers if cid != client_id and (rank is None or cid not in clients
+                                                                 or clients[cid].rank <= rank)]
+        # A turn-taker that has not reported yet may be a burst as short as this one's: until it
+        # has, the wait is unknown and the turns stay (two bursty newcomers would otherwise co-run
+        # for the ~40 ms before their first reports).
+        if any(cid not in self.reports for cid in ahead):
+            return False
+        rotation = sum(turn_length(self.reports[cid], turn_sec) for cid in ahead)
         return rotation - demand.gap > CORUN_STRETCH * demand.burst
 
     def any_bursty(self, client_ids: set[int]) -> bool:
