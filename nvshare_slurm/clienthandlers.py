@@ -170,11 +170,11 @@ class ClientHandlers:
         where = f"gpu {gpu.uuid}: {conn.who()}"
         if decision is not None:
             if decision.status != C.NVSHARE_OK:
-                self.logger.info(f"{where}: allocation of {request} bytes refused (would pass "
-                                 f"the job's limit or never fit)")
+                self.logger.info(f"{where}: allocation of {size(request)} refused: "
+                                 f"{gpu.memory.why_refused(_info(conn), request)}")
             elif decision.flags & C.NVSHARE_MEM_DEFERRED:
-                self.logger.debug(f"{where}: allocation of {size(request)} deferred: no room "
-                                  f"now, resident at its next grant")
+                self.logger.info(f"{where}: allocation of {size(request)} deferred: no room "
+                                 f"now, made in host memory, resident at its next grant")
             mem_reply(conn, gpu.uuid, decision, frame.seq)
         elif request:
             self.logger.info(f"{where}: allocation of {size(request)} waits for room")

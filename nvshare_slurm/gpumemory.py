@@ -199,14 +199,20 @@ class GpuMemory:
         self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
         self._set_usage(client, allocated, fixed, swapped)
         decision = self.admit(client, request) if request > 0 else None
-        if decision is not None and decision.status == C.NVSHARE_OK \
-                and request >= SMALL_REQUEST and request > self.room():
+        if decision is None or decision.status != C.NVSHARE_OK or request < SMALL_REQUEST:
+            return decision
+        if request > self.room():
             if cid in self.gpu.holders:
                 if self.room_can_grow(self._requesters() | {cid}, other_holders=True):
                     self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
-                    decision = None
+                    return None
             elif flags & C.NVSHARE_MEM_CAN_DEFER:
-                decision = replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
+                return replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
+        # Admitted resident: the room is taken until the client reports the allocation made (its
+        # next MEM_UPDATE). A large allocation takes a while; a request meanwhile must not be
+        # given the same room (two 40 GiB jobs on an 80 GB GPU: the second one's driver
+        # allocation ran out of memory).
+        self.promised[cid] = (request, now)
         return decision
 
     def admit(self, client: ClientInfo, request: int) -> MemDecision:
@@ -223,6 +229,20 @@ class GpuMemory:
             ok = False
         status = C.NVSHARE_OK if ok else C.NVSHARE_ERR_NOMEM
         return MemDecision(status, max(0, total - job_used), total)
+
+    def why_refused(self, client: ClientInfo, request: int) -> str:
+        """Why admit() refuses `request` of the client now, in words for the log."""
+        limit = client.mem_limit
+        job_used = self.job_allocated.get(client.job_id, 0) + self.job_swapped.get(client.job_id, 0)
+        if limit and job_used + request > limit:
+            return (f"the job would hold {_size(job_used + request)}, over its memory limit of "
+                    f"{_size(limit)} (NVSHARE_MEM_LIMIT)")
+        own = self.use(client.client_id)
+        others_fixed = self.sum_fixed - own.fixed
+        return (f"it can never fit: this process holds {_size(own.allocated + own.swapped)}, other "
+                f"processes hold {_size(others_fixed)} that cannot move to host memory, and the "
+                f"GPU has {_size(self.usable)} usable ({_size(self.gpu.memory_total)} less "
+                f"memory_reserve_percent {self.gpu.settings.memory_reserve_percent})")
 
     def forget(self, client_id: int, client: ClientInfo | None) -> None:
         """The client is gone: its memory, held request, promise and swap ask with it."""
@@ -300,8 +320,10 @@ class GpuMemory:
 
     def room_can_grow(self, exclude: set[int], other_holders: bool = False) -> bool:
         """Is some memory still on its way out, or someone left to ask (with other_holders, for
-        a holder's allocation: a co-running holder that can be dropped)?"""
-        if self.swap_asked or self._swap_candidates(exclude):
+        a holder's allocation: a co-running holder that can be dropped)? An allocation admitted
+        resident and not yet reported counts: once made, its memory can be asked to move (a grant
+        that went out meanwhile would take the room the allocation is being made in)."""
+        if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude:
             return True
         for cid, holder in self.gpu.holders.items():
             if holder.drop_at is not None and holder.drop_bytes > 0:
@@ -355,6 +377,10 @@ class GpuMemory:
                         key=lambda h: -h.client.rank)
         moves = self.holder_moves(min(need, self.alloc_need), others)
         return [(h, moves[h.client.client_id]) for h in others if moves.get(h.client.client_id)]
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _add(sums: dict[int, int], key: int, delta: int) -> None:

@@ -19,6 +19,8 @@
  * named by FAKE_CUDA_BARRIER, so ranks may live in different processes.
  * Virtual memory made with the POSIX fd handle type exports as a real fd and imports in another
  * process (the memfd is shared). FAKE_CUDA_UNMAP_FAIL=N makes the next N cuMemUnmap calls fail.
+ * FAKE_CUDA_CREATE_MS=N makes the process's first cuMemCreate of more than 2 MiB take N ms after
+ * taking the memory.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -926,6 +928,14 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         return CUDA_ERROR_NOT_SUPPORTED;
     if (take_device_memory(dev, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* FAKE_CUDA_CREATE_MS: the process's first creation of more than the 2 MiB granularity (the
+     * hook probes with one of 2 MiB) takes that long once the memory is taken (a real GPU's large
+     * allocation takes tens of milliseconds), so a test can act meanwhile. */
+    static int created_large;
+    const char *create_ms = getenv("FAKE_CUDA_CREATE_MS");
+    if (size > (2u << 20) && !__atomic_fetch_add(&created_large, 1, __ATOMIC_SEQ_CST) && create_ms &&
+        atoi(create_ms) > 0)
+        usleep((useconds_t)atoi(create_ms) * 1000);
     struct fhandle *h = malloc(sizeof *h);
     h->fd = memfd_create("fake-cuda", MFD_CLOEXEC);
     h->size = size;

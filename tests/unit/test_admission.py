@@ -1,0 +1,80 @@
+"""Admission of allocations (nvshare_slurm/gpumemory.py) while another one is still being made:
+the room an admitted allocation takes is counted from the answer, not from its report. Fake clock,
+no sockets (tests/hook/test_swap_admission.py has the same with the hook and the fake driver)."""
+from __future__ import annotations
+
+from nvshare_slurm.gpustate import GpuState
+from nvshare_slurm.policytypes import GRANT, ClientInfo, GpuSettings
+from nvshare_slurm.proto import C
+
+G = 1 << 30
+DEFER = C.NVSHARE_MEM_CAN_DEFER
+
+
+def gpu(**settings) -> GpuState:
+    base = dict(mode="concurrent", auto_share="turns", switch_time_mode="fixed",
+                switch_time_fixed=10.0, memory_reserve_percent=5, max_runtime_sec=100,
+                drop_grace_sec=5.0)
+    base.update(settings)
+    return GpuState("GPU-test", 0, 80 * G, GpuSettings(**base))   # 76 GiB usable
+
+
+def client(n: int, limit: int = 0) -> ClientInfo:
+    return ClientInfo(n, 500 + n, 0, 1000 + n, "user", limit)
+
+
+def test_a_second_large_allocation_is_deferred_while_the_first_is_being_made():
+    """Two 40 GiB jobs ask back to back, neither holding the lock (bench_mixes mix4-mem on an H100):
+    the second one is deferred (made in host memory) instead of admitted into the same room."""
+    g = gpu()
+    first, second = client(3), client(4)
+    _, d = g.mem_update(first, 0, 0, 0, 0, 40 * G, DEFER)
+    assert (d.status, d.flags) == (C.NVSHARE_OK, 0)        # resident now: being made
+    assert g.memory.room() == 36 * G
+    _, d = g.mem_update(second, 0.01, 0, 0, 0, 40 * G, DEFER)
+    assert (d.status, d.flags) == (C.NVSHARE_OK, C.NVSHARE_MEM_DEFERRED)
+    g.mem_update(second, 0.02, 0, 0, 40 * G)               # made in host memory
+    g.mem_update(first, 0.05, 40 * G, 0, 0)                # made: reported, no longer promised
+    assert g.memory.promised == {} and g.memory.room() == 36 * G
+
+
+def test_a_grant_waits_for_an_allocation_being_made_rather_than_taking_its_room():
+    """The deferred job asks for the GPU while the first job's allocation is still being made:
+    its grant waits until that memory is reported and can be asked to move."""
+    g = gpu()
+    first, second = client(3), client(4)
+    g.mem_update(first, 0, 0, 0, 0, 40 * G, DEFER)
+    g.mem_update(second, 0, 0, 0, 40 * G)
+    assert g.request(second, 0.01) == []                   # 40 GiB coming back, 36 GiB room
+    actions, _ = g.mem_update(first, 0.05, 40 * G, 0, 0)   # made: now it can move
+    assert [(a.kind, a.client.client_id, a.bytes) for a in actions] == \
+        [("swap_out", 3, 4 * G)]
+    actions, _ = g.mem_update(first, 0.5, 36 * G, 0, 4 * G)
+    assert [(a.kind, a.client.client_id) for a in actions] == [(GRANT, 4)]
+
+
+def test_a_promise_that_is_never_reported_runs_out():
+    """An allocation the driver failed is never reported: its room comes back after drop_grace."""
+    g = gpu()
+    first, second = client(3), client(4)
+    g.mem_update(first, 0, 0, 0, 0, 40 * G, DEFER)
+    g.mem_update(second, 0, 0, 0, 40 * G)
+    assert g.request(second, 0.01) == []
+    assert [(a.kind, a.client.client_id) for a in g.tick(5.0)] == [(GRANT, 4)]
+    assert g.memory.promised == {}
+
+
+def test_refusals_say_why():
+    g = gpu()
+    limited, fixed, asker = client(1, limit=10 * G), client(2), client(3)
+    _, d = g.mem_update(limited, 0, 8 * G, 0, 0, 4 * G)
+    assert d.status == C.NVSHARE_ERR_NOMEM
+    assert g.memory.why_refused(limited, 4 * G) == \
+        "the job would hold 12.0 GiB, over its memory limit of 10.0 GiB (NVSHARE_MEM_LIMIT)"
+    g.mem_update(fixed, 0, 50 * G, 50 * G, 0)
+    _, d = g.mem_update(asker, 0, 0, 0, 0, 30 * G, DEFER)
+    assert d.status == C.NVSHARE_ERR_NOMEM
+    assert g.memory.why_refused(asker, 30 * G) == (
+        "it can never fit: this process holds 0.0 MiB, other processes hold 50.0 GiB that cannot "
+        "move to host memory, and the GPU has 76.0 GiB usable (80.0 GiB less "
+        "memory_reserve_percent 5)")
