@@ -170,6 +170,9 @@ class SuspendWatch:
             if move:
                 pause.moving[uuid] = move
             held = client.client_id in gpu.holders
+            if gpu.lock.withdraw(client.client_id):
+                # It asked before the suspend and waits for that grant: made again on resume.
+                self.parked.setdefault(client.client_id, set()).add(uuid)
             self.logger.info(
                 f"{where}: suspended ({why}): holds no lock until it runs again"
                 f"{'; its lock goes to others now' if held else ''}"

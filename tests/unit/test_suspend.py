@@ -174,6 +174,32 @@ def test_a_job_slurm_suspends_moves_its_memory_out_and_waits_until_it_resumes(
     assert "suspended=" in usage_line({GPU0: usage})
 
 
+def test_a_client_waiting_in_the_queue_when_its_job_is_suspended_is_granted_after_resume(
+        scheduler_factory, clients, tmp_path):
+    """Its request was withdrawn from the queue at the suspend; it must not be lost (the real-Slurm
+    test saw the job hang after `scontrol resume`: its hook waited for a grant that never came)."""
+    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
+                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    with_squeue(sched, suspended)
+    register(sched, 41)
+    register(sched, 42)
+    holder = clients(sched, 41)
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    waiter = clients(sched, 42)
+    waiter.send(f"request {GPU0}")
+    wait_for(lambda: gpu_status(sched)["waiting"], what="the second job waits")
+
+    suspended.write_text("42\n")
+    wait_for(lambda: job_status(sched, 42).get("suspended"), what="job 42 suspended")
+    assert gpu_status(sched)["waiting"] == []
+    holder.send(f"release {GPU0}")
+    waiter.absent("grant", 0.5)                    # nothing is granted to a suspended job
+    suspended.write_text("")
+    waiter.expect("grant", timeout=5)              # its request goes ahead once it resumes
+
+
 def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
                                                                          tmp_path):
     memory = Path("/sys/fs/cgroup/memory")
