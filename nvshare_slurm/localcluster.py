@@ -56,6 +56,7 @@ class Partition:
     nodes: tuple[str, ...]
     default: bool = False
     oversubscribe: str | None = None   # OverSubscribe=, where the partition names it
+    priority_tier: int | None = None   # PriorityTier= (preempt/partition_prio), where it is named
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ def render_slurm_conf(c: LocalCluster) -> str:
         words += [("Default", "YES")] if p.default else []
         words += [("MaxTime", "INFINITE"), ("State", "UP")]
         words += [("OverSubscribe", p.oversubscribe)] if p.oversubscribe else []
+        words += [("PriorityTier", p.priority_tier)] if p.priority_tier is not None else []
         out.append(" ".join(f"{k}={_value(k, v)}" for k, v in words) + "\n")
     return "".join(out)
 

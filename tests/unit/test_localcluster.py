@@ -154,6 +154,15 @@ def test_every_key_once_and_every_line_a_setting(tmp_path):
     assert all(re.fullmatch(r"[A-Za-z]+=\S+( [A-Za-z]+=\S+)*", line) for line in lines), text
 
 
+def test_a_partition_names_its_priority_tier_only_when_it_has_one(tmp_path):
+    tiers = (Partition("high", ("n1",), priority_tier=2), Partition("low", ("n1",),
+                                                                    oversubscribe="FORCE:1"))
+    text = localcluster.render_slurm_conf(dataclasses.replace(small(tmp_path), partitions=tiers))
+    lines = [line for line in text.splitlines() if line.startswith("PartitionName=")]
+    assert lines == ["PartitionName=high Nodes=n1 MaxTime=INFINITE State=UP PriorityTier=2",
+                     "PartitionName=low Nodes=n1 MaxTime=INFINITE State=UP OverSubscribe=FORCE:1"]
+
+
 @pytest.mark.parametrize("fields,words", [
     ({"extra": {"TaskPlugin": "task/cgroup"}}, "extra: TaskPlugin is already set"),
     ({"extra": {"Min JobAge": "1"}}, "'Min JobAge' is not a slurm.conf key"),
