@@ -207,6 +207,10 @@ def test_wheelhouse_install_with_no_index_runs_for_a_user(tmp_path):
     has its own test, tests/hook/test_wheel.py)."""
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("needs root and runuser (runs the installed command as nobody)")
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        # scripts/test-slurm-2411.sh's chroot has a copy of the tree, not the checkout; the
+        # install does not depend on Slurm's version, and the 22.05 tier runs it.
+        pytest.skip("needs the git checkout (the wheel is built from `git archive HEAD`)")
     base = Path(tempfile.mkdtemp(prefix="nvshare-wheelhouse-", dir="/tmp"))
     os.chmod(base, 0o755)
     try:
