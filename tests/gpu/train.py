@@ -12,11 +12,17 @@ each step's start and end time (time.time()), and what the run measured of itsel
 
   python train.py --steps 200 --width 1024 [--model mlp|transformer] [--depth 4] [--batch 256]
                   [--sleep-ms 0 | --busy-fraction F] [--mem-gb 0] [--seed 1234] [--out FILE]
-                  [--data gpu|cpu] [--max-seconds S]
+                  [--data gpu|cpu] [--max-seconds S] [--progress FILE]
 
 --busy-fraction F runs the first steps without sleeping, takes their median time as the GPU time of
 a step, then sleeps after every step so that the GPU is busy about F of the time; the JSON says
 which sleep that was and which fraction it reached.
+
+Milestones for the benchmarks that time a job's start (scripts/gpu-suspend-bench.sh): t_launch
+(the script started, before torch is imported), t_cuda (the model is on the GPU: its first copies
+and kernels done) and t_ballast (the ballast allocated and filled: the job has its memory and has
+run a kernel on it; null without --mem-gb), all time.time(). --progress FILE: the number of steps
+done and the time, rewritten every 10 steps, so that a caller can act while the job trains.
 """
 import argparse
 import json
@@ -24,6 +30,8 @@ import math
 import os
 import statistics
 import time
+
+T_LAUNCH = time.time()
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -100,6 +108,7 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=0.0,
                     help="stop after this many seconds of training even if steps remain (0: never)")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to smoke-test this script)")
+    ap.add_argument("--progress", default="", help="rewrite 'STEPS TIME' in this file every 10 steps")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if not 0.0 <= args.busy_fraction < 1.0:
@@ -112,6 +121,9 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device(args.device)
     model = build_model(args).to(dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync()
+    t_cuda = time.time()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     gen = torch.Generator(device=dev if args.data == "gpu" else "cpu")
     gen.manual_seed(args.seed)
@@ -120,6 +132,8 @@ def main() -> int:
     ballast = None
     if args.mem_gb > 0:
         ballast = torch.full((int(args.mem_gb * (1 << 30)) // 4,), 1.0, dtype=torch.float32, device=dev)
+        sync()
+    t_ballast = time.time() if ballast is not None else None
     # --busy-fraction times steps warm..calib; the first steps pay for cuBLAS, the allocator and
     # lazily loaded kernels (the optimizer's momentum path starts on the second step).
     warm = 3
@@ -142,6 +156,10 @@ def main() -> int:
         starts.append(t0)
         times.append(t1)
         durations.append(t1 - t0)
+        if args.progress and (step + 1) % 10 == 0:
+            with open(args.progress + ".tmp", "w") as fh:
+                fh.write(f"{step + 1} {t1}\n")
+            os.replace(args.progress + ".tmp", args.progress)
         if calib and step + 1 == calib:
             busy = statistics.median(durations[warm:])
             sleep_s = busy * (1.0 - args.busy_fraction) / args.busy_fraction
@@ -152,6 +170,7 @@ def main() -> int:
     measured = slice(calib, None) if calib < len(times) else slice(0, None)
     span = times[-1] - starts[measured][0] if times else 0.0
     result = {"pid": os.getpid(), "start": start, "end": time.time(), "losses": losses, "times": times,
+              "t_launch": T_LAUNCH, "t_cuda": t_cuda, "t_ballast": t_ballast,
               "step_starts": starts,
               "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
               "sleep_ms": sleep_s * 1000.0,
