@@ -212,6 +212,18 @@ def build_burst() -> None:
                     str(BURST_SRC), "-ldl", "-lm"], check=True)
 
 
+def burst_env(smoke: bool, gpu: dict) -> dict:
+    """A burst job's environment, before its arm adds the hook or MPS (also bench_mixes.py's):
+    the fake driver's one 16G GPU with --smoke-cpu, else the real GPU that gpu_info() found."""
+    env = clean_env()
+    if smoke:
+        env["LD_LIBRARY_PATH"] = str(REPO / "tests" / "c" / "build")
+        env["FAKE_CUDA_DEVICES"] = f"{SMOKE_UUID}:16G"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = gpu["uuid"]
+    return env
+
+
 # --- one run -----------------------------------------------------------------------------------------
 
 class Family(Harness):
@@ -221,13 +233,7 @@ class Family(Harness):
         self.estimated = self.took = 0.0    # over the units run so far: scales later estimates
 
     def base_env(self) -> dict:
-        env = clean_env()
-        if self.smoke:
-            env["LD_LIBRARY_PATH"] = str(REPO / "tests" / "c" / "build")
-            env["FAKE_CUDA_DEVICES"] = f"{SMOKE_UUID}:16G"
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = self.results["gpu"]["uuid"]
-        return env
+        return burst_env(self.smoke, self.results["gpu"])
 
     def calibrate(self) -> None:
         if "calibration" in self.results:

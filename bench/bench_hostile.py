@@ -40,8 +40,8 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
+import bench_daemon
 from docsection import replace_section
 from nvshare_slurm import proto
 from nvshare_slurm.client import Client
@@ -147,27 +147,11 @@ while True:
 
 def start_daemon(workdir: Path, tree: str, nice: int = 0,
                  cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    os.chmod(workdir, 0o755)          # the attackers connect too
-    sock = str(workdir / "s.sock")
-    cfg = {"socket": sock, "state_dir": str(workdir / "state"), "log_level": "warning",
-           "scheduling_mode": "concurrent", "switch_time_mode": "fixed",
-           "switch_time_fixed": 0.1, "drop_grace_sec": 1.0,
-           "gpus": [{"uuid": uuid, "memory": "80G"} for uuid in GPUS]}
-    (workdir / "nvshare.yaml").write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHARE_")}
-    env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")
-    env["PYTHONPATH"] = tree
-    proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"], env=env,
-                            cwd=tree, stderr=open(workdir / "daemon.log", "wb"),
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    proc, sock = bench_daemon.start_daemon(
+        workdir, GPUS, tree=tree, preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        switch_time_fixed=0.1, drop_grace_sec=1.0)
     if cpus:
         os.sched_setaffinity(proc.pid, cpus)
-    deadline = time.monotonic() + 15
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"daemon did not start:\n{(workdir / 'daemon.log').read_text()}")
-        time.sleep(0.05)
     return proc, sock
 
 

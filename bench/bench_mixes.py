@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_family import BURST, SMOKE_UUID, build_burst  # noqa: E402
-from gpu_bench import (REPO, Job, Mps, Scheduler, clean_env, gpu_info, percentile, run_jobs,  # noqa: E402
+from bench_family import BURST, SMOKE_UUID, build_burst, burst_env  # noqa: E402
+from gpu_bench import (Job, Mps, Scheduler, gpu_info, percentile, run_jobs,  # noqa: E402
                        sigterm_interrupts)
 
 KINDS = {   # kind: (gpu ms per step, host ms, timed: a window of seconds rather than steps)
@@ -74,13 +74,7 @@ class Mixes:
         (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
 
     def base_env(self) -> dict:
-        env = clean_env()
-        if self.smoke:
-            env["LD_LIBRARY_PATH"] = str(REPO / "tests" / "c" / "build")
-            env["FAKE_CUDA_DEVICES"] = f"{SMOKE_UUID}:16G"
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = self.results["gpu"]["uuid"]
-        return env
+        return burst_env(self.smoke, self.results["gpu"])
 
     def calibrate(self) -> None:
         res = run_jobs([Job("calibration", [str(BURST), "--calibrate"], self.base_env(), self.logs)],

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
+import bench_daemon
 from docsection import replace_section
 from nvshare_slurm import proto
 from nvshare_slurm.client import Client
@@ -43,24 +43,8 @@ N_GPUS = 8
 
 
 def start_daemon(workdir: Path) -> tuple[subprocess.Popen, str]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    os.chmod(workdir, 0o755)          # the hostile run's users connect too
-    sock = str(workdir / "s.sock")
-    cfg = {"socket": sock, "state_dir": str(workdir / "state"), "log_level": "warning",
-           "scheduling_mode": "concurrent", "switch_time_mode": "fixed", "switch_time_fixed": 10,
-           "gpus": [{"uuid": f"GPU-bench000-0000-0000-0000-00000000000{i}", "memory": "80G"}
-                    for i in range(N_GPUS)]}
-    (workdir / "nvshare.yaml").write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHARE_")}
-    env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "nvshare_slurm.daemon"], env=env,
-                            stderr=open(workdir / "daemon.log", "wb"))
-    deadline = time.monotonic() + 15
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"daemon did not start:\n{(workdir / 'daemon.log').read_text()}")
-        time.sleep(0.05)
-    return proc, sock
+    uuids = [f"GPU-bench000-0000-0000-0000-00000000000{i}" for i in range(N_GPUS)]
+    return bench_daemon.start_daemon(workdir, uuids, switch_time_fixed=10)
 
 
 class Bench:

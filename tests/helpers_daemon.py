@@ -24,6 +24,19 @@ def gpu_status(sched, uuid=GPU0):
     return next(g for g in sched.client().status()["gpus"] if g["uuid"] == uuid)
 
 
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition", interval: float = 0.05):
+    """predicate()'s first true value, polled every `interval` seconds; AssertionError naming `what`
+    after `timeout` seconds. (tests/slurm/cluster.py's wait_until is the Slurm tier's.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(interval)
+
+
 def wait_for_status(sched, predicate, uuid=GPU0, timeout=5.0):
     """The GPU's status once predicate(status) holds: the daemon has handled what was sent."""
     deadline = time.monotonic() + timeout

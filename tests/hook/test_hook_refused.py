@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from conftest import become
 from helpers_daemon import NOBODY
 from helpers_hook import BUILD, GPU0, NVTEST, finish, start_nvtest
+from helpers_scripted import ScriptedDaemon
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
 
@@ -33,37 +33,19 @@ HOSTILE = "pid 1 in the message is not the connecting process\nnvshare: fake lin
 HOSTILE_ESCAPED = "pid 1 in the message is not the connecting process\\x0anvshare: fake line \\x1b[31m\\\\"
 
 
-class RefusingDaemon:
-    """Listens on path; each connection is answered by the next entry of `answers`, the last one
-    repeating: "ok" (registered; then questions, lock requests and heartbeats are answered) or
-    (status, message, delay): a refusal sent `delay` seconds after the CLIENT_REGISTER. Records what
-    the hook sends as (connection number, type, body)."""
+class RefusingDaemon(ScriptedDaemon):
+    """Each connection is answered by the next entry of `answers`, the last one repeating: "ok"
+    (registered; then questions, lock requests and heartbeats are answered) or (status, message,
+    delay): a refusal sent `delay` seconds after the CLIENT_REGISTER. Records what the hook sends as
+    (connection number, type, body)."""
 
     def __init__(self, path: Path, answers: list):
-        self.path = str(path)
         self.answers = answers
         self.received: list[tuple[int, int, object]] = []
-        self.cond = threading.Condition()
-        self.conns: list[socket.socket] = []
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(self.path)
-        os.chmod(self.path, 0o777)
-        self.server.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(path)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with self.cond:
-                number = len(self.conns)
-                self.conns.append(conn)
-            answer = self.answers[min(number, len(self.answers) - 1)]
-            threading.Thread(target=self._serve, args=(conn, number, answer), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, number: int, answer) -> None:
+    def serve(self, conn: socket.socket, number: int) -> None:
+        answer = self.answers[min(number, len(self.answers) - 1)]
         granted = False
         try:
             while True:
@@ -112,12 +94,6 @@ class RefusingDaemon:
                 if left <= 0:
                     raise AssertionError(f"no message {msg_type}; got {[k for _, k, _ in self.received]}")
                 self.cond.wait(left)
-
-    def stop(self) -> None:
-        self.server.shutdown(socket.SHUT_RDWR)  # close() alone leaves it listening under accept()
-        self.server.close()
-        for conn in self.conns:
-            conn.close()
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from helpers_hook import GPU0, Job, finish, read_trace, start_nvtest
+from helpers_scripted import ScriptedDaemon
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
 
@@ -30,35 +31,21 @@ DEADLINE_MS = 500
 STALL_LINE = "but its connection is open: it is busy, not lost"
 
 
-class StallingDaemon:
-    """Listens on path and stalls as `how` says:
+class StallingDaemon(ScriptedDaemon):
+    """Stalls as `how` says:
     - "register": accepts, never answers CLIENT_REGISTER;
     - "everything": registers, then answers nothing (heartbeats, lock requests, questions);
     - "questions": registers, answers heartbeats and grants locks, never answers a memory question;
     - "reconnect": registers, closes the connection 200 ms later, accepts the next ones and never
       answers their CLIENT_REGISTER.
-    die() closes the listening socket and every connection: the socket file stays, a connect is
-    refused, as when the daemon's process is gone."""
+    die() is stop(), its time recorded."""
 
     def __init__(self, path: Path, how: str):
         self.how = how
-        self.conns: list[socket.socket] = []
         self.died_ns = 0
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(8)
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(path)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn, len(self.conns) - 1), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
+    def serve(self, conn: socket.socket, number: int) -> None:
         try:
             while True:
                 frame = proto.recv_frame(conn)
@@ -82,14 +69,7 @@ class StallingDaemon:
 
     def die(self) -> None:
         self.died_ns = time.monotonic_ns()
-        self.server.shutdown(socket.SHUT_RDWR)  # close() alone leaves it listening under accept()
-        self.server.close()
-        for conn in self.conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
+        self.stop()
 
 
 def stamps(out: str) -> list[int]:

@@ -12,22 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from helpers_daemon import gpu_status
+from helpers_daemon import gpu_status, wait_for
 from helpers_hook import BUILD, Job, finish, start_nvtest
 
 MiB = 1 << 20
 JOB_BYTES = 600 * MiB          # the small GPU holds one such job, not two
 
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never held")
-        time.sleep(0.05)
 
 
 def test_a_suspended_job_frees_the_gpu_and_resumes_with_its_data(hook_lib, small_gpu, tmp_path,

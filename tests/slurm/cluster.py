@@ -364,6 +364,13 @@ def job_dir(cluster: SlurmCluster, test_name: str) -> Path:
     return d
 
 
+def job_workdir(cluster: SlurmCluster, test_name: str) -> Iterator[Path]:
+    """A workdir fixture's body (`yield from`): the test's job_dir, then root's jobs left queued or
+    running are cancelled, so the next test of the module starts on an idle cluster."""
+    yield job_dir(cluster, test_name)
+    cluster.run([BIN / "scancel", "-u", "root"], timeout=10)
+
+
 def stand_in_gpu(path: Path, major: int = 1, minor: int = 7) -> str:
     """A GPU's device file for a test: a character device with a live driver (/dev/full's 1:7 by
     default), so an open the device cgroup allows succeeds and one it denies fails with EPERM.

@@ -17,7 +17,7 @@ import pytest
 from nvshare_slurm.proto import C
 
 from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
-                      job_dir, need_real_slurm, running, stand_in_gpu)
+                      job_workdir, need_real_slurm, running, stand_in_gpu)
 
 REPO_C = Path(__file__).resolve().parents[1] / "c"
 BUILD = REPO_C / "build"
@@ -59,8 +59,7 @@ def site():
 
 @pytest.fixture
 def workdir(site, request):
-    yield job_dir(site, request.node.name)
-    site.run([BIN / "scancel", "-u", "root"], timeout=10)
+    yield from job_workdir(site, request.node.name)
 
 
 def job_script(site, node: str, workdir: Path, name: str, actions: str, srun: str = "") -> str:

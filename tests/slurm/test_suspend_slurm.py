@@ -24,7 +24,7 @@ from nvshare_slurm import localcluster
 from nvshare_slurm.proto import C
 
 from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
-                      entry_point, job_dir, need_real_slurm, running, wait_until)
+                      entry_point, job_workdir, need_real_slurm, running, wait_until)
 from .helpers import BUILD, REPO_C
 
 GPU = "GPU-5e5e0000-0000-0000-0000-000000000000"
@@ -70,8 +70,7 @@ def site(request):
 
 @pytest.fixture
 def workdir(site, request):
-    yield job_dir(site, request.node.name)
-    site.run([BIN / "scancel", "-u", "root"], timeout=10)
+    yield from job_workdir(site, request.node.name)
 
 
 def submit(site, workdir: Path, name: str, actions: str, *args: str) -> int:

@@ -19,7 +19,7 @@ from conftest import FAKE_GPUS, become
 from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame
 from nvshare_slurm import proto, taskprolog
 from nvshare_slurm.proto import C
-from helpers_daemon import as_uid, healthy
+from helpers_daemon import as_uid, healthy, wait_for
 
 GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
 NOBODY, OTHER = 65534, 65533
@@ -27,16 +27,6 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "scontrol"
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="acts as other uids: needs root")
 
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(0.05)
 
 
 def tracebacks(sched) -> int:

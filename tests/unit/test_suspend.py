@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers_daemon import GPU0, gpu_status, register, wait_for_log
+from helpers_daemon import GPU0, gpu_status, register, wait_for, wait_for_log
 from helpers_procs import JobCgroup
 from nvshare_slurm import render, slurm
 from nvshare_slurm.accounting import UsageLedger, usage_line
@@ -28,16 +28,6 @@ MiB = 1 << 20
 def job_status(sched, job_id: int) -> dict:
     return sched.client().status(C.NVSHARE_STATUS_JOB, job_id)["jobs"][0]
 
-
-def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never held")
-        time.sleep(0.02)
 
 
 def with_squeue(sched, suspended: Path):
