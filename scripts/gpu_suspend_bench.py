@@ -332,15 +332,19 @@ def analyse(b: Bench, solo_low: dict, solo_high: dict, arms: dict) -> dict:
         b.check("nvshare: the high job's losses are bit-identical to its solo run" if not fake
                 else "nvshare: the high job's data intact", ok, detail)
         low_total = lo.get("end", 0) - lo.get("launch", lo.get("first_kernel", 0))
+        # A high job that never reached its first kernel (or its memory) has no such time: None,
+        # and the targets below count it as missed, never as a (negative) time.
+        first, ready = hi.get("first_kernel"), hi.get("ready")
         num.update(
-            suspend_to_high_first_kernel_s=hi.get("first_kernel", 0) - n["suspended_at"],
-            suspend_to_high_ready_s=hi.get("ready", 0) - n["suspended_at"],
+            suspend_to_high_first_kernel_s=first - n["suspended_at"] if first else None,
+            suspend_to_high_ready_s=ready - n["suspended_at"] if ready else None,
             high_steps_per_s=rate(hi),
             high_speed_vs_solo=rate(hi) / num["solo_high_steps_per_s"] if num["solo_high_steps_per_s"] else 0,
             suspended_s=n["suspended_sec"], suspended_at_step=n["suspended_at_step"],
             low_total_s=low_total,
             low_total_minus_solo_minus_suspended_s=low_total - solo_low_total - n["suspended_sec"])
-        num["suspend_delay_beyond_solo_start_s"] = num["suspend_to_high_ready_s"] - solo_high_ready
+        to_ready = num["suspend_to_high_ready_s"]
+        num["suspend_delay_beyond_solo_start_s"] = None if to_ready is None else to_ready - solo_high_ready
     p = arms.get("plain")
     if p and "error" not in p:
         b.check("plain: no job had the hook", not p["low_hooked"] and not p["high_hooked"])
@@ -356,11 +360,11 @@ def analyse(b: Bench, solo_low: dict, solo_high: dict, arms: dict) -> dict:
     if n:
         limit = 2.0 + copy_s
         raw = num["suspend_to_high_ready_s"]
+        beyond = num["suspend_delay_beyond_solo_start_s"]
         targets["high ready within 2 s + copy after the suspend (raw: Slurm's start, torch's import)"] = {
-            "ok": raw <= limit, "value": raw, "limit": limit}
+            "ok": raw is not None and raw <= limit, "value": raw, "limit": limit}
         targets["high ready within 2 s + copy beyond its solo submit-to-ready time"] = {
-            "ok": num["suspend_delay_beyond_solo_start_s"] <= limit,
-            "value": num["suspend_delay_beyond_solo_start_s"], "limit": limit}
+            "ok": beyond is not None and beyond <= limit, "value": beyond, "limit": limit}
         targets["high job at solo speed (>= 0.95)"] = {
             "ok": num["high_speed_vs_solo"] >= 0.95, "value": num["high_speed_vs_solo"], "limit": 0.95}
     return {"numbers": {k: round(v, 4) if isinstance(v, float) else v for k, v in num.items()},
@@ -388,7 +392,8 @@ def table(summary: dict, fake: bool) -> str:
     lines = [f"{k:<45} {v:.3f}" if isinstance(v, float) else f"{k:<45} {v}" for k, v in rows if v is not None]
     for name, t in summary["targets"].items():
         met = "MET " if t["ok"] else "MISS"
-        lines.append(f"target {met} {name}: {t['value']:.3f} (limit {t['limit']:.3f})")
+        value = "none (never reached)" if t["value"] is None else f"{t['value']:.3f}"
+        lines.append(f"target {met} {name}: {value} (limit {t['limit']:.3f})")
     return "\n".join(lines) + "\n"
 
 
