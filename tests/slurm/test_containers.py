@@ -77,6 +77,12 @@ def make_bundle(path: Path, binds: list[str]) -> Path:
     for bind in binds:
         mounts.append({"destination": bind, "type": "bind", "source": bind,
                        "options": ["rbind", "rw" if "jobs" in bind else "ro"]})
+    # Every mount point made here, before any container starts: two containers of one bundle
+    # starting together otherwise race to create them (crun: "cannot mkdir `sys`: File exists").
+    for mount in mounts:
+        target = rootfs / mount["destination"].lstrip("/")
+        if not target.is_symlink():
+            target.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
 

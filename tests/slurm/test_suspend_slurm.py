@@ -132,7 +132,11 @@ def usage_logged(site, job_id: int) -> dict[str, float]:
 def test_scontrol_suspend_gives_the_gpu_to_the_other_job_and_resume_finishes_intact(site, workdir):
     diag = site.diagnostics
     a_bytes = 300 * MiB
-    a = submit(site, workdir, "a", f"alloc:{a_bytes} fill:0:a5 burst:20000:250:0 check:0:a5")
+    # Job a waits half-way for a file the test writes after the resume: it cannot end before the
+    # suspend however slowly job b starts on a loaded machine (it did once in CI).
+    go = workdir / "go-a"
+    a = submit(site, workdir, "a", f"alloc:{a_bytes} fill:0:a5 burst:20000:100:0 waitfile:{go} "
+                                   f"burst:20000:150:0 check:0:a5")
     wait_until(lambda: len(kernels(workdir)) >= 10, 60, "job a runs", diag)
     a_pid = kernels(workdir)[0][0]
     b = submit(site, workdir, "b", f"alloc:{300 * MiB} fill:0:5a burst:20000:600:0 check:0:5a")
@@ -158,6 +162,7 @@ def test_scontrol_suspend_gives_the_gpu_to_the_other_job_and_resume_finishes_int
     assert job["usage"][GPU]["suspended_sec"] >= 5, job["usage"]
     resumed_at = time.monotonic_ns()
     assert site.scontrol("resume", str(a)).returncode == 0, diag()
+    go.touch()
 
     assert site.wait_job(a, 120) == "COMPLETED", output(workdir, "a") + diag()
     assert site.wait_job(b, 120) == "COMPLETED", output(workdir, "b") + diag()
