@@ -13,6 +13,7 @@
 
 #include "burst.h"
 #include "driver.h"
+#include "env.h"
 #include "gpus.h"
 
 /* Hidden as declared (driver.h says why). */
@@ -59,15 +60,20 @@ static inline void nvshare_gate_leave(struct nvshare_gpu *g)
 }
 
 /* A thread waits in a synchronising call for g's work: counted as demand, never gated. end returns
- * 1 for the last one out. */
+ * 1 for the last one out. The first in and the last out note the time (a synchronising call costs
+ * far more than the clock): the demand sampler splits a sample it overslept by them. */
 static inline void nvshare_gate_sync_begin(struct nvshare_gpu *g)
 {
-    atomic_fetch_add_explicit(&g->gate.syncing, 1, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&g->gate.syncing, 1, memory_order_relaxed) == 0)
+        atomic_store_explicit(&g->gate.sync_began_ns, nvshare_now_ns(), memory_order_relaxed);
 }
 
 static inline int nvshare_gate_sync_end(struct nvshare_gpu *g)
 {
-    return atomic_fetch_sub(&g->gate.syncing, 1) == 1;
+    if (atomic_fetch_sub(&g->gate.syncing, 1) != 1)
+        return 0;
+    atomic_store_explicit(&g->gate.sync_ended_ns, nvshare_now_ns(), memory_order_relaxed);
+    return 1;
 }
 
 /* For the demand sampler: did work enter the gate since the last look (and forget it). */

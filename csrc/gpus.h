@@ -34,6 +34,8 @@ struct nvshare_gate_state {
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
     atomic_int demand_touched;    /* set by every entry, taken by the demand sampler */
     atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
+    _Atomic uint64_t sync_began_ns;   /* when syncing last went from 0 to 1 (demand.c) */
+    _Atomic uint64_t sync_ended_ns;   /* ... and from 1 to 0 */
     atomic_int captures;          /* graph captures open on this GPU: no synchronise meanwhile */
     /* What the demand sampler saw (demand.c tells it, nvshare_gate_note_demand): since when no work
      * entered or ran (0: busy now, or nothing seen yet), the mean idle stretch, the busy share. */

@@ -202,6 +202,7 @@ class ClientHandlers:
                         int(body.gap_us) / 1e6)
         info = _info(conn)
         before = gpu.takes_turns(info.client_id)
+        self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: demand {demand.describe()}")
         actions = gpu.report_demand(info, demand, self.core.now())
         if gpu.takes_turns(info.client_id) != before:
             self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: "
