@@ -46,6 +46,13 @@ TURN_GROUP_BURST_SEC = 0.004
 # solo time in turns, 1.54x co-located); a W2 pair (35 ms bursts, 82 ms gaps) keeps its turns
 # (the partner's burst fits in its gap: no wait).
 CORUN_STRETCH = 1.0
+# ... with a margin on the way in: a client co-runs by cost once the wait left over exceeds
+# CORUN_ENTER times that stretch, and takes turns again below CORUN_STRETCH. Between two equal
+# bursty jobs the wait left over is the partner's burst less its own gap, about its own burst
+# less its gap, so one noisy report (a 1 ms gap read on a loaded CPU for a 4 ms one) tipped it
+# over the line: it co-ran for a report's time and their kernels overlapped. Issue 27's case
+# (214 ms left over against 28 ms) is far past either line.
+CORUN_ENTER = 1.5
 # Classes: a light client of a worse class co-runs beside a busy better one only below this busy
 # share. Co-running kernels share the GPU's time, so such a client costs the better job at most
 # about half its busy share (2.5 %, inside issue 14's 95 %); an interactive command (~1 ms every
@@ -152,7 +159,8 @@ class GpuDemand:
         if any(cid not in self.reports for cid in ahead):
             return False
         rotation = sum(turn_length(self.reports[cid], turn_sec) for cid in ahead)
-        return rotation - demand.gap > CORUN_STRETCH * demand.burst
+        margin = 1.0 if client_id in self.corun_by_cost else CORUN_ENTER
+        return rotation - demand.gap > margin * CORUN_STRETCH * demand.burst
 
     def any_bursty(self, client_ids: set[int]) -> bool:
         return any(self.reports[c].bursty for c in client_ids if c in self.reports)

@@ -203,6 +203,32 @@ def test_a_bursty_client_whose_pause_covers_the_rotation_keeps_its_turns():
     assert g.status(0.0, [], [])["sharing"] == "turns" and g.takes_turns(1) and g.takes_turns(2)
 
 
+def test_an_equal_bursty_pair_keeps_its_turns_through_a_noisy_report():
+    """Two equal jobs, 8 ms bursts and 4 ms pauses with burst_turns off (the group takes turns):
+    waiting for the partner's burst costs 4 ms, co-running 8. A report read on a loaded CPU (the
+    pause as 1 ms, the burst 9, the partner's burst 11) leaves 11 - 1 = 10 ms, past the 9 ms
+    stretch: before the margin it co-ran for a report's time and the pair's kernels overlapped
+    (CI). It co-runs only past CORUN_ENTER times
+    the stretch, and one that co-runs by cost goes back to turns only below the stretch itself."""
+    equal, noisy = Demand(0.67, 0.008, 0.004), Demand(0.55, 0.009, 0.001)
+    g = gpu(burst_turns=False)
+    for n in (1, 2):
+        g.report_demand(client(n), equal, 0.0)
+        g.request(client(n), 0.0)
+    g.report_demand(client(1), Demand(0.60, 0.011, 0.004), 0.1)
+    g.report_demand(client(2), noisy, 0.1)
+    assert g.takes_turns(1) and g.takes_turns(2), g.status(0.1, [], [])["sharing_reason"]
+    assert g.status(0.1, [], [])["sharing"] == "turns"
+    # Past the margin (a 30 ms turn ahead of a 9 ms burst with 1 ms pauses: 29 > 13.5), it co-runs;
+    # back to 18 ms ahead (17 ms left, between the stretch and the margin) it stays co-running.
+    g.report_demand(client(1), Demand(0.70, 0.030, 0.004), 0.2)
+    assert not g.takes_turns(2)
+    g.report_demand(client(1), Demand(0.70, 0.018, 0.004), 0.3)
+    assert not g.takes_turns(2)
+    g.report_demand(client(1), Demand(0.70, 0.009, 0.004), 0.4)
+    assert g.takes_turns(2)
+
+
 def test_light_bursty_client_beside_two_and_three_heavy_ones_waits_at_most_a_millisecond():
     """30 simulated seconds: the bursty job is granted within 1 ms each time (before: up to two
     heavy turns, 200 ms) and runs a burst every 71 ms as alone; the heavies' time stays even."""
