@@ -103,12 +103,19 @@ class Config:
     metrics_port: int = 0                  # Prometheus metrics over HTTP on this port; 0 = off
     metrics_bind: str = "127.0.0.1"        # the address it listens on; 0.0.0.0 or :: for all
     metrics_user_labels: bool = False      # the job samples carry a `user` label (user names)
-    usage_admin_comment: bool = False      # the epilog also writes a job's GPU usage to AdminComment
+    usage_admin_comment: bool = False      # the scheduler also writes a job's GPU usage to AdminComment
     site_task_prolog: str = ""             # the site's own TaskProlog, run by nvshare-taskprolog
     site_task_prolog_timeout: float = 30.0  # seconds; past it that program is killed, the task fails
     gpus: tuple[GpuSpec, ...] = field(default_factory=tuple)  # empty: NVML inventory
     # QOS, partition, interactive, --comment word -> high | normal | low (priority.py)
     priority_classes: ClassMap = field(default_factory=ClassMap)
+
+    def slurm_node(self) -> str:
+        """This node's Slurm NodeName: node_name, or the short host name for "-"."""
+        if self.node_name != "-":
+            return self.node_name
+        import socket
+        return socket.gethostname().split(".")[0]
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

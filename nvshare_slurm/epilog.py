@@ -42,8 +42,8 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
                 message = with_daemon(lambda: client.unregister_job(job_id), wait)
                 if message != "not registered":
                     say(ME, job_id, f"unregistered on {node}")
-                    if usage is not None:
-                        report_usage(cfg, job_id, node, usage, environ)
+                    if usage is not None:   # the scheduler logs it (and writes AdminComment)
+                        say(ME, job_id, f"GPU usage on {node}: {usage}")
                 return 0
             except DaemonUnavailable:
                 problem = "nvshare: scheduler not running"
@@ -84,28 +84,6 @@ def job_usage(client: Client, job_id: int) -> str | None:
         return usage_line(job.get("usage", {}), index_of)
     except (DaemonUnavailable, RequestFailed, LookupError, TypeError, ValueError):
         return None
-
-
-def report_usage(cfg: config_mod.Config, job_id: int, node: str, line: str,
-                 environ: dict[str, str]) -> None:
-    """Log the usage line; with usage_admin_comment also put it in the job's AdminComment, beside
-    what other nodes' epilogs and the site wrote there. Never fails the epilog."""
-    say(ME, job_id, f"GPU usage on {node}: {line}")
-    if not cfg.usage_admin_comment:
-        return
-    try:
-        existing = slurm.show_job(job_id, cfg.slurm_bin_dir, environ=environ).admin_comment
-        slurm.set_admin_comment(job_id, merge_admin_comment(existing, node, line),
-                                cfg.slurm_bin_dir, environ=environ)
-    except slurm.SlurmError as exc:
-        say(ME, job_id, f"GPU usage not written to AdminComment: {exc}")
-
-
-def merge_admin_comment(existing: str, node: str, line: str) -> str:
-    """`existing` with this node's nvshare part replaced by `nvshare <node>: line`."""
-    mine = f"nvshare {node}:"
-    kept = [part for part in existing.split(" | ") if part and not part.startswith(mine)]
-    return " | ".join(kept + [f"{mine} {line}"])
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ import os
 import pwd
 from typing import Any
 
-from . import log, proto
+from . import admincomment, log, proto, slurm
 from .accounting import usage_line
 from .connection import Connection
 from .daemoncore import Core, Handler, fit, reply, user_name
@@ -43,6 +43,7 @@ class RequestHandlers:
         self.devices = devices
         self._devices_logged: set[tuple[int, str]] = set()
         self._throttle = log.Throttle()
+        self._comments: set[asyncio.Future[None]] = set()   # AdminComment writes under way
         self._status_cache: dict[tuple[int, int], tuple[float, int, bytes]] = {}
 
     def handlers(self) -> dict[int, Handler]:
@@ -125,7 +126,24 @@ class RequestHandlers:
         self._devices_logged = {k for k in self._devices_logged if k[0] != job_id}
         self.logger.info(f"job {job_id}: unregistered ({len(clients)} clients disconnected); "
                          f"GPU usage: {usage}")
+        if self.core.cfg.usage_admin_comment and job is not None:
+            task = asyncio.ensure_future(self._write_admin_comment(job_id, usage))
+            self._comments.add(task)
+            task.add_done_callback(self._comments.discard)
         reply(conn, frame, C.NVSHARE_OK, "unregistered")
+
+    async def _write_admin_comment(self, job_id: int, usage: str) -> None:
+        """usage_admin_comment: the usage line into the job's AdminComment (admincomment.py), in a
+        worker thread (scontrol and sacctmgr take up to 10 s each); the outcome is logged here."""
+        cfg = self.core.cfg
+        try:
+            how = await asyncio.to_thread(admincomment.write, job_id, cfg.slurm_node(), usage,
+                                          cfg.slurm_bin_dir)
+        except slurm.SlurmError as exc:
+            self.logger.warning(f"job {job_id}: GPU usage not written to its AdminComment: "
+                                f"{log.escape(str(exc), 400)}")
+        else:
+            self.logger.info(f"job {job_id}: GPU usage written to its AdminComment ({how})")
 
     def _on_job_query(self, conn: Connection, frame: proto.Frame) -> None:
         job_id = int(frame.body().job_id)

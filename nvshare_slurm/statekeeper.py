@@ -14,7 +14,6 @@ there, logged). Without such a cgroup (proctrack/linuxproc) the process waits fo
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 from . import log, proto, slurm
@@ -105,8 +104,7 @@ class StateKeeper:
         self._rebuild_task = asyncio.ensure_future(self.rebuild_from_slurm())
 
     def node_name(self) -> str:
-        return socket.gethostname().split(".")[0] if self.core.cfg.node_name == "-" \
-            else self.core.cfg.node_name
+        return self.core.cfg.slurm_node()
 
     async def rebuild_from_slurm(self) -> None:
         """Register the jobs Slurm runs on this node that the registry lacks. Meanwhile a client or

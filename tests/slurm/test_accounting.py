@@ -1,13 +1,16 @@
 """Per-job GPU accounting through real Slurm: when the epilog unregisters a job, the scheduler logs
 what the job got from its shared GPU, with the numbers of the job's real GPU work (fake driver).
 With usage_admin_comment on, a cluster without accounting storage (this one) cannot take the
-AdminComment of a finished job: the epilog says so and still succeeds (the node is not drained)."""
+AdminComment of a finished job: the scheduler's log says so, and the epilog still succeeds (the
+node is not drained)."""
 from __future__ import annotations
 
 import re
+import signal
 
 import yaml
 
+from .cluster import wait_until
 from .helpers import submit
 
 
@@ -16,12 +19,23 @@ def test_scheduler_logs_the_jobs_gpu_usage_at_job_end(healthy, jobdir, nvtest):
     original = n2.config_path.read_text()
     settings = yaml.safe_load(original)
     settings["usage_admin_comment"] = True
-    n2.config_path.write_text(yaml.safe_dump(settings))   # the epilog reads it at every job end
+    reloads = n2.log_path.read_text().count("reload: configuration reloaded")
+
+    def reload(text: str, count: int) -> None:
+        n2.config_path.write_text(text)          # the scheduler reads it again on SIGHUP
+        healthy.schedulers["n2"].send_signal(signal.SIGHUP)
+        wait_until(lambda: n2.log_path.read_text().count("reload: configuration reloaded") >= count,
+                   10, "the scheduler's reload")
+
+    reload(yaml.safe_dump(settings), reloads + 1)
     try:
         job = submit(healthy, nvtest, jobdir / "trace", "alloc:1073741824 burst:50000:10:1")
         assert healthy.wait_job(job, 60) == "COMPLETED", healthy.diagnostics()
+        said = wait_until(lambda: re.search(rf"job {job}: GPU usage (not )?written to its "
+                                            rf"AdminComment(.*)", n2.log_path.read_text()),
+                          20, "AdminComment line")
     finally:
-        n2.config_path.write_text(original)
+        reload(original, reloads + 2)
     line = re.search(rf"job {job}: unregistered \(\d+ clients disconnected\); GPU usage: (.*)",
                      n2.log_path.read_text())
     assert line, n2.log_path.read_text()[-2000:]
@@ -32,3 +46,7 @@ def test_scheduler_logs_the_jobs_gpu_usage_at_job_end(healthy, jobdir, nvtest):
     assert int(match.group(3)) >= 1
     state = healthy.scontrol("show", "node", "n2").stdout
     assert "DRAIN" not in state, state
+    # The scheduler says what became of the AdminComment, in its own log (a successful epilog's
+    # output goes nowhere): here slurmctld calls the job finished and sacctmgr has no slurmdbd.
+    assert said and said.group(1), said and said.group(0)
+    assert "sacctmgr" in said.group(2), said.group(0)

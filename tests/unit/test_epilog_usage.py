@@ -1,16 +1,16 @@
-"""The epilog's per-job GPU usage line and its AdminComment, against the real scheduler and a
-recorded-output scontrol stand-in (tests/unit/test_slurm_glue.py's fake_slurm)."""
+"""The per-job GPU usage line at job end and its AdminComment (written by the scheduler), against
+the real scheduler and a recorded-output scontrol stand-in (tests/conftest.py's fake_slurm)."""
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
 
 from conftest import FAKE_GPUS
 from lockclient import ClientProc
 from nvshare_slurm import epilog
-from nvshare_slurm.epilog import merge_admin_comment
+from nvshare_slurm.admincomment import merge
+from helpers_daemon import wait_for_log
 from helpers_slurm import DATA, slurm_env
 
 GPU0 = FAKE_GPUS[0]["uuid"]
@@ -30,48 +30,62 @@ def run_a_turn(sched, job_id: int) -> None:
         proc.close()
 
 
-def test_epilog_logs_usage_and_writes_admin_comment(tmp_path, fake_slurm, scheduler, capsys):
+def comment_scheduler(scheduler_factory, fake_slurm, **settings):
+    """A scheduler that asks the fake scontrol (node n7: the recorded job runs on n1, so the
+    rebuild at start registers nothing) and writes AdminComment."""
+    return scheduler_factory(slurm_bin_dir=str(fake_slurm.bindir), node_name="n7",
+                             usage_admin_comment=True, **settings)
+
+
+def test_scheduler_writes_the_usage_line_to_admin_comment(tmp_path, fake_slurm, scheduler_factory,
+                                                          capsys):
+    """At job end the scheduler puts its usage line into the job's AdminComment, beside what the
+    site and other nodes wrote, replacing this node's earlier part, and logs that it did."""
     record = tmp_path / "record.txt"
     record.write_text((DATA / "count_only_1.txt").read_text().replace(
-        "   Power=\n", "   Power=\n   AdminComment=site note | nvshare n1: stale\n"))
+        "   Power=\n", "   Power=\n   AdminComment=site note | nvshare n7: stale\n"))
     calls = fake_slurm(str(record))
-    run_a_turn(scheduler, 1)
-    env = slurm_env(tmp_path, fake_slurm.bindir, 1, socket_path=scheduler.socket)
-    cfg = yaml.safe_load(open(env["NVSHARE_CONFIG"]))
-    cfg["usage_admin_comment"] = True
-    open(env["NVSHARE_CONFIG"], "w").write(yaml.safe_dump(cfg))
+    sched = comment_scheduler(scheduler_factory, fake_slurm)
+    run_a_turn(sched, 1)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 1, socket_path=sched.socket)
     assert epilog.run(env, wait_sec=2) == 0
     err = capsys.readouterr().err
     assert "nvshare-epilog: job 1: GPU usage on n1: gpu0 held=" in err
     assert "peak=1.0G swapped=0B turns=1" in err
+    wait_for_log(sched, "job 1: GPU usage written to its AdminComment (scontrol)")
     update = [c for c in calls.read_text().splitlines() if c.startswith("update")]
     assert len(update) == 1
-    assert update[0].startswith("update JobId=1 AdminComment=site note | nvshare n1: gpu0 held=")
+    assert update[0].startswith("update JobId=1 AdminComment=site note | nvshare n7: gpu0 held=")
     assert "stale" not in update[0]
 
 
-def test_epilog_without_admin_comment_only_logs(tmp_path, fake_slurm, scheduler, capsys):
+def test_without_admin_comment_the_usage_is_only_logged(tmp_path, fake_slurm, scheduler_factory):
     calls = fake_slurm("count_only_1.txt")
-    run_a_turn(scheduler, 2)
-    env = slurm_env(tmp_path, fake_slurm.bindir, 2, socket_path=scheduler.socket)
+    sched = scheduler_factory(slurm_bin_dir=str(fake_slurm.bindir), node_name="n7")
+    run_a_turn(sched, 2)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 2, socket_path=sched.socket)
     assert epilog.run(env, wait_sec=2) == 0
-    assert "GPU usage on n1: gpu0 held=" in capsys.readouterr().err
+    wait_for_log(sched, "job 2: unregistered (0 clients disconnected); GPU usage: gpu0 held=")
+    assert "AdminComment" not in sched.log()
     assert not calls.exists() or "update" not in calls.read_text()
 
 
-def test_admin_comment_failure_never_fails_the_epilog(tmp_path, fake_slurm, scheduler, capsys):
+def test_an_admin_comment_slurm_refuses_is_logged_by_the_scheduler(tmp_path, fake_slurm,
+                                                                    scheduler_factory):
+    """The epilog ran as ever (it succeeds, the node is not drained); before, its complaint went
+    to slurmd, which drops what a successful epilog prints: the refusal was seen nowhere."""
     fake_slurm("count_only_1.txt", exit_code=1)            # scontrol cannot describe the job
-    run_a_turn(scheduler, 3)
-    env = slurm_env(tmp_path, fake_slurm.bindir, 3, socket_path=scheduler.socket,
-                    NVSHARE_USAGE_ADMIN_COMMENT="true")
+    sched = comment_scheduler(scheduler_factory, fake_slurm)
+    run_a_turn(sched, 3)
+    env = slurm_env(tmp_path, fake_slurm.bindir, 3, socket_path=sched.socket)
     assert epilog.run(env, wait_sec=2) == 0
-    assert "GPU usage not written to AdminComment" in capsys.readouterr().err
+    wait_for_log(sched, "job 3: GPU usage not written to its AdminComment: scontrol show job -d 3")
 
 
 def test_merge_admin_comment_keeps_others_and_replaces_this_node():
-    assert merge_admin_comment("", "n1", "x") == "nvshare n1: x"
-    assert merge_admin_comment("nvshare n2: y", "n1", "x") == "nvshare n2: y | nvshare n1: x"
-    assert merge_admin_comment("site | nvshare n1: old", "n1", "x") == "site | nvshare n1: x"
+    assert merge("", "n1", "x") == "nvshare n1: x"
+    assert merge("nvshare n2: y", "n1", "x") == "nvshare n2: y | nvshare n1: x"
+    assert merge("site | nvshare n1: old", "n1", "x") == "site | nvshare n1: x"
 
 
 def test_a_finished_job_gets_its_admin_comment_through_the_accounting_database(tmp_path):
