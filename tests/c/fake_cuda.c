@@ -20,7 +20,7 @@
  * Virtual memory made with the POSIX fd handle type exports as a real fd and imports in another
  * process (the memfd is shared). FAKE_CUDA_UNMAP_FAIL=N makes the next N cuMemUnmap calls fail.
  * FAKE_CUDA_CREATE_MS=N makes the process's first cuMemCreate of more than 2 MiB take N ms after
- * taking the memory.
+ * taking the memory. FAKE_CUDA_SWAP_COPY_MS and FAKE_CUDA_COPY_LOG: slow_copy below.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -839,11 +839,31 @@ static void wait_ctx(void)
     sleep_until(t);
 }
 
+/* FAKE_CUDA_SWAP_COPY_MS=N: a copy between host and device of 64 MiB or more (the hook's swap chunks;
+ * test programs copy in smaller pieces) takes N ms; FAKE_CUDA_COPY_LOG names a file that then gets
+ * "pid dtoh|htod bytes start_ns end_ns" (CLOCK_MONOTONIC) for each such copy. */
+static void slow_copy(void *dst, const void *src, size_t n, const char *way)
+{
+    const char *ms = getenv("FAKE_CUDA_SWAP_COPY_MS");
+    uint64_t start = now_ns();
+    memcpy(dst, src, n);
+    if (!ms || n < (64u << 20))
+        return;
+    sleep_until(start + strtoull(ms, NULL, 10) * 1000000ull);
+    const char *log = getenv("FAKE_CUDA_COPY_LOG");
+    int fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    if (fd >= 0) {
+        dprintf(fd, "%d %s %zu %llu %llu\n", (int)getpid(), way, n, (unsigned long long)start,
+                (unsigned long long)now_ns());
+        close(fd);
+    }
+}
+
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
-{ NEED_CTX(); wait_ctx(); memcpy((void *)(uintptr_t)dst, src, n); return CUDA_SUCCESS; }
+{ NEED_CTX(); wait_ctx(); slow_copy((void *)(uintptr_t)dst, src, n, "htod"); return CUDA_SUCCESS; }
 EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) { return cuMemcpyHtoD_v2(dst, src, n); }
 EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
-{ NEED_CTX(); wait_ctx(); memcpy(dst, (const void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
+{ NEED_CTX(); wait_ctx(); slow_copy(dst, (const void *)(uintptr_t)src, n, "dtoh"); return CUDA_SUCCESS; }
 EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) { return cuMemcpyDtoH_v2(dst, src, n); }
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 { NEED_CTX(); wait_ctx(); memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n); return CUDA_SUCCESS; }
