@@ -415,6 +415,8 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
     g->gate.handoff_on_drain = want == 0;
     int drained = drain_with_deadline(g) == 0;
     g->gate.handoff_on_drain = 0;
+    want = g->gate.swap_cancel ? 0 : want;   /* RESUMED during the drain */
+    g->gate.swap_cancel = 0;
     nvshare_swap_set_abort(g, 0);  /* still holding: no grant can overtake this one */
     uint64_t moved = drained ? swap_out_unlocked(g, want) : 0;
     if (g->gate.held && drained) {
@@ -508,6 +510,8 @@ static void swap_out_now(struct nvshare_gpu *g)
     }
     atomic_store(&g->gate.closing, 1);
     int drained = drain_with_deadline(g) == 0;
+    want = g->gate.swap_cancel ? 0 : want;   /* RESUMED during the drain */
+    g->gate.swap_cancel = 0;
     nvshare_swap_set_abort(g, 0);
     uint64_t moved = g->gate.held || !drained ? 0 : swap_out_unlocked(g, want);
     atomic_store(&g->gate.closing, 0);
@@ -654,6 +658,24 @@ void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
     pthread_mutex_unlock(&g->gate.mu);
 }
 
+/* The suspend that asked for this GPU's memory to move out is over (the job runs again): moving it
+ * now only to bring it back at the next grant cost the H100 35 s for 63 GiB. Whatever is still on
+ * the GPU stays; what moved comes back with the grant, as after any swap-out. */
+void nvshare_gate_on_resumed(struct nvshare_gpu *g)
+{
+    pthread_mutex_lock(&g->gate.mu);
+    int unanswered_ask = g->gate.swap_now_bytes != 0 && !g->gate.swap_busy;
+    g->gate.swap_out_bytes = g->gate.swap_now_bytes = 0;
+    if (g->gate.swap_busy)
+        nvshare_swap_set_abort(g, 1);       /* stops between chunks */
+    else if (atomic_load(&g->gate.closing))
+        g->gate.swap_cancel = 1;            /* draining: the swap-out after the drain moves nothing */
+    pthread_mutex_unlock(&g->gate.mu);
+    if (unanswered_ask)
+        nvshare_memory_report(g);           /* the answer to that PREPARE_SWAP_OUT: nothing moved */
+    nvshare_debug("gpu %s: the job runs again: no more memory moves out for its suspend", g->uuid);
+}
+
 void nvshare_gate_on_handoff(struct nvshare_gpu *g, uint32_t role, int fd)
 {
     pthread_mutex_lock(&g->gate.mu);
@@ -772,7 +794,7 @@ void nvshare_gate_after_fork(void)
         nvshare_cond_init(&g->gate.drain_cv);
         nvshare_gate_note_demand(g, 0, 0, 0);   /* the child's sampler starts afresh */
         g->gate.held = g->gate.requested = g->gate.waiters = g->gate.contended = g->gate.drop_pending = 0;
-        g->gate.swap_in_pending = g->gate.swap_busy = 0;
+        g->gate.swap_in_pending = g->gate.swap_busy = g->gate.swap_cancel = 0;
         g->gate.swap_out_bytes = g->gate.swap_now_bytes = g->gate.no_room_until = 0;
         g->gate.keeper_running = 0;
         g->gate.drainer_running = 0;

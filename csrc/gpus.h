@@ -66,6 +66,7 @@ struct nvshare_gate_state {
     uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */
     int swap_in_pending;          /* granted with memory in host memory: bring it back, then open */
     int swap_busy;                /* the keeper moves memory now: a grant must wait for it */
+    int swap_cancel;              /* RESUMED came during a drain: the swap-out after it moves nothing */
     uint64_t no_room_until;       /* swap-in failed for lack of GPU memory: ask again after this */
     /* Hand-over between exclusive turns (HANDOFF): eventfds shared with one other process. */
     int handoff_out_fd;           /* holding: write it once drained (-1: none) */
@@ -106,7 +107,7 @@ struct nvshare_swap_state {
     int vmm;                      /* -1 not known yet, 0 unsupported, 1 usable */
     int blocked;                  /* host memory could not take a swap: report everything fixed */
     atomic_int peer_access;       /* another GPU's context may reach this one's memory: never swapped */
-    atomic_int abort;             /* a grant came during a PREPARE_SWAP_OUT swap: stop moving out */
+    atomic_int abort;             /* a grant came during a PREPARE_SWAP_OUT swap, or RESUMED: stop moving out */
     size_t granularity;
     int fd_export;                /* chunks are made exportable as file descriptors (CUDA IPC) */
     int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */

@@ -53,6 +53,9 @@ enum nvshare_msg_type {
                                                descriptor (SCM_RIGHTS): an eventfd that the holder told DROP_LOCK writes
                                                once drained and the next holder waits on (docs/protocol.md "Hand-over");
                                                advisory: the next holder's LOCK_GRANT follows as always */
+    NVSHARE_MSG_RESUMED = 17,               /* d->c  struct nvshare_gpu_event: its job runs again after a suspend that asked it to
+                                               move memory out (DROP_LOCK(SUSPEND), PREPARE_SWAP_OUT): a swap-out on that GPU
+                                               still pending or under way stops (docs/protocol.md "Suspend") */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -98,7 +101,7 @@ enum nvshare_status {
 #define NVSHARE_DROP_ADMIN 3
 #define NVSHARE_DROP_MEMORY 4
 #define NVSHARE_DROP_SUSPEND 5     /* its job is being suspended (Slurm): move `bytes` out, ask again when you like;
-                                      the daemon grants nothing to a suspended job until it resumes */
+                                      the daemon grants nothing to a suspended job until it resumes (then RESUMED) */
 
 /* nvshare_mem_update.flags */
 #define NVSHARE_MEM_CAN_DEFER 1     /* this allocation can be made without GPU memory until the next grant */

@@ -587,7 +587,8 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
         if (!e->resident || e->fixed)
             continue;
         if (atomic_load(&g->swap.abort)) {
-            nvshare_debug("gpu %s: swap-out stopped: the GPU was granted meanwhile", g->uuid);
+            nvshare_debug("gpu %s: swap-out stopped after %.1f MiB: granted meanwhile, or its job runs again "
+                          "after a suspend", g->uuid, moved / 1048576.0);
             break;
         }
         if (!e->host && r->cuMemHostAlloc(&e->host, e->size, 0) != CUDA_SUCCESS) {

@@ -23,7 +23,8 @@ int nvshare_swap_keep_resident(struct nvshare_gpu *g);
 /* swap.mu of g: held around swap-out and swap-in, and by allocations and frees of swappable memory. */
 void nvshare_swap_lock(struct nvshare_gpu *g);
 void nvshare_swap_unlock(struct nvshare_gpu *g);
-/* A grant came while a PREPARE_SWAP_OUT swap runs (on) / may come from now on (off). */
+/* Stop a swap-out between chunks (on: a grant came during a PREPARE_SWAP_OUT swap, or the job runs
+ * again after the suspend that asked for it) / the next swap-out may run to its end (off). */
 void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
 /* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
  * (UINT64_MAX: all) to host memory; returns the bytes moved. */

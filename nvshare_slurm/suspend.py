@@ -19,8 +19,11 @@ looks from outside, two ways, and never touches the freezer itself:
 
 A suspended client's lock requests wait here (park), not in a GPU's queue, until its job runs
 again: then they are made as if they had just come, and the grant brings its memory back before its
-gate opens (the hook's swap-in). nvshare-status shows such a client `suspended`, and the ledger
-counts the time apart from waiting.
+gate opens (the hook's swap-in). A client that was asked to move memory out for the suspension is
+told RESUMED on those GPUs first: a swap-out it still has pending or under way (one the freeze
+caught half-way) stops, and what is still on the GPU stays there. A stopped or frozen client seen
+running again has Slurm asked at once rather than at the next poll. nvshare-status shows such a
+client `suspended`, and the ledger counts the time apart from waiting.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from . import slurm
 from .gpustate import suspend_client
 from .procinfo import memory_headroom, pause_reason
+from .proto import C
 from .render import human_size
 
 if TYPE_CHECKING:
@@ -142,6 +146,10 @@ class SuspendWatch:
             if not why and client.job_id in self.slurm_suspended:
                 why = SLURM_REASON
             pause = self.paused.get(client.client_id)
+            if pause is not None and pause.stopped and not stopped:
+                # Thawed (Slurm thaws a job only to resume it): ask Slurm now, not at the next poll.
+                pause.stopped = False
+                self._slurm_next = 0.0
             if why and (pause is None or (stopped and not pause.stopped)):
                 self._suspend(client, why, stopped, pause, now)
             elif not why and pause is not None:
@@ -197,7 +205,13 @@ class SuspendWatch:
         if not any(p.job_id == pause.job_id for p in self.paused.values()):
             self.core.ledger.resume(pause.job_id, now)
         asked = self.parked.pop(client.client_id, set())
+        moving = sorted(u for u in pause.moving if u in client.gpus)
+        if client.connection is not None:
+            for uuid in moving:
+                # Memory still moving out for the suspension would only have to come back.
+                client.connection.send(C.NVSHARE_MSG_RESUMED, {"gpu_uuid": uuid})
         self.logger.info(f"{client.label()}: runs again after {now - pause.since:.1f}s suspended"
+                         f"{'; told to stop moving memory out' if moving else ''}"
                          f"{'; its lock requests go ahead' if asked else ''}")
         for uuid in sorted(asked):
             gpu = self.core.gpus.get(uuid)

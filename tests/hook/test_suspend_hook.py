@@ -7,10 +7,13 @@ memory is really free; Slurm's word comes from a stand-in squeue in the daemon's
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from helpers_daemon import gpu_status, wait_for
 from helpers_hook import BUILD, Job, finish, start_nvtest
@@ -58,6 +61,120 @@ def test_a_suspended_job_frees_the_gpu_and_resumes_with_its_data(hook_lib, small
     log = sched.log()
     assert "suspended (its job is suspended by Slurm)" in log
     assert "runs again after" in log
+
+
+CHUNK = 256 * MiB              # the hook's swap chunk (csrc/swap.c)
+SLOW_JOB_BYTES = 900 * MiB     # four chunks: 256, 256, 256 and 132 MiB
+COPY_MS = 1000                 # each chunk's copy to host memory or back, on the fake driver
+
+
+def copies(log: Path, way: str) -> list[tuple[int, int]]:
+    """(start_ns, end_ns) of each slow copy `way` (dtoh: swap-out, htod: swap-in), CLOCK_MONOTONIC."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(int(f[3]), int(f[4])) for f in (line.split() for line in lines) if f[1] == way]
+
+
+@pytest.mark.parametrize("order", ["resume-then-thaw", "thaw-then-resume", "thaw-out-parked-resume"])
+def test_a_swap_out_the_freeze_caught_stops_when_the_job_resumes(hook_lib, small_gpu, tmp_path,
+                                                                 procs, order):
+    """The H100 run (docs/gpu-results.md, 2026-11-25): the daemon asked a holder to move its memory
+    out for a suspend, Slurm froze it half-way, and after the resume the hook first finished the
+    swap-out and then brought everything back. Now the daemon says RESUMED and the swap-out stops
+    between chunks: what is still on the GPU stays, what moved comes back with the grant.
+    resume-then-thaw is Slurm's order (RUNNING, then the thaw). In the other two the process runs
+    while Slurm still says SUSPENDED, so the daemon keeps it suspended and its swap-out goes on:
+    thaw-then-resume resumes it during the swap-out (which stops); in thaw-out-parked-resume the
+    swap-out ends, the hook releases, its lock request is parked, and only then does the job
+    resume: RESUMED finds nothing to stop, and the grant brings all of it back."""
+    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    suspended.write_text("")
+    squeue = Path(sched.workdir) / "squeue"
+    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
+    squeue.chmod(0o755)
+    sched.start()
+    copy_log = tmp_path / "copies"
+    job = Job(sched, 404, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS),
+              FAKE_CUDA_COPY_LOG=str(copy_log), **sched.fake_env)
+    hold = tmp_path / "resume-check"
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{SLOW_JOB_BYTES}:2:1000:{hold}"],
+                        job.env)
+    procs.append(proc)
+    wait_for(lambda: gpu_status(sched)["memory_used"] >= SLOW_JOB_BYTES, what="the job's memory")
+
+    suspended.write_text("404\n")
+    # The first chunk is out; the freeze catches the swap-out in the second one.
+    wait_for(lambda: copies(copy_log, "dtoh"), timeout=15, what="the first chunk in host memory")
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: "suspended (stopped (state T))" in sched.log(), what="the daemon sees it stopped")
+    hold.write_text("")              # its next GPU call, the check, comes right after the thaw
+    if order == "resume-then-thaw":
+        suspended.write_text("")
+        resumed_ns = time.monotonic_ns()
+        os.kill(proc.pid, signal.SIGCONT)
+    elif order == "thaw-then-resume":
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.3)              # running, still SUSPENDED for Slurm: the swap-out goes on
+        suspended.write_text("")
+        resumed_ns = time.monotonic_ns()
+    else:
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: "lock released after moving 900.0 MiB" in sched.log(), timeout=15,
+                 what="all of it out and the lock released")
+        time.sleep(0.5)              # its request (the check after the hold) waits in the watch
+        suspended.write_text("")
+        resumed_ns = time.monotonic_ns()
+    out = finish(proc, timeout=60)
+    assert "pattern held ok" in out and "pattern ok rounds=2" in out, out
+
+    out_copies, in_copies = copies(copy_log, "dtoh"), copies(copy_log, "htod")
+    chunks = -(-SLOW_JOB_BYTES // CHUNK)
+    log = sched.log()
+    assert "told to stop moving memory out" in log, log
+    # Only what moved came back (the grant's swap-in), once, after the last chunk went out.
+    assert len(in_copies) == len(out_copies)
+    assert min(start for start, _ in in_copies) >= max(end for _, end in out_copies)
+    if order == "thaw-out-parked-resume":
+        assert len(out_copies) == chunks and all(end < resumed_ns for _, end in out_copies)
+        assert "its lock requests go ahead" in log, log
+        assert "swap-out stopped" not in proc.stderr_text
+        return
+    # Before: every chunk went out after the resume, and every one came back.
+    assert len(out_copies) < chunks, (out_copies, proc.stderr_text)
+    # After the resume: the chunk under way, and one more begun before RESUMED arrived.
+    assert sum(end > resumed_ns for _, end in out_copies) <= 2, out_copies
+    assert "swap-out stopped after" in proc.stderr_text, proc.stderr_text
+
+
+def test_a_suspend_that_ends_while_the_holder_drains_moves_nothing(hook_lib, small_gpu, tmp_path,
+                                                                   procs):
+    """DROP_LOCK(SUSPEND) comes while the holder's kernel runs; the job resumes (a short suspend,
+    or gang time slices) before the drain ends. The swap-out that would follow the drain is
+    dropped: nothing moves out only to come back."""
+    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    suspended.write_text("")
+    squeue = Path(sched.workdir) / "squeue"
+    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
+    squeue.chmod(0o755)
+    sched.start()
+    copy_log = tmp_path / "copies"
+    job = Job(sched, 405, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS),
+              FAKE_CUDA_COPY_LOG=str(copy_log), **sched.fake_env)
+    trace = tmp_path / "trace"
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{SLOW_JOB_BYTES}", "fill:0:5a",
+                                   "launch:4000000", "check:0:5a"], job.env)
+    procs.append(proc)
+    wait_for(lambda: trace.exists() and trace.read_text(), what="its 4 s kernel launched")
+    suspended.write_text("405\n")
+    wait_for(lambda: "suspended (its job is suspended by Slurm)" in sched.log(),
+             what="the daemon's DROP_LOCK(SUSPEND)")
+    suspended.write_text("")         # resumed while the kernel still runs
+    wait_for(lambda: "told to stop moving memory out" in sched.log(), what="RESUMED")
+    out = finish(proc, timeout=60)
+    assert f"check 0 rc=0 bytes={SLOW_JOB_BYTES} bad=0" in out, out
+    assert copies(copy_log, "dtoh") == [], proc.stderr_text      # before: all four chunks, and back
+    assert "no more memory moves out for its suspend" in proc.stderr_text
 
 
 SIGTSTP_PROGRAM = """

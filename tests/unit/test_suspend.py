@@ -15,7 +15,7 @@ import pytest
 
 from helpers_daemon import GPU0, gpu_status, register, wait_for, wait_for_log
 from helpers_procs import JobCgroup
-from nvshare_slurm import render, slurm
+from nvshare_slurm import proto, render, slurm
 from nvshare_slurm.accounting import UsageLedger, usage_line
 from nvshare_slurm.config import ConfigError, load
 from nvshare_slurm.procinfo import cgroup_frozen, memory_headroom, pause_reason, read_identity, \
@@ -188,6 +188,66 @@ def test_a_client_waiting_in_the_queue_when_its_job_is_suspended_is_granted_afte
     waiter.absent("grant", 0.5)                    # nothing is granted to a suspended job
     suspended.write_text("")
     waiter.expect("grant", timeout=5)              # its request goes ahead once it resumes
+
+
+def test_a_resumed_client_is_told_to_stop_moving_out_only_where_the_suspend_asked_it_to(
+        scheduler_factory, clients, tmp_path):
+    """RESUMED (issue 28, the H100's 35 s): a swap-out asked for a suspension and still under way
+    when the job runs again must stop. The daemon says so on each GPU where it asked for memory,
+    and tells a client it asked for nothing nothing."""
+    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
+                              switch_time_mode="fixed", switch_time_fixed=30,
+                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    with_squeue(sched, suspended)
+    register(sched, 51)
+    register(sched, 52)
+    # The holder does not answer its DROP_LOCK: its hook is still moving memory out.
+    holder = clients(sched, 51, "--swap", "--on-drop", "ignore")
+    holder.send(f"mem {GPU0} {600 * MiB} 0 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("grant")
+    empty = clients(sched, 52)                     # nothing to move
+    empty.send(f"request {GPU0}")
+    wait_for(lambda: gpu_status(sched)["waiting"], what="the second job waits")
+
+    suspended.write_text("51\n52\n")
+    assert holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND)["bytes"] == 600 * MiB
+    wait_for(lambda: job_status(sched, 52).get("suspended"), what="job 52 suspended")
+    resumed = proto.MSG_NAME[C.NVSHARE_MSG_RESUMED]
+    holder.absent("other", 0.5, type=resumed)       # not while Slurm still says SUSPENDED
+    suspended.write_text("")
+    holder.expect("other", type=resumed)
+    wait_for_log(sched, "told to stop moving memory out")
+    empty.absent("other", 0.5, type=resumed)
+    # Its release after the stopped swap-out passes the lock on as any release does.
+    holder.send(f"release {GPU0}")
+    empty.expect("grant", timeout=5)
+
+
+def test_a_thawed_client_has_slurm_asked_at_once(scheduler_factory, clients, tmp_path):
+    """Slurm thaws a job only to resume it: the daemon asks squeue at once rather than at the next
+    suspend_slurm_poll_sec (30 s here), so a swap-out the freeze caught stops soon after."""
+    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
+                              suspend_slurm_poll_sec=30, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    with_squeue(sched, suspended)
+    suspended.write_text("61\n")
+    register(sched, 61)
+    holder = clients(sched, 61, "--swap", "--on-drop", "ignore")
+    holder.send(f"mem {GPU0} {300 * MiB} 0 0 0")
+    holder.send(f"request {GPU0}")
+    holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND, timeout=5)   # the first poll's word
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "suspended (stopped (state T))" in sched.log(), what="seen stopped")
+        polls = len((tmp_path / "suspended.calls").read_text().splitlines())
+        suspended.write_text("")                    # scontrol resume: RUNNING, then the thaw
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    holder.expect("other", type=proto.MSG_NAME[C.NVSHARE_MSG_RESUMED], timeout=3)
+    assert len((tmp_path / "suspended.calls").read_text().splitlines()) == polls + 1
+    assert job_status(sched, 61)["suspended"] is None
 
 
 def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
