@@ -861,6 +861,24 @@ static void run(char *action)
                 usleep((useconds_t)atoi(gap + 1) * 1000);
         }
         printf("burst ok\n");
+    } else if (strcmp(action, "train") == 0) {
+        /* train:US:K:N:HOSTUS:PAUSEMS: N steps as a PyTorch training makes them: K kernels of US
+         * launched one after the other with HOSTUS of host work before each (the host runs ahead of
+         * the GPU when K x HOSTUS < K x US), one synchronise, then PAUSEMS of host work. */
+        unsigned long long us = strtoull(arg, NULL, 10), host_us = 0;
+        int k = 1, steps = 1, pause_ms = 0;
+        sscanf(arg, "%llu:%d:%d:%llu:%d", &us, &k, &steps, &host_us, &pause_ms);
+        for (int i = 0; i < steps; i++) {
+            for (int j = 0; j < k; j++) {
+                if (host_us)
+                    usleep((useconds_t)host_us);
+                launch(us, 1);
+            }
+            check("cuCtxSynchronize", api.cuCtxSynchronize());
+            if (pause_ms)
+                usleep((useconds_t)pause_ms * 1000);
+        }
+        printf("train ok\n");
     } else if (strcmp(action, "sync") == 0) {
         check("cuCtxSynchronize", api.cuCtxSynchronize());
         printf("sync ok\n");
