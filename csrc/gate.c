@@ -137,12 +137,20 @@ static void wait_for_handoff(struct nvshare_gpu *g)
 }
 
 /* ---- waiting for the lock ------------------------------------------------------------------- */
+#define QUICK_REASKS 2   /* idle releases in a row that were no pause: the demand figures are stale */
 static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
 {
     if (!g->gate.last_release_idle)
         return;
     g->gate.last_release_idle = 0;
     uint64_t gap = now - g->gate.last_release_ns;
+    /* Was that a pause? A job with real pauses asks again about its mean pause later; one that
+     * asks within a quarter of it was only between two launches (QUICK_REASKS). */
+    uint64_t pause = atomic_load_explicit(&g->gate.gap_mean_ns, memory_order_relaxed);
+    if (pause && gap < pause / 4)
+        g->gate.quick_reasks = g->gate.quick_reasks < QUICK_REASKS ? g->gate.quick_reasks + 1 : QUICK_REASKS;
+    else
+        g->gate.quick_reasks = 0;
     /* Asked again right after an early release: it was not idle, only between bursts. */
     if (gap < 2 * g->gate.idle_threshold_ns + 1000000ull)
         g->gate.idle_threshold_ns = g->gate.idle_threshold_ns * 2 > IDLE_MAX_NS ? IDLE_MAX_NS : g->gate.idle_threshold_ns * 2;
@@ -159,25 +167,42 @@ static void adapt_threshold(struct nvshare_gpu *g, uint64_t now)
  * 3-12 ms pauses, auto_share turns): the threshold reached its 20 ms cap, holders kept whole
  * 100 ms turns every other time, and such pairs ran at 0.75-1.2x serial. A busier job keeps the
  * adaptive threshold: handing over in every short gap of a compute-bound step costs a hand-over
- * per step. */
+ * per step.
+ * The figures can be stale: lock waits are left out of them (demand.c), so a job that holds the
+ * GPU only briefly adds a sample or two per rotation, and a training whose start-up read 35 % busy
+ * (4 ms gaps) still read so seconds later. Released in each half-millisecond host hiccup, it asked
+ * again at once, waited for the others' turns, and its figures never caught up: on the fake driver
+ * three equal trainings (1 s switch interval) held the GPU 0.7 s, 2.9 s and 0.3 s of 4 s, and on
+ * the H100 10.7 s, 3.2 s and 2.4 s of 15.4 s (the short-turn jobs' median turn 5-6 ms). So after
+ * QUICK_REASKS idle releases in a row each asked again within a quarter of the mean pause (no
+ * pause at all), the job keeps the adaptive threshold until it asks again after a real pause. */
 #define BURSTY_PPM 800000u
 #define BURSTY_MAX_NS 1000000ull   /* an eighth of 45 ms pauses, 5.6 ms, was waited at each hand-over */
 static uint64_t contended_threshold(struct nvshare_gpu *g)
 {
     uint64_t gap = atomic_load_explicit(&g->gate.gap_mean_ns, memory_order_relaxed);
-    if (!gap || atomic_load_explicit(&g->gate.busy_ppm, memory_order_relaxed) >= BURSTY_PPM)
+    if (!gap || atomic_load_explicit(&g->gate.busy_ppm, memory_order_relaxed) >= BURSTY_PPM ||
+        g->gate.quick_reasks >= QUICK_REASKS)
         return g->gate.idle_threshold_ns;
     uint64_t t = gap / 8 < IDLE_MIN_NS ? IDLE_MIN_NS : gap / 8 > BURSTY_MAX_NS ? BURSTY_MAX_NS : gap / 8;
     return t < g->gate.idle_threshold_ns ? t : g->gate.idle_threshold_ns;
+}
+
+/* Did a synchronising call end after `t`? Its kernels ran until then: the GPU was not idle. */
+static int synced_since(struct nvshare_gpu *g, uint64_t t)
+{
+    return atomic_load_explicit(&g->gate.sync_ended_ns, memory_order_relaxed) > t;
 }
 
 /* Has nothing entered the gate, run inside it or waited for this GPU's work for `threshold`? */
 static int idle_for(struct nvshare_gpu *g, uint64_t threshold)
 {
     uint64_t since = atomic_load_explicit(&g->gate.idle_since_ns, memory_order_relaxed);
-    return since && since >= g->gate.granted_ns && nvshare_now_ns() - since >= threshold &&
+    uint64_t now = nvshare_now_ns();
+    return since && since >= g->gate.granted_ns && now - since >= threshold &&
            !atomic_load(&g->gate.demand_touched) && atomic_load(&g->gate.inside) == 0 &&
-           atomic_load(&g->gate.captures) == 0 && atomic_load(&g->gate.syncing) == 0;
+           atomic_load(&g->gate.captures) == 0 && atomic_load(&g->gate.syncing) == 0 &&
+           !synced_since(g, now - threshold);
 }
 
 /* Called with the gate found shut: ask for the lock if nobody has, then wait for the grant. */
@@ -559,6 +584,7 @@ static void *keeper_main(void *arg)
             continue;
         }
         atomic_store(&g->gate.touched, 0);
+        uint64_t window = nvshare_now_ns();
         struct timespec deadline;
         deadline_after(&deadline, threshold);
         int rc = 0;
@@ -569,9 +595,13 @@ static void *keeper_main(void *arg)
         /* An open capture is work in progress too: it will launch what it records. So is a thread
          * waiting in cuCtx/Stream/EventSynchronize: its kernels still run. Counted idle, a
          * compute-bound job gave the GPU back in every step's synchronise (20 ms steps, 137
-         * hand-overs in 4 s on the H100: 1.032x serial), not at the end of its turn. */
+         * hand-overs in 4 s on the H100: 1.032x serial), not at the end of its turn. A synchronise
+         * that ended within the window counts too: looked at only at the window's end, a training
+         * whose synchronise outlasts the threshold (50 ms steps, 33 ms of it synchronising on the
+         * fake driver) was found idle in the 0.2 ms between that synchronise and its next launch,
+         * and handed over at step ends with its GPU busy all along. */
         if (!atomic_load(&g->gate.touched) && atomic_load(&g->gate.inside) == 0 && atomic_load(&g->gate.captures) == 0 &&
-            atomic_load(&g->gate.syncing) == 0)
+            atomic_load(&g->gate.syncing) == 0 && !synced_since(g, window))
             release_lock(g, NVSHARE_RELEASE_IDLE);
     }
     return NULL;
@@ -804,7 +834,7 @@ void nvshare_gate_after_fork(void)
         g->gate.handoff_polling = g->gate.handoff_on_drain = 0;
         g->gate.drain_state = DRAIN_IDLE;
         atomic_store(&g->gate.captures, 0);
-        g->gate.last_release_idle = 0;
+        g->gate.last_release_idle = g->gate.quick_reasks = 0;
         atomic_store(&g->gate.inside, 0);
         atomic_store(&g->gate.closing, 0);
         if (atomic_load(&g->mode) == GPU_GATED)

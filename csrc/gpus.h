@@ -61,6 +61,7 @@ struct nvshare_gate_state {
     uint64_t idle_threshold_ns;
     uint64_t last_release_ns;
     int last_release_idle;
+    int quick_reasks;             /* idle releases in a row asked again within a quarter pause */
     uint64_t granted_ns;
     uint64_t swap_out_bytes;      /* move at least this much to host memory at the next release */
     uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */

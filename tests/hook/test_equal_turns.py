@@ -1,0 +1,51 @@
+"""Equal jobs sharing a GPU get about equal GPU time (issue 27). On the H100 three equal PyTorch
+trainings in 1 s turns held the GPU 10.7 s, 3.2 s and 2.4 s of the same 15.4 s: one kept whole
+turns, the two others gave the GPU back within milliseconds of each grant. Here on the fake driver:
+three equal training-like jobs (a bursty start-up, then steps of many asynchronous launches and one
+synchronise), concurrent turns with a 1 s switch interval as in that run (scripts/demo.sh)."""
+from __future__ import annotations
+
+import os
+
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
+
+# train:US:K:N:HOSTUS:PAUSEMS: 100 kernels of 0.5 ms launched 0.1 ms apart (the host runs ahead),
+# one synchronise, no pause: 50 ms of GPU work a step. Start-up: 40 bursts of 1 ms, 5 ms apart.
+START_UP = "burst:1000:40:5"
+TRAIN = "train:500:100:150:100:0"
+SWITCH_S = 1.0
+SKIP_S = 3.0                  # the start-up and the first rotation
+WINDOW_S = 3 * 3 * SWITCH_S   # three whole rotations of the three jobs' turns
+
+
+def gpu_time_in(rows, pid: int, lo: int, hi: int) -> float:
+    """Seconds of pid's kernels on GPU0 inside [lo, hi]."""
+    return sum(max(0, min(e, hi) - max(s, lo)) for p, g, s, e in rows if p == pid and g == GPU0) / 1e9
+
+
+def test_equal_trainings_get_equal_gpu_time(hook_lib, scheduler_factory, tmp_path, procs):
+    """Over three whole rotations after the start-up each job's kernels ran within 25 % of each
+    other's time, and no two jobs' kernels overlapped. Before: a job that got only short turns
+    kept giving the GPU back in host hiccups (its start-up demand, 35 % busy, never caught up
+    while lock waits are left out of it), and in the 0.2 ms between a step's synchronise and its
+    next launch: 1.2x to 3.4x between jobs."""
+    scheduler = scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
+                                  switch_time_fixed=SWITCH_S)
+    trace = tmp_path / "trace"
+    jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2, 3)]
+    for job in jobs:
+        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", START_UP, TRAIN],
+                                  dict(job.env, NVSHARE_LOG_LEVEL="debug")))
+    for proc in procs:
+        finish(proc, timeout=180)
+    rows = read_trace(trace)
+    pids = [p.pid for p in procs]
+    lo = max(min(s for p, g, s, e in rows if p == pid) for pid in pids) + int(SKIP_S * 1e9)
+    hi = lo + int(WINDOW_S * 1e9)
+    assert all(max(e for p, g, s, e in rows if p == pid) > hi for pid in pids), "a job ended early"
+    times = [gpu_time_in(rows, pid, lo, hi) for pid in pids]
+    print(f"GPU time of each job in {WINDOW_S:.0f} s: {[round(t, 2) for t in times]}")
+    if os.environ.get("EQ_KEEP"):
+        os.system(f"cp {trace} {os.environ['EQ_KEEP']}")
+    assert overlaps(rows, GPU0) == []
+    assert max(times) <= 1.25 * min(times), (times, scheduler.log()[-4000:])
