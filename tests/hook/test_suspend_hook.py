@@ -74,6 +74,23 @@ def copies(log: Path, way: str) -> list[tuple[int, int]]:
     return [(int(f[3]), int(f[4])) for f in (line.split() for line in lines) if f[1] == way]
 
 
+def slow_swap_job(small_gpu, tmp_path, job_id: int):
+    """A scheduler that learns of Slurm's suspensions from the file `suspended` (its squeue prints
+    it), and a job whose swap copies take COPY_MS each: (scheduler, suspended, job, copy log)."""
+    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
+    suspended = tmp_path / "suspended"
+    suspended.write_text("")
+    squeue = Path(sched.workdir) / "squeue"
+    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
+    squeue.chmod(0o755)
+    sched.start()
+    copy_log = tmp_path / "copies"
+    job = Job(sched, job_id, tmp_path / "trace", gpu_index=[0],
+              FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS), FAKE_CUDA_COPY_LOG=str(copy_log),
+              **sched.fake_env)
+    return sched, suspended, job, copy_log
+
+
 @pytest.mark.parametrize("order", ["resume-then-thaw", "thaw-then-resume", "thaw-out-parked-resume"])
 def test_a_swap_out_the_freeze_caught_stops_when_the_job_resumes(hook_lib, small_gpu, tmp_path,
                                                                  procs, order):
@@ -86,16 +103,7 @@ def test_a_swap_out_the_freeze_caught_stops_when_the_job_resumes(hook_lib, small
     thaw-then-resume resumes it during the swap-out (which stops); in thaw-out-parked-resume the
     swap-out ends, the hook releases, its lock request is parked, and only then does the job
     resume: RESUMED finds nothing to stop, and the grant brings all of it back."""
-    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    suspended.write_text("")
-    squeue = Path(sched.workdir) / "squeue"
-    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
-    squeue.chmod(0o755)
-    sched.start()
-    copy_log = tmp_path / "copies"
-    job = Job(sched, 404, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS),
-              FAKE_CUDA_COPY_LOG=str(copy_log), **sched.fake_env)
+    sched, suspended, job, copy_log = slow_swap_job(small_gpu, tmp_path, 404)
     hold = tmp_path / "resume-check"
     proc = start_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{SLOW_JOB_BYTES}:2:1000:{hold}"],
                         job.env)
@@ -151,16 +159,7 @@ def test_a_suspend_that_ends_while_the_holder_drains_moves_nothing(hook_lib, sma
     """DROP_LOCK(SUSPEND) comes while the holder's kernel runs; the job resumes (a short suspend,
     or gang time slices) before the drain ends. The swap-out that would follow the drain is
     dropped: nothing moves out only to come back."""
-    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    suspended.write_text("")
-    squeue = Path(sched.workdir) / "squeue"
-    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
-    squeue.chmod(0o755)
-    sched.start()
-    copy_log = tmp_path / "copies"
-    job = Job(sched, 405, tmp_path / "trace", gpu_index=[0], FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS),
-              FAKE_CUDA_COPY_LOG=str(copy_log), **sched.fake_env)
+    sched, suspended, job, copy_log = slow_swap_job(small_gpu, tmp_path, 405)
     trace = tmp_path / "trace"
     proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{SLOW_JOB_BYTES}", "fill:0:5a",
                                    "launch:4000000", "check:0:5a"], job.env)
