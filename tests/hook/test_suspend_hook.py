@@ -23,8 +23,9 @@ JOB_BYTES = 600 * MiB          # the small GPU holds one such job, not two
 
 
 
-def test_a_suspended_job_frees_the_gpu_and_resumes_with_its_data(hook_lib, small_gpu, tmp_path,
-                                                                 procs):
+def suspend_fed_scheduler(small_gpu, tmp_path):
+    """A started scheduler that learns of Slurm's suspensions from the file `suspended` (its
+    squeue prints it; empty: none): (scheduler, suspended)."""
     sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
     suspended = tmp_path / "suspended"
     suspended.write_text("")
@@ -32,6 +33,12 @@ def test_a_suspended_job_frees_the_gpu_and_resumes_with_its_data(hook_lib, small
     squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
     squeue.chmod(0o755)
     sched.start()
+    return sched, suspended
+
+
+def test_a_suspended_job_frees_the_gpu_and_resumes_with_its_data(hook_lib, small_gpu, tmp_path,
+                                                                 procs):
+    sched, suspended = suspend_fed_scheduler(small_gpu, tmp_path)
     trace = tmp_path / "trace"
     low = Job(sched, 401, trace, gpu_index=[0], **sched.fake_env)
     high = Job(sched, 402, trace, gpu_index=[0], **sched.fake_env)
@@ -75,15 +82,9 @@ def copies(log: Path, way: str) -> list[tuple[int, int]]:
 
 
 def slow_swap_job(small_gpu, tmp_path, job_id: int):
-    """A scheduler that learns of Slurm's suspensions from the file `suspended` (its squeue prints
-    it), and a job whose swap copies take COPY_MS each: (scheduler, suspended, job, copy log)."""
-    sched = small_gpu(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    suspended.write_text("")
-    squeue = Path(sched.workdir) / "squeue"
-    squeue.write_text(f"#!/bin/sh\ncat {suspended}\n")
-    squeue.chmod(0o755)
-    sched.start()
+    """suspend_fed_scheduler's, and a job whose swap copies take COPY_MS each: (scheduler,
+    suspended, job, copy log)."""
+    sched, suspended = suspend_fed_scheduler(small_gpu, tmp_path)
     copy_log = tmp_path / "copies"
     job = Job(sched, job_id, tmp_path / "trace", gpu_index=[0],
               FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS), FAKE_CUDA_COPY_LOG=str(copy_log),
