@@ -167,8 +167,11 @@ def test_a_job_slurm_suspends_moves_its_memory_out_and_waits_until_it_resumes(
 def test_a_client_waiting_in_the_queue_when_its_job_is_suspended_is_granted_after_resume(
         scheduler_factory, clients, tmp_path):
     """Its request was withdrawn from the queue at the suspend; it must not be lost (the real-Slurm
-    test saw the job hang after `scontrol resume`: its hook waited for a grant that never came)."""
+    test saw the job hang after `scontrol resume`: its hook waited for a grant that never came).
+    The holder's turn is long (30 s): with the automatic ~100 ms one, the waiter was granted by the
+    end of the holder's turn before the suspend was seen, and that grant failed the test (CI)."""
     sched = scheduler_factory(start=False, scheduling_mode="concurrent",
+                              switch_time_mode="fixed", switch_time_fixed=30,
                               suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
     suspended = tmp_path / "suspended"
     with_squeue(sched, suspended)
