@@ -30,13 +30,22 @@ def job_status(sched, job_id: int) -> dict:
 
 
 
-def with_squeue(sched, suspended: Path):
-    """The daemon's squeue prints the job ids written to `suspended` (Slurm's SUSPENDED jobs)."""
+# Concurrent turns of 30 s: a waiter is granted only when the holder releases.
+LONG_TURNS = {"scheduling_mode": "concurrent", "switch_time_mode": "fixed", "switch_time_fixed": 30}
+
+
+def squeue_watched(scheduler_factory, tmp_path: Path, **settings):
+    """A started scheduler whose squeue prints the job ids written to the file `suspended`
+    (Slurm's SUSPENDED jobs; empty at first), polled every 0.2 s unless `settings` say otherwise:
+    (scheduler, suspended)."""
+    settings = {"suspend_slurm_poll_sec": 0.2, "suspend_check_sec": 0.1, **settings}
+    sched = scheduler_factory(start=False, **settings)
+    suspended = tmp_path / "suspended"
     suspended.write_text("")
     script = Path(sched.workdir) / "squeue"
     script.write_text(f"#!/bin/sh\necho \"$@\" >> {suspended}.calls\ncat {suspended}\n")
     script.chmod(0o755)
-    return sched.start()
+    return sched.start(), suspended
 
 
 # --- a stopped holder ------------------------------------------------------------------------------
@@ -122,10 +131,7 @@ def test_a_frozen_holder_behaves_as_a_stopped_one_and_is_never_killed(scheduler_
 
 def test_a_job_slurm_suspends_moves_its_memory_out_and_waits_until_it_resumes(
         scheduler_factory, clients, tmp_path):
-    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
-                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    with_squeue(sched, suspended)
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, scheduling_mode="concurrent")
     register(sched, 21)
     register(sched, 22)
     holder = clients(sched, 21, "--swap")
@@ -170,11 +176,7 @@ def test_a_client_waiting_in_the_queue_when_its_job_is_suspended_is_granted_afte
     test saw the job hang after `scontrol resume`: its hook waited for a grant that never came).
     The holder's turn is long (30 s): with the automatic ~100 ms one, the waiter was granted by the
     end of the holder's turn before the suspend was seen, and that grant failed the test (CI)."""
-    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
-                              switch_time_mode="fixed", switch_time_fixed=30,
-                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    with_squeue(sched, suspended)
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, **LONG_TURNS)
     register(sched, 41)
     register(sched, 42)
     holder = clients(sched, 41)
@@ -198,11 +200,7 @@ def test_a_resumed_client_is_told_to_stop_moving_out_only_where_the_suspend_aske
     """RESUMED (issue 28, the H100's 35 s): a swap-out asked for a suspension and still under way
     when the job runs again must stop. The daemon says so on each GPU where it asked for memory,
     and tells a client it asked for nothing nothing."""
-    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
-                              switch_time_mode="fixed", switch_time_fixed=30,
-                              suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    with_squeue(sched, suspended)
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, **LONG_TURNS)
     register(sched, 51)
     register(sched, 52)
     # The holder does not answer its DROP_LOCK: its hook is still moving memory out.
@@ -231,10 +229,8 @@ def test_a_resumed_client_is_told_to_stop_moving_out_only_where_the_suspend_aske
 def test_a_thawed_client_has_slurm_asked_at_once(scheduler_factory, clients, tmp_path):
     """Slurm thaws a job only to resume it: the daemon asks squeue at once rather than at the next
     suspend_slurm_poll_sec (30 s here), so a swap-out the freeze caught stops soon after."""
-    sched = scheduler_factory(start=False, scheduling_mode="concurrent",
-                              suspend_slurm_poll_sec=30, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    with_squeue(sched, suspended)
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path,
+                                      scheduling_mode="concurrent", suspend_slurm_poll_sec=30)
     suspended.write_text("61\n")
     register(sched, 61)
     holder = clients(sched, 61, "--swap", "--on-drop", "ignore")
@@ -258,9 +254,7 @@ def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(schedule
     memory = Path("/sys/fs/cgroup/memory")
     if not (memory / "cgroup.procs").exists() or not os.access(memory, os.W_OK):
         pytest.skip("needs a writable cgroup v1 memory hierarchy")
-    sched = scheduler_factory(start=False, suspend_slurm_poll_sec=0.2, suspend_check_sec=0.1)
-    suspended = tmp_path / "suspended"
-    with_squeue(sched, suspended)
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path)
     register(sched, 31)
     group = memory / f"nvt_suspend_{os.getpid()}"
     group.mkdir()
