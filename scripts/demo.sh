@@ -149,13 +149,9 @@ PYTHONPATH=$REPO "${PY_BIN:-python3}" -m nvshare_slurm.localcluster "$DEMO" "${C
 [ -z "${NVSHARE_DEMO_OCI_CONF:-}" ] || install -m 644 "$NVSHARE_DEMO_OCI_CONF" "$DEMO/oci.conf"
 
 echo "== starting munged, nvshare-scheduler, slurmctld, slurmd (logs in $DEMO)"
-install -m 600 /etc/munge/munge.key "$DEMO/munge/munge.key"
-chmod 700 "$DEMO/munge"
-"$SBIN/munged" -F --force --socket="$DEMO/munge/munge.sock" --key-file="$DEMO/munge/munge.key" \
-  --log-file="$DEMO/munge/munged.log" --pid-file="$DEMO/munge/munged.pid" \
-  --seed-file="$DEMO/munge/munged.seed" & pids+=($!)
-for _ in $(seq 50); do [ -S "$DEMO/munge/munge.sock" ] && break; sleep 0.1; done
-chmod 755 "$DEMO/munge"
+# shellcheck source=scripts/munged-start.sh
+. "$REPO/scripts/munged-start.sh"
+start_munged "$DEMO" "$SBIN"
 # shellcheck disable=SC2046
 NVSHARE_CONFIG=$DEMO/nvshare/nvshare.yaml $(nvshare_cmd scheduler) \
   > "$DEMO/nvshare/scheduler.log" 2>&1 & pids+=($!)

@@ -150,13 +150,9 @@ if [ ! -f "$DIR/cgroup.conf" ] && [ ! -f /sys/fs/cgroup/cgroup.controllers ]; th
 fi
 
 say "starting munged, nvshare-scheduler, slurmctld, slurmd (in $DIR)"
-install -m 600 /etc/munge/munge.key "$DIR/munge/munge.key"
-chmod 700 "$DIR/munge"
-"$SBIN/munged" -F --force --socket="$DIR/munge/munge.sock" --key-file="$DIR/munge/munge.key" \
-  --log-file="$DIR/munge/munged.log" --pid-file="$DIR/munge/munged.pid" \
-  --seed-file="$DIR/munge/munged.seed" & pids+=($!)
-for _ in $(seq 50); do [ -S "$DIR/munge/munge.sock" ] && break; sleep 0.1; done
-chmod 755 "$DIR/munge"
+# shellcheck source=scripts/munged-start.sh
+. "$REPO/scripts/munged-start.sh"
+start_munged "$DIR" "$SBIN"
 NVSHARE_CONFIG=$DIR/nvshare/nvshare.yaml "$PY" -m nvshare_slurm.daemon \
   > "$DIR/nvshare/scheduler.log" 2>&1 & pids+=($!)
 "$SBIN/slurmctld" -D -i -f "$SLURM_CONF" > "$DIR/slurmctld.out" 2>&1 & pids+=($!)
