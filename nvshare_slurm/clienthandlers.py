@@ -153,7 +153,8 @@ class ClientHandlers:
         else:
             self.logger.debug(f"{where}: lock released"
                               f"{' (idle)' if body.flags & C.NVSHARE_RELEASE_IDLE else ''}")
-        self.core.after_event(gpu, gpu.release(_info(conn).client_id, self.core.now()))
+        self.core.after_event(gpu, gpu.release(_info(conn).client_id, self.core.now(),
+                                               idle=bool(body.flags & C.NVSHARE_RELEASE_IDLE)))
 
     def _on_mem_update(self, conn: Connection, frame: proto.Frame) -> None:
         body = frame.body()

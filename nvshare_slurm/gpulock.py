@@ -113,6 +113,17 @@ class GpuLock:
             waited = waiting.pop(client_id, None) is not None or waited
         return waited
 
+    def put_first(self, order: list[int]) -> None:
+        """Those of `order` that wait go first in the queue, in that order, behind only the
+        waiters of a better class (turnloan.py: a lender back within its turn, then borrowers)."""
+        firsts = [cid for cid in order if cid in self.queue]
+        if not firsts:
+            return
+        rank = min(self.queue[cid][0].rank for cid in firsts)
+        ahead = [cid for cid, (c, _) in self.queue.items() if c.rank < rank and cid not in firsts]
+        rest = [cid for cid in self.queue if cid not in firsts and cid not in ahead]
+        self.queue = {cid: self.queue[cid] for cid in ahead + firsts + rest}
+
     def head(self) -> ClientInfo | None:
         return next(iter(self.queue.values()))[0] if self.queue else None
 

@@ -53,6 +53,7 @@ from .gpumemory import GpuMemory, MemUsage
 from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, SWAP_OUT, Action, ClientInfo, GpuSettings,
                           Holder, MemDecision)
 from .proto import C
+from .turnloan import TurnLoans, keep_for
 
 
 @dataclass
@@ -72,6 +73,7 @@ class GpuState:
     # (holder, next): the holder's DROP_LOCK came with a HANDOFF to that waiter, which may run as
     # soon as the holder is drained, before the daemon hears of it; so it is granted next.
     handoff: tuple[int, int] | None = None
+    loans: TurnLoans = field(default_factory=TurnLoans)   # the rest of a turn given back idle
     memory: GpuMemory = field(init=False, repr=False)    # reads this GpuState as its LockView
 
     def __post_init__(self) -> None:
@@ -135,10 +137,21 @@ class GpuState:
             return []
         self.lock.enqueue(client, now)
         self.demand.requested(cid)
-        return self._schedule(now)
+        out: list[Action] = []
+        loan = self.loans.lender_back(cid, now)
+        if loan is not None and loan.lent:
+            recall_loan(self, client, now, out)
+        if cid in self.loans.first:
+            self.lock.put_first(self.loans.first)
+        return out + self._schedule(now)
 
-    def release(self, client_id: int, now: float) -> list[Action]:
-        """LOCK_RELEASED, whatever its flags (a NO_ROOM release too: the client asks again)."""
+    def release(self, client_id: int, now: float, idle: bool = False) -> list[Action]:
+        """LOCK_RELEASED, whatever its flags (a NO_ROOM release too: the client asks again).
+        `idle`: the hook gave it back idle (its IDLE flag): the rest of an exclusive turn is lent."""
+        holder = self.holders.get(client_id)
+        if holder is not None and idle:
+            lend_rest_of_turn(self, holder, now)
+        self.loans.released(client_id, now)
         holder = self.holders.pop(client_id, None)
         if holder is None:
             return []
@@ -153,6 +166,7 @@ class GpuState:
         """The client is gone (disconnect, unregister): drop its lock, queue place and memory."""
         held, client = self.lock.forget(client_id)
         self.demand.forget(client_id)
+        self.loans.forget(client_id)
         self.memory.forget(client_id, client)
         if not self.holders:
             self.contention_since = None
@@ -194,6 +208,9 @@ class GpuState:
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(self.memory.deadlines())
+        kept = self.loans.deadline()
+        if kept is not None:
+            deadlines.append(kept)
         if self.contention_since is not None and self.queue and not self.lock.turn_here():
             if self.settings.mode == "serial":
                 if not self.serial_expired:
@@ -220,6 +237,7 @@ class GpuState:
                no_room: int = 0, bursts: bool = False) -> None:
         bursts = bursts and shared and self.settings.burst_turns
         self.lock.add_holder(client, now, shared, bursts)
+        self.loans.granted(client.client_id, not shared, now, self.switch_interval())
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
                           else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room, bursts=bursts))
@@ -246,6 +264,18 @@ class GpuState:
             self.handoff = (holder.client.client_id, successor.client_id)
             out.append(Action(HANDOFF, successor, source=holder.client))
         self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, move)
+
+    def _may_take_turn(self, client_id: int, now: float) -> bool:
+        """May this waiter be granted an exclusive turn now? Not while the GPU is kept for a
+        holder that gave it back idle (turnloan.py), unless it is that holder."""
+        kept = self.loans.kept_for(now)
+        return kept is None or kept == client_id
+
+    def _turn_clock(self, holder: Holder, now: float) -> float:
+        """When the turn of `holder` began, for "held while others wait": now, or where a turn
+        it was granted from a loan began (turnloan.py)."""
+        began = self.loans.turn_began(holder.client.client_id)
+        return now if began is None else began
 
     def _hand_over(self, client_id: int, now: float) -> list[Action]:
         """The holder whose turn passed by a HANDOFF let go (or is gone): its successor may run
@@ -275,7 +305,7 @@ class GpuState:
             turn = self.lock.turn
             self._share("gang", f"job {turn.job_id}'s gang turn" if turn else "gang turn")
         elif self.settings.mode == "serial":
-            self._schedule_serial(now, out, admin)
+            schedule_serial(self, now, out, admin)
             self._share("serial", "mode serial: one job at a time")
         elif self._shared_ok():
             self._corun(now, out)
@@ -421,7 +451,7 @@ class GpuState:
             self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
         self._regrant_co_runners(takers, out)
         rivals = [cid for cid in self.queue if cid in takers]
-        if not turn_holders and rivals:
+        if not turn_holders and rivals and self._may_take_turn(rivals[0], now):
             self._try_grant(self.queue[rivals[0]][0], now, False, out)
             turn_holders = [h for cid, h in self.holders.items() if cid in takers]
             running = [h for h in turn_holders if h.drop_at is None]
@@ -437,7 +467,7 @@ class GpuState:
             return
         self.lock.contend(holder, out)
         if self.contention_since is None:
-            self.contention_since = now
+            self.contention_since = self._turn_clock(holder, now)
         if now >= self.contention_since + self.switch_interval():
             self._pass_turn(holder, self.queue[rivals[0]][0], now, out)
 
@@ -468,13 +498,14 @@ class GpuState:
                     move = self.memory.use(holder.client.client_id).swappable if memory else 0
                     self.lock.drop(holder, now, reason, out, move)
         head = self.lock.head()
-        if not holders and head is not None and self._try_grant(head, now, False, out):
+        if not holders and head is not None and self._may_take_turn(head.client_id, now) \
+                and self._try_grant(head, now, False, out):
             holders = [self.holders[head.client_id]]
         if not holders or not self.queue:
             self.contention_since = None
             return
         if self.contention_since is None:
-            self.contention_since = now
+            self.contention_since = self._turn_clock(holders[0], now)
         if len(holders) == 1:
             holder = holders[0]
             if holder.drop_at is None:
@@ -492,52 +523,6 @@ class GpuState:
                 if head.rank < holder.client.rank \
                         or now >= self.contention_since + self.switch_interval():
                     self._pass_turn(holder, head, now, out, self.memory.holder_must_move())
-
-    def _schedule_serial(self, now: float, out: list[Action], admin: bool) -> None:
-        job = self.serial_job
-        if job is not None and not self.lock.attached.get(job):
-            job = None
-        if job is not None and self.serial_expired and not self.holders:
-            job = None
-        if job is None:
-            self.serial_expired = False
-            self.contention_since = None
-            if self.holders:      # mode just changed to serial: the oldest holder's job keeps it
-                job = next(iter(self.holders.values())).client.job_id
-            elif self.queue:
-                job = next(iter(self.queue.values()))[0].job_id
-            self.serial_job = job
-            if job is None:
-                return
-        for holder in list(self.holders.values()):
-            if holder.client.job_id != job and holder.drop_at is None:
-                self.lock.drop(holder, now, C.NVSHARE_DROP_ADMIN, out)
-        if not self.serial_expired:
-            for client, _ in [entry for entry in self.queue.values() if entry[0].job_id == job]:
-                if not self._try_grant(client, now, True, out):
-                    break
-        # Classes, as in the other modes: only worse jobs waiting never end the job's turn; a
-        # better one ends it at once (the queue is ordered by class, so it is the next job).
-        rank = self.lock.job_rank(job)
-        waiting = [entry[0].rank for entry in self.queue.values() if entry[0].job_id != job]
-        if not any(r <= rank for r in waiting):
-            self.contention_since = None
-            return
-        if self.contention_since is None:
-            self.contention_since = now
-        better_waits = any(r < rank for r in waiting)
-        if not self.serial_expired and (better_waits or now >= self.contention_since
-                                        + self.settings.max_runtime_sec):
-            self.serial_expired = True
-            holders = [h for h in self.holders.values() if h.drop_at is None]
-            moves = self.memory.holder_moves(self.memory.next_job_needs(job), holders)
-            for holder in holders:
-                self.lock.drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
-                               moves.get(holder.client.client_id, 0))
-            if not self.holders:
-                # Its clients are attached but hold nothing: no release will come to hand the
-                # GPU on, and no deadline is left. The next job's turn begins now.
-                self._schedule_serial(now, out, admin)
 
     # --- status --------------------------------------------------------------------------------
 
@@ -610,6 +595,7 @@ def suspend_client(gpu: GpuState, client_id: int, now: float, stopped: bool,
     when it runs again). Another client's turn starts at once either way."""
     out: list[Action] = []
     gpu.lock.withdraw(client_id)
+    gpu.loans.forget(client_id)
     holder = gpu.holders.get(client_id)
     client = gpu.clients.get(client_id)
     if holder is None:
@@ -623,3 +609,86 @@ def suspend_client(gpu: GpuState, client_id: int, now: float, stopped: bool,
     if not stopped:
         return out + gpu.tick(now)
     return out + gpu.release(client_id, now)
+
+
+def schedule_serial(gpu: GpuState, now: float, out: list[Action], admin: bool) -> None:
+    """Mode serial: the lock belongs to one job at a time (see the module's docstring)."""
+    job = gpu.serial_job
+    if job is not None and not gpu.lock.attached.get(job):
+        job = None
+    if job is not None and gpu.serial_expired and not gpu.holders:
+        job = None
+    if job is None:
+        gpu.serial_expired = False
+        gpu.contention_since = None
+        if gpu.holders:      # mode just changed to serial: the oldest holder's job keeps it
+            job = next(iter(gpu.holders.values())).client.job_id
+        elif gpu.queue:
+            job = next(iter(gpu.queue.values()))[0].job_id
+        gpu.serial_job = job
+        if job is None:
+            return
+    for holder in list(gpu.holders.values()):
+        if holder.client.job_id != job and holder.drop_at is None:
+            gpu.lock.drop(holder, now, C.NVSHARE_DROP_ADMIN, out)
+    if not gpu.serial_expired:
+        for client, _ in [entry for entry in gpu.queue.values() if entry[0].job_id == job]:
+            if not gpu._try_grant(client, now, True, out):
+                break
+    # Classes, as in the other modes: only worse jobs waiting never end the job's turn; a
+    # better one ends it at once (the queue is ordered by class, so it is the next job).
+    rank = gpu.lock.job_rank(job)
+    waiting = [entry[0].rank for entry in gpu.queue.values() if entry[0].job_id != job]
+    if not any(r <= rank for r in waiting):
+        gpu.contention_since = None
+        return
+    if gpu.contention_since is None:
+        gpu.contention_since = now
+    better_waits = any(r < rank for r in waiting)
+    if not gpu.serial_expired and (better_waits or now >= gpu.contention_since
+                                    + gpu.settings.max_runtime_sec):
+        gpu.serial_expired = True
+        holders = [h for h in gpu.holders.values() if h.drop_at is None]
+        moves = gpu.memory.holder_moves(gpu.memory.next_job_needs(job), holders)
+        for holder in holders:
+            gpu.lock.drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
+                           moves.get(holder.client.client_id, 0))
+        if not gpu.holders:
+            # Its clients are attached but hold nothing: no release will come to hand the
+            # GPU on, and no deadline is left. The next job's turn begins now.
+            schedule_serial(gpu, now, out, admin)
+
+
+def lend_rest_of_turn(gpu: GpuState, holder: Holder, now: float) -> None:
+    """An exclusive holder gave the GPU back idle while others of its class wait: the rest of its
+    turn stays its own (turnloan.py). It is lent to the next waiter at once where the waiters'
+    drains are short against the holder's pauses, else the GPU is kept for it a little while and
+    lent after. Not in serial mode or a gang's turn, nor when memory must move at a switch."""
+    cid = holder.client.client_id
+    if holder.shared or holder.drop_at is not None or gpu.contention_since is None \
+            or gpu.settings.mode == "serial" or gpu.lock.turn_here() \
+            or holder.client.job_id in gpu.lock.gang_jobs or not gpu.memory.fits() \
+            or gpu.loans.active(now) is not None:    # a borrower's: the turn stays lent
+        return
+    until = gpu.contention_since + gpu.switch_interval()
+    rank = holder.client.rank
+    rivals = [c for c, (info, _) in gpu.queue.items() if c != cid and info.rank == rank]
+    if until <= now or not rivals or any(info.rank < rank for info, _ in gpu.queue.values()):
+        return                          # a better class waiting takes the GPU, turn or not
+    pause = gpu.demand.pause_to_keep(cid, rivals, now)
+    gpu.loans.give_back(cid, now, until, None if pause is None else keep_for(pause))
+
+
+def recall_loan(gpu: GpuState, lender: ClientInfo, now: float, out: list[Action]) -> None:
+    """The lender asks again within its turn: the borrowers that still run are dropped (with
+    a HANDOFF to it where no memory moves) and it holds next. A lender that co-runs now
+    (adaptive: it no longer takes turns) needs nobody dropped."""
+    if gpu._adaptive_ok() and not gpu.takes_turns(lender.client_id):
+        return
+    loan = gpu.loans.active(now)
+    if loan is None or not loan.lent:
+        return
+    for cid in sorted(loan.borrowers):
+        holder = gpu.holders.get(cid)
+        if holder is not None and not holder.shared and holder.drop_at is None:
+            gpu._pass_turn(holder, lender, now, out)
