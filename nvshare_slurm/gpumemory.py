@@ -86,6 +86,9 @@ class GpuMemory:
     # The current shortfall episode: PREPARE_SWAP_OUT not yet answered, and those answered.
     swap_asked: dict[int, _SwapAsk] = field(default_factory=dict)
     swap_answered: set[int] = field(default_factory=set)
+    # Stopped or frozen clients (a suspended job, suspend.py): they cannot move memory now. Asked,
+    # one kept a held allocation of the job that preempted it waiting 30 s twice on the H100.
+    frozen: set[int] = field(default_factory=set)
     withheld: int | None = None            # per pass: the waiter whose grant waits for room
     grant_need: int = 0                    # per pass: room the withheld grant lacks
     alloc_need: int = 0                    # per pass: room waiting requests lack
@@ -250,6 +253,7 @@ class GpuMemory:
         self.promised.pop(client_id, None)
         self.swap_asked.pop(client_id, None)
         self.swap_answered.discard(client_id)
+        self.frozen.discard(client_id)
         use = self.usage.pop(client_id, None)
         if client is not None and use:
             self.sum_allocated -= use.allocated
@@ -315,6 +319,15 @@ class GpuMemory:
             size, _ = self.promised.get(cid, (0, now))
             self.promised[cid] = (size + pending.request, now)
 
+    def freeze(self, client_id: int) -> None:
+        """The client cannot run (stopped, frozen): nothing is asked of it, and what it was asked
+        is no longer on its way out."""
+        self.frozen.add(client_id)
+        self.swap_asked.pop(client_id, None)
+
+    def thaw(self, client_id: int) -> None:
+        self.frozen.discard(client_id)
+
     def _requesters(self) -> set[int]:
         return {p.client.client_id for p in self.pending_allocs}
 
@@ -342,7 +355,7 @@ class GpuMemory:
         for cid, use in self.usage.items():
             client = self.gpu.clients.get(cid)
             if client is None or use.swappable <= 0 or cid in self.gpu.holders or cid in exclude \
-                    or cid in self.swap_asked or cid in self.swap_answered:
+                    or cid in self.swap_asked or cid in self.swap_answered or cid in self.frozen:
                 continue
             found.append((client, use.swappable))
         found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,

@@ -592,10 +592,13 @@ def suspend_client(gpu: GpuState, client_id: int, now: float, stopped: bool,
     no queue on `gpu`. A holder that still runs hears DROP_LOCK(SUSPEND) with `move` bytes to
     move to host memory (a holder already dropping, PREPARE_SWAP_OUT) and releases as any holder
     does; a stopped one cannot answer, so it holds nothing from now on (it reads its DROP_LOCK
-    when it runs again). Another client's turn starts at once either way."""
+    when it runs again), and is asked to move no memory until resume_client (what it was asked
+    is no longer on its way out). Another client's turn starts at once either way."""
     out: list[Action] = []
     gpu.lock.withdraw(client_id)
     gpu.loans.forget(client_id)
+    if stopped:
+        gpu.memory.freeze(client_id)
     holder = gpu.holders.get(client_id)
     client = gpu.clients.get(client_id)
     if holder is None:
@@ -659,24 +662,27 @@ def schedule_serial(gpu: GpuState, now: float, out: list[Action], admin: bool) -
             schedule_serial(gpu, now, out, admin)
 
 
+def resume_client(gpu: GpuState, client_id: int, now: float) -> list[Action]:
+    """The client runs again (thawed, or its job resumed): its memory may be asked to move."""
+    gpu.memory.thaw(client_id)
+    return gpu.tick(now)
+
+
 def lend_rest_of_turn(gpu: GpuState, holder: Holder, now: float) -> None:
     """An exclusive holder gave the GPU back idle while others of its class wait: the rest of its
-    turn stays its own (turnloan.py). It is lent to the next waiter at once where the waiters'
-    drains are short against the holder's pauses, else the GPU is kept for it a little while and
-    lent after. Not in serial mode or a gang's turn, nor when memory must move at a switch."""
-    cid = holder.client.client_id
+    turn stays its own, lent or kept for it (turnloan.py, demand.py's pause_to_keep). Not in
+    serial mode or a gang's turn, nor where memory must move at a switch or a better class waits."""
+    cid, rank = holder.client.client_id, holder.client.rank
     if holder.shared or holder.drop_at is not None or gpu.contention_since is None \
             or gpu.settings.mode == "serial" or gpu.lock.turn_here() \
             or holder.client.job_id in gpu.lock.gang_jobs or not gpu.memory.fits() \
             or gpu.loans.active(now) is not None:    # a borrower's: the turn stays lent
         return
     until = gpu.contention_since + gpu.switch_interval()
-    rank = holder.client.rank
     rivals = [c for c, (info, _) in gpu.queue.items() if c != cid and info.rank == rank]
-    if until <= now or not rivals or any(info.rank < rank for info, _ in gpu.queue.values()):
-        return                          # a better class waiting takes the GPU, turn or not
-    pause = gpu.demand.pause_to_keep(cid, rivals, now)
-    gpu.loans.give_back(cid, now, until, None if pause is None else keep_for(pause))
+    if until > now and rivals and all(info.rank >= rank for info, _ in gpu.queue.values()):
+        pause = gpu.demand.pause_to_keep(cid, rivals, now)
+        gpu.loans.give_back(cid, now, until, None if pause is None else keep_for(pause))
 
 
 def recall_loan(gpu: GpuState, lender: ClientInfo, now: float, out: list[Action]) -> None:

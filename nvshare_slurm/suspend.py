@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import slurm
-from .gpustate import suspend_client
+from .gpustate import resume_client, suspend_client
 from .procinfo import memory_headroom, pause_reason
 from .proto import C
 from .render import human_size
@@ -150,6 +150,7 @@ class SuspendWatch:
                 # Thawed (Slurm thaws a job only to resume it): ask Slurm now, not at the next poll.
                 pause.stopped = False
                 self._slurm_next = 0.0
+                self._thaw(client, now)
             if why and (pause is None or (stopped and not pause.stopped)):
                 self._suspend(client, why, stopped, pause, now)
             elif not why and pause is not None:
@@ -210,6 +211,7 @@ class SuspendWatch:
             for uuid in moving:
                 # Memory still moving out for the suspension would only have to come back.
                 client.connection.send(C.NVSHARE_MSG_RESUMED, {"gpu_uuid": uuid})
+        self._thaw(client, now)
         self.logger.info(f"{client.label()}: runs again after {now - pause.since:.1f}s suspended"
                          f"{'; told to stop moving memory out' if moving else ''}"
                          f"{'; its lock requests go ahead' if asked else ''}")
@@ -217,6 +219,13 @@ class SuspendWatch:
             gpu = self.core.gpus.get(uuid)
             if gpu is not None and uuid in client.gpus:
                 self.core.after_event(gpu, gpu.request(client, now))
+
+    def _thaw(self, client: RegisteredClient, now: float) -> None:
+        """It runs: its GPUs may ask it to move memory again."""
+        for uuid in sorted(client.gpus):
+            gpu = self.core.gpus.get(uuid)
+            if gpu is not None:
+                self.core.after_event(gpu, resume_client(gpu, client.client_id, now))
 
     def _forget(self, client_id: int, now: float) -> None:
         pause = self.paused.pop(client_id)
