@@ -148,13 +148,12 @@ class GpuState:
     def release(self, client_id: int, now: float, idle: bool = False) -> list[Action]:
         """LOCK_RELEASED, whatever its flags (a NO_ROOM release too: the client asks again).
         `idle`: the hook gave it back idle (its IDLE flag): the rest of an exclusive turn is lent."""
-        holder = self.holders.get(client_id)
-        if holder is not None and idle:
-            lend_rest_of_turn(self, holder, now)
         self.loans.released(client_id, now)
         holder = self.holders.pop(client_id, None)
         if holder is None:
             return []
+        if idle:
+            lend_rest_of_turn(self, holder, now)
         if holder.drop_at is not None and not holder.drop_bytes:   # a drain, not a swap
             self.demand.drained(client_id, now - holder.drop_at, now)
         if not self.holders:
