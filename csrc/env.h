@@ -21,6 +21,7 @@ struct nvshare_settings {
     int loss_policy;
     uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
     int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
+    int swap_prepin;             /* NVSHARE_SWAP_PREPIN: pin the host copies ahead (swap.c), default off */
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;

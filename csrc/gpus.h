@@ -109,6 +109,7 @@ struct nvshare_swap_state {
     int blocked;                  /* host memory could not take a swap: report everything fixed */
     atomic_int peer_access;       /* another GPU's context may reach this one's memory: never swapped */
     atomic_int abort;             /* a grant came during a PREPARE_SWAP_OUT swap, or RESUMED: stop moving out */
+    int prepin_running;           /* NVSHARE_SWAP_PREPIN: the thread that pins host copies ahead runs */
     size_t granularity;
     int fd_export;                /* chunks are made exportable as file descriptors (CUDA IPC) */
     int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */

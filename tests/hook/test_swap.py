@@ -101,6 +101,29 @@ def test_jobs_that_do_not_fit_together_take_turns_and_keep_their_data(hook_lib, 
     assert any(s["memory_swapped"] > 0 for s in samples)
 
 
+def test_host_copies_pinned_ahead_leave_nothing_to_pin_at_a_swap(hook_lib, small_gpu, tmp_path, procs):
+    """NVSHARE_SWAP_PREPIN=1 (job a): its host copies are pinned while it runs, so none of its
+    swap-outs pins first (on the H100 a first swap-out runs at 1.6 GB/s for the pinning, 53 GB/s
+    into copies pinned before: bench/bench_pinning.py). Job b, without it, pins at its first
+    swap-out. Both keep their data."""
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    a = Job(sched, 311, trace, gpu_index=[0], **sched.fake_env)
+    b = Job(sched, 312, trace, gpu_index=[0], **sched.fake_env)
+    actions = ["init", "ctx:0", f"pattern:{JOB_BYTES}:4:50000", "freeall"]
+    procs.append(start_nvtest(hook_lib, actions, dict(a.env, NVSHARE_SWAP_PREPIN="1")))
+    time.sleep(1.0)
+    procs.append(start_nvtest(hook_lib, actions, b.env))
+    outs = [finish(p, timeout=120) for p in procs]
+    for out, p in zip(outs, procs, strict=True):
+        assert "pattern ok rounds=4" in out, out + p.stderr_text
+    pinned_first = [[int(n) for n in re.findall(r"(\d+) chunks pinned first", p.stderr_text)]
+                    for p in procs]
+    assert pinned_first[0] and max(pinned_first[0]) == 0, (pinned_first, procs[0].stderr_text[-2000:])
+    assert "of host copies pinned ahead" in procs[0].stderr_text
+    assert pinned_first[1] and pinned_first[1][0] > 0, pinned_first
+
+
 def test_an_allocation_that_can_never_fit_is_refused_clearly(hook_lib, small_gpu, tmp_path, procs):
     """A job with swap off holds 700 MiB fixed; 400 MiB more can never fit beside it (972 usable)."""
     sched = small_gpu()
