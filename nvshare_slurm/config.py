@@ -83,6 +83,7 @@ class Config:
     switch_time_min: float = 0.1           # auto: floor of the interval, seconds
     swap_bandwidth: int = 20 << 30         # bytes/s of a switch's copies, out and in one after the other
     swap: bool = True                      # back allocations so that a paused job's memory can move
+    swap_prepin: bool = False              # jobs pin their host copies ahead (NVSHARE_SWAP_PREPIN=1)
     memory_reserve_percent: int = 5
     max_runtime_sec: int = 300             # serial: longest turn while others wait
     idle_release_ms: float = 5.0           # starting idle threshold for early release (adapts)

@@ -1,6 +1,6 @@
-"""The settings a TaskProlog needs (socket, on_daemon_loss, swap, and the site's own TaskProlog
-with its timeout), read from nvshare.yaml without yaml or config.py, which cost ~45 ms of every
-task's start.
+"""The settings a TaskProlog needs (socket, on_daemon_loss, swap, swap_prepin, and the site's own
+TaskProlog with its timeout), read from nvshare.yaml without yaml or config.py, which cost ~45 ms
+of every task's start.
 
 `read` understands only the plain form that nvshare.yaml.example and most sites use: top-level
 `key: value` lines with unquoted single-word values, comments, indented blocks under a key
@@ -52,19 +52,21 @@ _NESTED = re.compile(r"(?:[ ]+|-[ ]|-$)")        # a line of the block under a k
 # A flow-style value (`gpus: [{uuid: ..., memory: 16G}]`, its continuation lines indented) of a
 # key the TaskProlog does not read: skipped, its check left to the prolog and the daemon.
 _FLOW = re.compile(r"([a-z_][a-z0-9_]*):[ ]+[\[{].*")
-_READ_HERE = frozenset(("socket", "on_daemon_loss", "swap", "site_task_prolog",
+_READ_HERE = frozenset(("socket", "on_daemon_loss", "swap", "swap_prepin", "site_task_prolog",
                         "site_task_prolog_timeout"))
 _TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")   # YAML's booleans, any case
 
 
 class TaskConfig:
     """What the TaskProlog reads of config.Config."""
-    __slots__ = ("socket", "on_daemon_loss", "swap", "site_task_prolog", "site_task_prolog_timeout")
+    __slots__ = ("socket", "on_daemon_loss", "swap", "swap_prepin", "site_task_prolog",
+                 "site_task_prolog_timeout")
 
     def __init__(self, socket: str = "/run/nvshare/scheduler.sock", on_daemon_loss: str = "wait",
-                 swap: bool = True, site_task_prolog: str = "",
+                 swap: bool = True, swap_prepin: bool = False, site_task_prolog: str = "",
                  site_task_prolog_timeout: float = 30.0):
         self.socket, self.on_daemon_loss, self.swap = socket, on_daemon_loss, swap
+        self.swap_prepin = swap_prepin
         self.site_task_prolog = site_task_prolog
         self.site_task_prolog_timeout = site_task_prolog_timeout
 
@@ -110,11 +112,12 @@ def read(path: str) -> TaskConfig | None:
         if policy not in ("wait", "run"):
             return None
         cfg.on_daemon_loss = policy
-    if "swap" in values:
-        swap = (values["swap"] or "").lower()
-        if swap not in _TRUE + _FALSE:
-            return None
-        cfg.swap = swap in _TRUE
+    for key in ("swap", "swap_prepin"):
+        if key in values:
+            flag = (values[key] or "").lower()
+            if flag not in _TRUE + _FALSE:
+                return None
+            setattr(cfg, key, flag in _TRUE)
     if values.get("site_task_prolog") is not None:       # no value: none, as config.load reads it
         program = values["site_task_prolog"] or ""
         if not program.startswith("/"):

@@ -2,8 +2,8 @@
 
 Prints `export NAME=value` lines that slurmstepd puts in the task's environment: the hook
 (LD_PRELOAD), the placed GPUs (CUDA_VISIBLE_DEVICES, NVSHARE_MANAGED_GPUS), the daemon's socket,
-the job id, the daemon-loss policy and, when the config turns swap off, NVSHARE_SWAP=off. Jobs
-the daemon does not know print nothing.
+the job id, the daemon-loss policy and, when the config turns swap off, NVSHARE_SWAP=off (and
+NVSHARE_SWAP_PREPIN=1 with swap_prepin). Jobs the daemon does not know print nothing.
 
 A site's own TaskProlog (config `site_task_prolog`; Slurm takes only one) runs from here, beside
 the query to the daemon, for every job: its output comes first and unchanged, nvshare's exports
@@ -110,6 +110,8 @@ def export_lines(job_id: int, placement: dict[str, Any], cfg: Config | taskconfi
     if not cfg.swap:
         # Only "off" is written: the hook's default is on, and a job may still turn it off itself.
         lines.append(export_line("NVSHARE_SWAP", "off"))
+    if cfg.swap_prepin:
+        lines.append(export_line("NVSHARE_SWAP_PREPIN", "1"))
     return lines
 
 

@@ -100,6 +100,7 @@ KEYS = {
     "switch_time_min": (0.5, 0.5, [0, 1e9, "inf"]),
     "swap_bandwidth": ("25G", 25 << 30, ["fast", "1K", -5, True, "12X"]),
     "swap": (False, False, ["sometimes", 2, 0.0, "", ["off"], None]),
+    "swap_prepin": (True, True, ["sometimes", 2, 0.0, "", ["on"], None]),
     "memory_reserve_percent": (10, 10, [-1, 91, 5.5, "5%", True]),
     "max_runtime_sec": ("600", 600, [0, "1h", 1.5]),
     "idle_release_ms": (1, 1.0, [0, 60001]),

@@ -64,6 +64,14 @@ def test_fast_path_imports_neither_cffi_nor_yaml(job, scheduler):
         assert line in lines
 
 
+def test_swap_prepin_in_the_config_exports_it_to_every_task(job, tmp_path):
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(cfg.read_text() + "swap_prepin: true\n")
+    lines, err, slow = run_entry(job)
+    assert slow == [] and err == ""
+    assert "export NVSHARE_SWAP_PREPIN=1" in lines
+
+
 def test_the_check_sees_a_slow_path(job, tmp_path):
     # A quoted value is left to config.load: same exports, and the probe sees yaml loaded.
     cfg = tmp_path / "node.yaml"
@@ -126,6 +134,7 @@ PLAIN = [
     "socket: /a #comment\non_daemon_loss: RUN\nswap: yes\n",
     "swap: FALSE\nmax_runtime_sec: 600\nswap_bandwidth: 20G\n",
     "swap: oN\nnode_name: n-01.x\n",
+    "swap_prepin: True\nswap: no\n",
     "gpus:\n- uuid: GPU-1\n  memory: 16G\n-   uuid: GPU-2\n    memory: 1T\nsocket: /s\n",
     "gpus:\n  - uuid: GPU-1\n    memory: 16G\n# c\nswap: off\n",
     # Flow style, as scripts/demo.sh writes it (issue 26: it cost a full config.load per task).
@@ -138,7 +147,8 @@ PLAIN = [
 NOT_PLAIN = [
     "socket: '/run/s.sock'\n", 'socket: "/s"\n', "socket: /a#b\n", "socket:\n  /s\n",
     "socket: relative\n", "socket:\n", "socket: /a\nsocket: /b\n", "Socket: /a\n",
-    "on_daemon_loss: never\n", "swap: 1\n", "swap: maybe\n", "swap: [on]\n", "swap: !!bool on\n",
+    "on_daemon_loss: never\n", "swap_prepin: 1\n", "swap: 1\n", "swap: maybe\n", "swap: [on]\n",
+    "swap: !!bool on\n",
     "swap: &a on\n", "---\nswap: on\n", "swap: on\n...\n", "socket:\t/s\n", "socket: /s\r\n",
     "\ufeffsocket: /s\n", "socket: /a b\n", "socket: {x: 1}\n", "socket:/s\n", " socket: /s\n",
     "scheduling_mode: auto\n  more\n", "-socket: /s\n", "%YAML 1.1\n---\nswap: on\n",
@@ -159,8 +169,8 @@ def test_taskconfig_reads_a_plain_file_as_config_load_does(tmp_path, text):
     fast = taskconfig.read(str(path))
     full = load_file_only(path)
     assert fast is not None
-    assert (fast.socket, fast.on_daemon_loss, fast.swap) == (full.socket, full.on_daemon_loss,
-                                                             full.swap)
+    assert (fast.socket, fast.on_daemon_loss, fast.swap, fast.swap_prepin) == \
+        (full.socket, full.on_daemon_loss, full.swap, full.swap_prepin)
 
 
 @pytest.mark.parametrize("text", NOT_PLAIN)
@@ -184,8 +194,8 @@ def test_taskconfig_defaults_and_keys_are_config_s():
     assert taskconfig.KEYS == {f.name for f in fields(Config)}
     assert taskconfig.DEFAULT_PATH == config.DEFAULT_PATH
     fast, full = taskconfig.TaskConfig(), Config()
-    assert (fast.socket, fast.on_daemon_loss, fast.swap) == (full.socket, full.on_daemon_loss,
-                                                             full.swap)
+    assert (fast.socket, fast.on_daemon_loss, fast.swap, fast.swap_prepin) == \
+        (full.socket, full.on_daemon_loss, full.swap, full.swap_prepin)
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "1", " 12 ", "01", "1;id", "abc", "9999999999",
