@@ -150,7 +150,8 @@ class SuspendWatch:
                 # Thawed (Slurm thaws a job only to resume it): ask Slurm now, not at the next poll.
                 pause.stopped = False
                 self._slurm_next = 0.0
-                self._thaw(client, now)
+                if why:                     # still suspended by Slurm; else _resume thaws it
+                    self._thaw(client, now)
             if why and (pause is None or (stopped and not pause.stopped)):
                 self._suspend(client, why, stopped, pause, now)
             elif not why and pause is not None:
