@@ -603,9 +603,9 @@ static void *prepin_main(void *arg)
             pop_context();
         }
         if (rc != CUDA_SUCCESS) {
+            /* prepin_running stays set: stopped for good, not restarted at the next allocation. */
             nvshare_log("gpu %s: cannot pin host memory ahead (NVSHARE_SWAP_PREPIN, CUDA error %d); stopped",
                         g->uuid, rc);
-            g->swap.prepin_running = 0;
             return NULL;
         }
         /* Pinned outside swap_mu (it takes ~150 ms a chunk): the chunk may have gone meanwhile. */
