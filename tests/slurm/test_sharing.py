@@ -52,8 +52,18 @@ def test_serial_mode_runs_two_jobs_one_after_the_other(healthy, jobdir, nvtest, 
 
 def test_concurrent_mode_makes_two_jobs_alternate(healthy, jobdir, nvtest, gpu0_mode):
     gpu0_mode(C.NVSHARE_MODE_CONCURRENT, switch_ms=300)
-    trace = jobdir / "trace"
-    jobs = [submit(healthy, nvtest, trace, "burst:50000:20:1") for _ in range(2)]
+    trace, go = jobdir / "trace", jobdir / "go"
+    jobs = [submit(healthy, nvtest, trace, f"waitfile:{go} burst:50000:20:1") for _ in range(2)]
+    # Both start their kernels once both are clients: on a loaded machine Slurm may start the
+    # second job after the first has run its whole second of kernels, and then nothing alternates.
+    n2 = healthy.nodes["n2"]
+
+    def clients() -> int:
+        jobs_now = client(n2).status(C.NVSHARE_STATUS_JOBS)["jobs"]
+        return sum(len(j["clients"]) for j in jobs_now if j["job_id"] in jobs)
+
+    wait_until(lambda: clients() == 2, 60, "both jobs connected", healthy.diagnostics)
+    go.touch()
     for job in jobs:
         assert healthy.wait_job(job, 60) == "COMPLETED", healthy.diagnostics()
     rows = kernels(trace)
