@@ -56,6 +56,9 @@ enum nvshare_msg_type {
     NVSHARE_MSG_RESUMED = 17,               /* d->c  struct nvshare_gpu_event: its job runs again after a suspend that asked it to
                                                move memory out (DROP_LOCK(SUSPEND), PREPARE_SWAP_OUT): a swap-out on that GPU
                                                still pending or under way stops (docs/protocol.md "Suspend") */
+    NVSHARE_MSG_PREFETCH = 18,              /* d->c  struct nvshare_gpu_event: it waits for the GPU and memory is free: bring
+                                               up to `bytes` of its swapped memory back now, its gate still shut; answered by
+                                               a MEM_UPDATE with NVSHARE_MEM_PREFETCH_DONE (docs/protocol.md "Swap" 8) */
     /* prolog / epilog / taskprolog / status <-> daemon; each request gets exactly one reply */
     NVSHARE_MSG_JOB_REGISTER = 20,          /* root->d  struct nvshare_job_register -> JOB_REPLY */
     NVSHARE_MSG_JOB_UNREGISTER = 21,        /* root->d  struct nvshare_job_id -> REPLY */
@@ -107,6 +110,9 @@ enum nvshare_status {
 #define NVSHARE_MEM_CAN_DEFER 1     /* this allocation can be made without GPU memory until the next grant */
 /* nvshare_mem_reply.flags */
 #define NVSHARE_MEM_DEFERRED 1      /* no room now: make it swapped out; it becomes resident at the next grant */
+#define NVSHARE_MEM_PREFETCH_DONE 2 /* a report (request 0) that ends a PREFETCH: what it could bring back is back */
+#define NVSHARE_MEM_PREFETCH_SHORT 4 /* with _DONE: it stopped before the bytes offered (the GPU had no room, or it
+                                       cannot bring memory back): offer no more before its next grant */
 
 /* nvshare_job_register.flags */
 #define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */

@@ -12,19 +12,30 @@ With no holder left to move its memory, clients that hold no lock get PREPARE_SW
 most once while the room is short (one "episode"); when nothing more can move, the grant goes
 out anyway. A holder's allocation without room waits for its MEM_REPLY while room is made, at
 most drop_grace_sec.
+
+Prefetch (protocol "Swap" 8): in turns, the next waiter with swapped memory is offered the room
+there is (PREFETCH), one offer at a time per GPU, and brings that much back before its turn. A
+holder moving memory out reports as it goes, so the next holder's copies in run beside its copies
+out. An offer counts as memory on its way in until the client says it is done.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from .policytypes import (MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo, GpuSettings,
-                          Holder, MemDecision)
+from .policytypes import (MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo,
+                          GpuSettings, Holder, MemDecision)
 from .proto import C
 
 # Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
 # one-byte probe must not wait, and the hook makes only allocations of 2 MiB and more swappable.
 SMALL_REQUEST = 2 << 20
+# The hook brings memory back in whole chunks (at most 256 MiB each, csrc/swap.c): smaller offers
+# than this are not made. An offer that brought nothing back (every chunk was larger) is not made
+# again to that client until the room grows past it.
+PREFETCH_MIN = 32 << 20
+# While a holder runs, a prefetch leaves this much of the usable memory free for its allocations.
+PREFETCH_HEADROOM_PERCENT = 2
 
 
 class LockView(Protocol):
@@ -72,6 +83,13 @@ class _SwapAsk:
 
 
 @dataclass
+class _Prefetch:
+    bytes: int          # offered
+    swapped_at: int     # the client's swapped bytes when offered
+    at: float
+
+
+@dataclass
 class GpuMemory:
     gpu: LockView = field(repr=False, compare=False)
     usage: dict[int, MemUsage] = field(default_factory=dict)
@@ -89,6 +107,11 @@ class GpuMemory:
     # Stopped or frozen clients (a suspended job, suspend.py): they cannot move memory now. Asked,
     # one kept a held allocation of the job that preempted it waiting 30 s twice on the H100.
     frozen: set[int] = field(default_factory=set)
+    # The PREFETCH on its way (one per GPU), and clients whose last one stopped short (no room on
+    # the GPU, or its hook cannot): nothing more is offered to them before their next grant.
+    prefetching: dict[int, _Prefetch] = field(default_factory=dict)
+    prefetch_stalled: set[int] = field(default_factory=set)
+    prefetch_fruitless: dict[int, int] = field(default_factory=dict)   # client -> the offer
     withheld: int | None = None            # per pass: the waiter whose grant waits for room
     grant_need: int = 0                    # per pass: room the withheld grant lacks
     alloc_need: int = 0                    # per pass: room waiting requests lack
@@ -117,7 +140,20 @@ class GpuMemory:
         allocations are on their way."""
         coming_in = sum(self.use(cid).swapped for cid, h in self.gpu.holders.items()
                         if h.drop_at is None)
-        return self.usable - self.sum_allocated - coming_in - self.wanted()
+        prefetched = sum(self.prefetch_outstanding(cid) for cid in self.prefetching)
+        return self.usable - self.sum_allocated - coming_in - self.wanted() - prefetched
+
+    def prefetch_outstanding(self, client_id: int) -> int:
+        """Bytes of a PREFETCH offer that have not come back yet."""
+        offer = self.prefetching.get(client_id)
+        if offer is None:
+            return 0
+        back = offer.swapped_at - self.use(client_id).swapped
+        return max(0, offer.bytes - max(0, back))
+
+    def room_for(self, client_id: int) -> int:
+        """The room as the client's own grant sees it: its prefetch on the way is its own."""
+        return self.room() + self.prefetch_outstanding(client_id)
 
     # --- what a switch to the queue head moves -------------------------------------------------
 
@@ -129,7 +165,7 @@ class GpuMemory:
         head = self._head()
         if head is None:
             return 0
-        return max(0, self.use(head.client_id).swapped - self.room())
+        return max(0, self.use(head.client_id).swapped - self.room_for(head.client_id))
 
     def moved_by_switch(self) -> int:
         """Bytes a switch to the queue head moves: its swapped memory coming back, and what the
@@ -173,7 +209,8 @@ class GpuMemory:
         grace = self.gpu.settings.drop_grace_sec
         return [p.since + grace for p in self.pending_allocs] + \
             [ask.at + grace for ask in self.swap_asked.values()] + \
-            [at + grace for _, at in self.promised.values()]
+            [at + grace for _, at in self.promised.values()] + \
+            [offer.at + grace for offer in self.prefetching.values()]
 
     # --- reports and requests ------------------------------------------------------------------
 
@@ -201,6 +238,13 @@ class GpuMemory:
             self.swap_answered.add(cid)
         self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
         self._set_usage(client, allocated, fixed, swapped)
+        offer = self.prefetching.get(cid)
+        if request == 0 and flags & C.NVSHARE_MEM_PREFETCH_DONE and offer is not None:
+            del self.prefetching[cid]
+            if flags & C.NVSHARE_MEM_PREFETCH_SHORT:
+                self.prefetch_stalled.add(cid)
+            elif swapped >= offer.swapped_at:
+                self.prefetch_fruitless[cid] = offer.bytes
         decision = self.admit(client, request) if request > 0 else None
         if decision is None or decision.status != C.NVSHARE_OK or request < SMALL_REQUEST:
             return decision
@@ -254,6 +298,7 @@ class GpuMemory:
         self.swap_asked.pop(client_id, None)
         self.swap_answered.discard(client_id)
         self.frozen.discard(client_id)
+        self.granted(client_id)        # no offer stands for it any more
         use = self.usage.pop(client_id, None)
         if client is not None and use:
             self.sum_allocated -= use.allocated
@@ -283,6 +328,10 @@ class GpuMemory:
         for cid, (_, at) in list(self.promised.items()):
             if now >= at + grace:       # never reported: the allocation failed
                 del self.promised[cid]
+        for cid, offer in list(self.prefetching.items()):
+            if now >= offer.at + grace:  # never answered (a hook without PREFETCH): offer no more
+                del self.prefetching[cid]
+                self.prefetch_stalled.add(cid)
 
     def answer_allocations(self, now: float, out: list[Action]) -> None:
         """Answer holders' requests that now have room, lost their lock, or waited too long."""
@@ -319,11 +368,38 @@ class GpuMemory:
             size, _ = self.promised.get(cid, (0, now))
             self.promised[cid] = (size + pending.request, now)
 
+    def granted(self, client_id: int) -> None:
+        """Its grant brings all its swapped memory back: no offer stands for it any more."""
+        self.prefetching.pop(client_id, None)
+        self.prefetch_stalled.discard(client_id)
+        self.prefetch_fruitless.pop(client_id, None)
+
+    def prefetch(self, now: float, out: list[Action]) -> None:
+        """In turns: offer the next waiter (the queue head) the room there is for its swapped
+        memory, so that it comes back before its turn (PREFETCH). Not while a holder's allocation
+        waits for room, nor to a client asked to move memory out, stopped, or stalled."""
+        head = self._head()
+        if head is None or self.prefetching or self.alloc_need > 0:
+            return
+        cid = head.client_id
+        swapped = self.use(cid).swapped
+        if not swapped or cid in self.gpu.holders or cid in self.frozen or \
+                cid in self.prefetch_stalled or cid in self.swap_asked:
+            return
+        running = any(h.drop_at is None for h in self.gpu.holders.values())
+        headroom = self.usable * PREFETCH_HEADROOM_PERCENT // 100 if running else 0
+        offer = min(swapped, self.room() - headroom)
+        if offer < min(swapped, PREFETCH_MIN) or offer <= self.prefetch_fruitless.get(cid, 0):
+            return
+        self.prefetching[cid] = _Prefetch(offer, swapped, now)
+        out.append(Action(PREFETCH, head, 0, 0, offer))
+
     def freeze(self, client_id: int) -> None:
         """The client cannot run (stopped, frozen): nothing is asked of it, and what it was asked
         is no longer on its way out."""
         self.frozen.add(client_id)
         self.swap_asked.pop(client_id, None)
+        self.prefetching.pop(client_id, None)
 
     def thaw(self, client_id: int) -> None:
         self.frozen.discard(client_id)
@@ -335,8 +411,10 @@ class GpuMemory:
         """Is some memory still on its way out, or someone left to ask (with other_holders, for
         a holder's allocation: a co-running holder that can be dropped)? An allocation admitted
         resident and not yet reported counts: once made, its memory can be asked to move (a grant
-        that went out meanwhile would take the room the allocation is being made in)."""
-        if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude:
+        that went out meanwhile would take the room the allocation is being made in). So does a
+        PREFETCH on its way: once back, that memory can be asked to move again."""
+        if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude \
+                or set(self.prefetching) - exclude:
             return True
         for cid, holder in self.gpu.holders.items():
             if holder.drop_at is not None and holder.drop_bytes > 0:
@@ -355,7 +433,8 @@ class GpuMemory:
         for cid, use in self.usage.items():
             client = self.gpu.clients.get(cid)
             if client is None or use.swappable <= 0 or cid in self.gpu.holders or cid in exclude \
-                    or cid in self.swap_asked or cid in self.swap_answered or cid in self.frozen:
+                    or cid in self.swap_asked or cid in self.swap_answered or cid in self.frozen \
+                    or cid in self.prefetching:
                 continue
             found.append((client, use.swappable))
         found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,

@@ -40,7 +40,8 @@ gang.py claims, starts and ends on all of the gang's GPUs together (GpuLock's tu
 end_turn here for the drops). While the gang has work here, nobody else is granted here.
 
 Swap (docs/protocol.md "Swap"): a grant waits until the grantee's swapped memory fits the room
-(GpuMemory makes the room). The holder's DROP_LOCK carries the bytes it must move out.
+(GpuMemory makes it, and in turns offers it to the next waiter: PREFETCH). The holder's DROP_LOCK
+carries the bytes it must move out.
 """
 from __future__ import annotations
 
@@ -196,8 +197,7 @@ class GpuState:
         return self._schedule(now)
 
     def next_deadline(self) -> float | None:
-        """When tick() next has something to do (switch timer, max runtime, drop grace, a
-        request or PREPARE_SWAP_OUT past drop_grace_sec)."""
+        """When tick() next has something to do (switch timer, max runtime, drop grace)."""
         grace = self.settings.drop_grace_sec
         deadlines = self.lock.deadlines(grace)
         turn = self.lock.turn
@@ -236,6 +236,7 @@ class GpuState:
                no_room: int = 0, bursts: bool = False) -> None:
         bursts = bursts and shared and self.settings.burst_turns
         self.lock.add_holder(client, now, shared, bursts)
+        self.memory.granted(client.client_id)
         self.loans.granted(client.client_id, not shared, now, self.switch_interval())
         self.contention_since = None
         out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
@@ -245,7 +246,7 @@ class GpuState:
                    out: list[Action]) -> bool:
         """Grant when the client's swapped memory fits the room, or when nothing more can move.
         Otherwise withhold it (the rest of the pass makes room) and return False."""
-        short = self.memory.use(client.client_id).swapped - self.memory.room()
+        short = self.memory.use(client.client_id).swapped - self.memory.room_for(client.client_id)
         if short > 0 and self.memory.room_can_grow({client.client_id}):
             self.memory.withhold(client.client_id, short)
             return False
@@ -313,6 +314,7 @@ class GpuState:
             self._schedule_adaptive(now, out)
         else:
             self._schedule_exclusive(now, out, admin)
+            self.memory.prefetch(now, out)
             if self.settings.mode == "auto":
                 self._share("turns", "auto_share turns" if self.memory.fits()
                             else "memory does not fit: turns with swap")
@@ -656,8 +658,7 @@ def schedule_serial(gpu: GpuState, now: float, out: list[Action], admin: bool) -
             gpu.lock.drop(holder, now, C.NVSHARE_DROP_MAX_RUNTIME, out,
                            moves.get(holder.client.client_id, 0))
         if not gpu.holders:
-            # Its clients are attached but hold nothing: no release will come to hand the
-            # GPU on, and no deadline is left. The next job's turn begins now.
+            # Attached, holding nothing: no release or deadline will hand the GPU on. Begin now.
             schedule_serial(gpu, now, out, admin)
 
 

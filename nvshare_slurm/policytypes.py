@@ -21,6 +21,7 @@ UNRESPONSIVE = "unresponsive"
 SWAP_OUT = "swap_out"                   # PREPARE_SWAP_OUT
 MEM_REPLY = "mem_reply"                 # a MEM_REPLY that waited for room
 SWAP_UNANSWERED = "swap_unanswered"     # PREPARE_SWAP_OUT not answered within drop_grace_sec
+PREFETCH = "prefetch"                   # PREFETCH: bring `bytes` of swapped memory back before a turn
 HANDOFF = "handoff"                     # HANDOFF: `source`'s turn passes to `client` by an eventfd
 
 

@@ -15,7 +15,7 @@ from .burstpage import BurstPages
 from .connection import Connection
 from .daemoncore import Core, mem_reply, size
 from .gpustate import GpuState
-from .policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT, SWAP_UNANSWERED,
+from .policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED,
                           UNRESPONSIVE, Action, ClientInfo)
 from .procinfo import ANY_START, ProcIdentity, signal_checked
 from .proto import C
@@ -79,6 +79,10 @@ class ActionSender:
                     conn.send(C.NVSHARE_MSG_PREPARE_SWAP_OUT, {"gpu_uuid": gpu.uuid,
                                                                "bytes": action.bytes})
                 self.logger.info(f"{where}: asked to move {size(action.bytes)} to host memory")
+            elif action.kind == PREFETCH:
+                if conn is not None:
+                    conn.send(C.NVSHARE_MSG_PREFETCH, {"gpu_uuid": gpu.uuid, "bytes": action.bytes})
+                self.logger.debug(f"{where}: may bring {size(action.bytes)} back before its turn")
             elif action.kind == SWAP_UNANSWERED:
                 self.logger.warning(f"{where}: did not answer PREPARE_SWAP_OUT "
                                     f"({size(action.bytes)}) within "

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, SWAP_OUT,
-                                       SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo, GpuSettings)
+from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH,
+                                       SWAP_OUT, SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo,
+                                       GpuSettings)
 from nvshare_slurm.proto import C
 
 G = 1 << 30
@@ -124,7 +125,8 @@ def test_auto_switch_interval_formula():
     # "Swap" 5); the holder's swappable memory alone no longer counts, since a switch to a head
     # that fits the room moves none of it.
     g = gpu(mode="concurrent", switch_time_mode="auto", switch_time_min=2.0,
-            switch_time_multiplier=20.0, swap_bandwidth=10 * G)
+            switch_time_multiplier=20.0, swap_bandwidth=10 * G,
+            drop_grace_sec=60.0)   # b's PREFETCH offer (not answered here) runs out after that
     a, b = client(1), client(2)
     g.request(a, 0)
     assert g.switch_interval() == 2.0                            # nothing to move: the floor
@@ -226,7 +228,8 @@ def test_grant_waits_until_the_heads_swapped_memory_fits():
     g.mem_update(idle, 0, 12 * G, 2 * G, 0)                      # room 4G, 10G of it can move
     g.mem_update(head, 0, 0, 0, 10 * G)
     actions = g.request(head, 1)
-    assert moves(actions) == [(SWAP_OUT, 2, 6 * G)]             # the shortfall, no grant yet
+    # the shortfall, no grant yet; the head brings back what fits meanwhile
+    assert moves(actions) == [(PREFETCH, 1, 4 * G), (SWAP_OUT, 2, 6 * G)]
     assert list(g.queue) == [1] and not g.holders
     # re-evaluated on every event, but asked once
     assert g.tick(2) == []
@@ -291,7 +294,7 @@ def test_grant_anyway_when_the_asked_clients_could_not_move(answer):
     idle, head = client(1), client(2)
     g.mem_update(idle, 0, 12 * G, 0, 0)
     g.mem_update(head, 0, 0, 0, 8 * G)
-    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    assert moves(g.request(head, 0)) == [(PREFETCH, 2, 4 * G), (SWAP_OUT, 1, 4 * G)]
     # its report says it moved nothing: everything fixed now (its cgroup cannot hold the swap),
     # or unchanged (its gate was open); either way it was asked once and answered
     actions, _ = g.mem_update(idle, 1, *answer, 0)
@@ -304,7 +307,8 @@ def test_unanswered_prepare_swap_out_is_given_up_after_grace():
     g.mem_update(idle, 0, 6 * G, 0, 0)
     g.mem_update(other, 0, 4 * G, 0, 0)
     g.mem_update(head, 0, 0, 0, 10 * G)                  # room 6G, 4G short
-    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    # the head's hook never answers its PREFETCH either (one without it): it runs out at 5 s too
+    assert moves(g.request(head, 0)) == [(PREFETCH, 2, 6 * G), (SWAP_OUT, 1, 4 * G)]
     _, d = g.mem_update(idle, 1, 6 * G, 0, 0, 7 * G, DEFER)   # an allocation: not its answer
     assert d.flags == C.NVSHARE_MEM_DEFERRED
     assert g.next_deadline() == 5.0
@@ -320,13 +324,20 @@ def test_hand_over_drop_carries_the_bytes_and_no_contention_notice():
     g.request(a, 0)
     g.mem_update(a, 0, 10 * G, 2 * G, 0)
     g.mem_update(b, 0, 0, 0, 10 * G)
-    # an idle release would cost a swap each time: a keeps its turn, told nothing
-    assert g.request(b, 1) == []
+    # an idle release would cost a swap each time: a keeps its turn, told nothing; b may bring
+    # back what fits beside a's running turn, less the headroom left for a's allocations (2 %)
+    back = 6 * G - 16 * G * 2 // 100
+    assert moves(g.request(b, 1)) == [(PREFETCH, 2, back)]
+    g.mem_update(b, 1.2, back, 0, 10 * G - back, flags=C.NVSHARE_MEM_PREFETCH_DONE)
     assert g.next_deadline() == 11.0
     actions = g.tick(11.0)
-    assert moves(actions) == [(DROP, 1, 4 * G)]         # b's 10G - room 6G
+    # b's 10G - room 6G; a is leaving, so b may take the headroom it had left a
+    headroom = 16 * G * 2 // 100
+    assert moves(actions) == [(DROP, 1, 4 * G), (PREFETCH, 2, headroom)]
     assert actions[0].value == C.NVSHARE_DROP_TIMESLICE
-    assert g.mem_update(a, 11.5, 6 * G, 2 * G, 4 * G)[0] == []
+    g.mem_update(b, 11.1, 6 * G, 0, 4 * G, flags=C.NVSHARE_MEM_PREFETCH_DONE)
+    # a reports as it moves out; b brings the rest back meanwhile
+    assert moves(g.mem_update(a, 11.5, 6 * G, 2 * G, 4 * G)[0]) == [(PREFETCH, 2, 4 * G)]
     assert moves(g.release(1, 11.6)) == [(GRANT, 2, 0)]
 
 
@@ -336,7 +347,7 @@ def test_contention_notice_when_the_swapped_head_fits_anyway():
     g.request(a, 0)
     g.mem_update(a, 0, 4 * G, 0, 0)
     g.mem_update(b, 0, 0, 0, 4 * G)                      # 8G together: no swap at the switch
-    assert kinds(g.request(b, 1)) == [(CONTENDED, 1)]
+    assert kinds(g.request(b, 1)) == [(CONTENDED, 1), (PREFETCH, 2)]
     assert moves(g.tick(11)) == [(DROP, 1, 0)]
 
 
@@ -471,7 +482,7 @@ def test_disconnect_ends_asks_and_frees_the_room():
     idle, head = client(1), client(2)
     g.mem_update(idle, 0, 10 * G, 0, 0)
     g.mem_update(head, 0, 0, 0, 10 * G)
-    assert moves(g.request(head, 0)) == [(SWAP_OUT, 1, 4 * G)]
+    assert moves(g.request(head, 0)) == [(PREFETCH, 2, 6 * G), (SWAP_OUT, 1, 4 * G)]
     # the asked client exits, taking its memory with it: the head fits now
     assert moves(g.remove_client(1, 1)) == [(GRANT, 2, 0)]
     assert g.memory.swap_asked == {} and g.memory.job_allocated == {}

@@ -359,16 +359,16 @@ def test_a_stopped_client_is_asked_to_move_no_memory_until_it_runs_again():
     from test_policy import G, client, gpu, moves
 
     from nvshare_slurm.gpustate import resume_client, suspend_client
-    from nvshare_slurm.policytypes import GRANT, SWAP_OUT
+    from nvshare_slurm.policytypes import GRANT, PREFETCH, SWAP_OUT
     g = gpu()                                                     # 16G
     head, stopped, later = client(1), client(2), client(3)
     g.mem_update(stopped, 0, 12 * G, 2 * G, 0)                   # 10G of it can move
     g.mem_update(head, 0, 0, 0, 10 * G)
-    assert moves(g.request(head, 1)) == [(SWAP_OUT, 2, 6 * G)]   # asked while it runs
+    assert moves(g.request(head, 1)) == [(PREFETCH, 1, 4 * G), (SWAP_OUT, 2, 6 * G)]  # asked while it runs
     assert moves(suspend_client(g, 2, 2, stopped=True, move=0)) == [(GRANT, 1, 6 * G)]
     g.release(1, 3)
     g.mem_update(later, 3, 0, 0, 10 * G)
     assert moves(g.request(later, 4)) == [(GRANT, 3, 6 * G)]     # nothing asked of the frozen one
     g.release(3, 5)
     assert resume_client(g, 2, 6) == []
-    assert moves(g.request(later, 7)) == [(SWAP_OUT, 2, 6 * G)]  # running again: asked
+    assert moves(g.request(later, 7)) == [(PREFETCH, 3, 4 * G), (SWAP_OUT, 2, 6 * G)]  # running: asked
