@@ -220,7 +220,7 @@ static void dispatch(const struct nvshare_hdr *hdr, const char *payload)
     if (hdr->type == NVSHARE_MSG_LOCK_GRANT || hdr->type == NVSHARE_MSG_LOCK_CONTENDED ||
         hdr->type == NVSHARE_MSG_DROP_LOCK || hdr->type == NVSHARE_MSG_WAIT_FOR_MEM ||
         hdr->type == NVSHARE_MSG_MEM_AVAILABLE || hdr->type == NVSHARE_MSG_PREPARE_SWAP_OUT ||
-        hdr->type == NVSHARE_MSG_RESUMED) {
+        hdr->type == NVSHARE_MSG_RESUMED || hdr->type == NVSHARE_MSG_PREFETCH) {
         if (gpu_event_of(hdr, payload, &ev) == 0) {
             if (on->gpu_event)
                 on->gpu_event(hdr->type, &ev, -1);

@@ -70,6 +70,7 @@ static void gpu_event(uint16_t type, const struct nvshare_gpu_event *ev, int fd)
     case NVSHARE_MSG_DROP_LOCK: nvshare_gate_on_drop(g, ev->switch_ms, ev->bytes); break;
     case NVSHARE_MSG_PREPARE_SWAP_OUT: nvshare_gate_on_prepare_swap_out(g, ev->bytes); break;
     case NVSHARE_MSG_RESUMED: nvshare_gate_on_resumed(g); break;
+    case NVSHARE_MSG_PREFETCH: nvshare_gate_on_prefetch(g, ev->bytes); break;
     default: nvshare_debug("gpu %s: message %u not handled yet", g->uuid, type); break;
     }
 }

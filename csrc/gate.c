@@ -423,7 +423,9 @@ static uint64_t swap_out_unlocked(struct nvshare_gpu *g, uint64_t bytes)
     g->gate.swap_busy = 1;
     pthread_mutex_unlock(&g->gate.mu);
     nvshare_swap_lock(g);
-    uint64_t moved = nvshare_swap_out(g, bytes);
+    /* Reported as it goes: the daemon lets the next holder bring its memory back into the room
+     * made so far (PREFETCH), so the copies out and in overlap. */
+    uint64_t moved = nvshare_swap_out(g, bytes, nvshare_memory_report);
     nvshare_swap_unlock(g);
     nvshare_memory_report(g);
     pthread_mutex_lock(&g->gate.mu);
@@ -547,13 +549,34 @@ static void swap_out_now(struct nvshare_gpu *g)
                   want / 1048576.0, moved / 1048576.0);
 }
 
+/* With g->gate.mu held, not holding the lock: PREFETCH. The memory comes back with the gate shut
+ * (nothing of this process runs on g until its grant), so the grant finds it resident and opens at
+ * once. Always answered, also when nothing could move: the daemon offers one PREFETCH at a time. */
+static void prefetch_now(struct nvshare_gpu *g)
+{
+    uint64_t offered = g->gate.prefetch_bytes, moved = 0;
+    g->gate.prefetch_bytes = 0;
+    int stopped = 0;
+    if (!g->gate.held && !atomic_load(&g->gate.open)) {
+        g->gate.swap_busy = 1;   /* a grant meanwhile: the keeper brings the rest, then opens */
+        pthread_mutex_unlock(&g->gate.mu);
+        nvshare_swap_lock(g);
+        stopped = nvshare_swap_prefetch(g, offered, &moved) != 0;
+        nvshare_swap_unlock(g);
+        pthread_mutex_lock(&g->gate.mu);
+        g->gate.swap_busy = 0;
+    }
+    nvshare_memory_report_prefetched(g, stopped);
+}
+
 static void *keeper_main(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;  /* driver calls of this thread are the hook's own */
     pthread_mutex_lock(&g->gate.mu);
     for (;;) {
-        while (!(g->gate.swap_in_pending || g->gate.swap_now_bytes || (g->gate.held && (g->gate.drop_pending || g->gate.contended))))
+        while (!(g->gate.swap_in_pending || g->gate.prefetch_bytes || g->gate.swap_now_bytes ||
+                 (g->gate.held && (g->gate.drop_pending || g->gate.contended))))
             pthread_cond_wait(&g->gate.keeper_cv, &g->gate.mu);
         if (g->gate.swap_in_pending) {
             uint64_t now = nvshare_now_ns();
@@ -565,6 +588,10 @@ static void *keeper_main(void *arg)
                     continue;
             }
             swap_in_and_open(g);
+            continue;
+        }
+        if (g->gate.prefetch_bytes) {
+            prefetch_now(g);
             continue;
         }
         if (g->gate.swap_now_bytes) {
@@ -686,6 +713,21 @@ void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
         pthread_cond_signal(&g->gate.keeper_cv);
     }
     pthread_mutex_unlock(&g->gate.mu);
+}
+
+void nvshare_gate_on_prefetch(struct nvshare_gpu *g, uint64_t bytes)
+{
+    pthread_mutex_lock(&g->gate.mu);
+    int answer = 1;
+    if (bytes && !g->gate.held && !atomic_load(&g->gate.open)) {
+        g->gate.prefetch_bytes = bytes;
+        ensure_keeper(g);
+        pthread_cond_signal(&g->gate.keeper_cv);
+        answer = 0;
+    }
+    pthread_mutex_unlock(&g->gate.mu);
+    if (answer)   /* granted meanwhile: the grant brings all of it back */
+        nvshare_memory_report_prefetched(g, 0);
 }
 
 /* The suspend that asked for this GPU's memory to move out is over (the job runs again): moving it
@@ -825,7 +867,7 @@ void nvshare_gate_after_fork(void)
         nvshare_gate_note_demand(g, 0, 0, 0);   /* the child's sampler starts afresh */
         g->gate.held = g->gate.requested = g->gate.waiters = g->gate.contended = g->gate.drop_pending = 0;
         g->gate.swap_in_pending = g->gate.swap_busy = g->gate.swap_cancel = 0;
-        g->gate.swap_out_bytes = g->gate.swap_now_bytes = g->gate.no_room_until = 0;
+        g->gate.swap_out_bytes = g->gate.swap_now_bytes = g->gate.prefetch_bytes = g->gate.no_room_until = 0;
         g->gate.keeper_running = 0;
         g->gate.drainer_running = 0;
         /* Copies of the parent's hand-over eventfds: not this process's to write or wait on. */

@@ -93,6 +93,8 @@ void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switc
 void nvshare_gate_on_contended(struct nvshare_gpu *g, uint64_t bytes);
 void nvshare_gate_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
 void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+/* PREFETCH: waiting, bring up to `bytes` of swapped memory back now; answered when done. */
+void nvshare_gate_on_prefetch(struct nvshare_gpu *g, uint64_t bytes);
 /* RESUMED: the job runs again after a suspend; a swap-out pending or under way stops. */
 void nvshare_gate_on_resumed(struct nvshare_gpu *g);
 /* HANDOFF (NVSHARE_HANDOFF_FROM or _TO) with its eventfd, which the gate then owns. */

@@ -65,6 +65,7 @@ struct nvshare_gate_state {
     uint64_t granted_ns;
     uint64_t swap_out_bytes;      /* move at least this much to host memory at the next release */
     uint64_t swap_now_bytes;      /* PREPARE_SWAP_OUT while not holding: the keeper moves it now */
+    uint64_t prefetch_bytes;      /* PREFETCH while waiting: the keeper brings up to this much back now */
     int swap_in_pending;          /* granted with memory in host memory: bring it back, then open */
     int swap_busy;                /* the keeper moves memory now: a grant must wait for it */
     int swap_cancel;              /* RESUMED came during a drain: the swap-out after it moves nothing */

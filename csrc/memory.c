@@ -143,15 +143,22 @@ static void fill_mem_update(struct nvshare_mem_update *m, struct nvshare_gpu *g,
     m->flags = flags;
 }
 
-void nvshare_memory_report(struct nvshare_gpu *g)
+static void report(struct nvshare_gpu *g, uint32_t flags)
 {
     if (!nvshare_outbox_connected())
         return;
     if (atomic_load(&g->mode) != GPU_PASS)
         atomic_store(&g->mem.pool_bytes, pool_reserved(g));
     struct nvshare_mem_update m;
-    fill_mem_update(&m, g, 0, 0);
+    fill_mem_update(&m, g, 0, flags);
     nvshare_outbox_mem_update(&m);
+}
+
+void nvshare_memory_report(struct nvshare_gpu *g) { report(g, 0); }
+
+void nvshare_memory_report_prefetched(struct nvshare_gpu *g, int stopped)
+{
+    report(g, NVSHARE_MEM_PREFETCH_DONE | (stopped ? NVSHARE_MEM_PREFETCH_SHORT : 0));
 }
 
 /* Asks before allocating: 0 = allowed (the reply in *reply when *answered), 1 = refused.

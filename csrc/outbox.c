@@ -165,7 +165,12 @@ static uint32_t enqueue(uint16_t type, const void *payload, uint32_t length)
     if (mergeable(type, payload)) {
         struct queued *old = unsent_of(type, payload);
         if (old) {
-            memcpy(old->payload, payload, length);  /* only the newest numbers matter */
+            /* Only the newest numbers matter; a report's flags say what it ends (a PREFETCH), and
+             * that stays said. */
+            uint32_t flags = type == NVSHARE_MSG_MEM_UPDATE ? ((struct nvshare_mem_update *)old->payload)->flags : 0;
+            memcpy(old->payload, payload, length);
+            if (type == NVSHARE_MSG_MEM_UPDATE)
+                ((struct nvshare_mem_update *)old->payload)->flags |= flags;
             return old->hdr.seq;
         }
     }

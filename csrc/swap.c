@@ -641,7 +641,7 @@ static void start_prepin(struct nvshare_gpu *g)
     pthread_attr_destroy(&attr);
 }
 
-uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
+uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress)(struct nvshare_gpu *))
 {
     const struct nvshare_real *r = &nvshare_real;
     if (!bytes || !g->swap.count)
@@ -715,10 +715,12 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes)
         }
         e->has_data = 1;
         moved += e->size;
+        counted(g, -(int64_t)e->size, (int64_t)e->size);
+        if (progress && moved < bytes)
+            progress(g);
     }
     pop_context();
     nvshare_in_hook--;
-    counted(g, -(int64_t)moved, (int64_t)moved);
     double ms = (nvshare_now_ns() - started) / 1e6;
     nvshare_debug("gpu %s: swapped out %.1f MiB in %.1f ms (%.1f GB/s, %u chunks pinned first)", g->uuid,
                   moved / 1048576.0, ms, ms > 0 ? moved / ms / 1e6 : 0.0, pinned_now);
@@ -748,9 +750,12 @@ static void free_pinned_if_short(struct nvshare_gpu *g)
                       freed / 1048576.0, what, room / 1073741824.0);
 }
 
-int nvshare_swap_in(struct nvshare_gpu *g)
+/* Brings swapped chunks back, at most `limit` bytes of them (whole chunks); *moved = what came
+ * back. A prefetch leaves the gate and the pinned copies alone and logs at debug level only. */
+static int swap_in_upto(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved_out, int prefetch)
 {
     const struct nvshare_real *r = &nvshare_real;
+    *moved_out = 0;
     int missing = 0;
     for (size_t i = 0; i < g->swap.count; i++)
         missing += !g->swap.entries[i].resident;
@@ -766,7 +771,7 @@ int nvshare_swap_in(struct nvshare_gpu *g)
     CUresult rc = CUDA_SUCCESS;
     for (size_t i = 0; i < g->swap.count && rc == CUDA_SUCCESS; i++) {
         struct nvshare_swap_entry *e = &g->swap.entries[i];
-        if (e->resident)
+        if (e->resident || e->size > limit - moved)
             continue;
         rc = map_physical(g, e);
         if (rc != CUDA_SUCCESS)
@@ -779,15 +784,21 @@ int nvshare_swap_in(struct nvshare_gpu *g)
             }
         }
         moved += e->size;
+        counted(g, (int64_t)e->size, -(int64_t)e->size);
     }
     pop_context();
     nvshare_in_hook--;
-    counted(g, (int64_t)moved, -(int64_t)moved);
+    *moved_out = moved;
+    double ms = (nvshare_now_ns() - started) / 1e6;
+    if (prefetch) {
+        nvshare_debug("gpu %s: brought %.1f MiB back ahead of its turn in %.1f ms%s", g->uuid,
+                      moved / 1048576.0, ms, rc == CUDA_SUCCESS ? "" : " (then the GPU had no room)");
+        return rc == CUDA_SUCCESS ? 0 : -1;
+    }
     if (rc == CUDA_SUCCESS) {
         g->swap.blocked = 0;
         free_pinned_if_short(g);
     }
-    double ms = (nvshare_now_ns() - started) / 1e6;
     if (rc != CUDA_SUCCESS)
         nvshare_log("gpu %s: bringing its memory back stopped after %.1f MiB (CUDA error %d%s); it waits "
                     "for room", g->uuid, moved / 1048576.0, rc, rc == CUDA_ERROR_OUT_OF_MEMORY ? ": GPU full" : "");
@@ -795,6 +806,17 @@ int nvshare_swap_in(struct nvshare_gpu *g)
         nvshare_debug("gpu %s: swapped in %.1f MiB in %.1f ms (%.1f GB/s)", g->uuid, moved / 1048576.0, ms,
                       ms > 0 ? moved / ms / 1e6 : 0.0);
     return rc == CUDA_SUCCESS ? 0 : -1;
+}
+
+int nvshare_swap_in(struct nvshare_gpu *g)
+{
+    uint64_t moved;
+    return swap_in_upto(g, UINT64_MAX, &moved, 0);
+}
+
+int nvshare_swap_prefetch(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved)
+{
+    return swap_in_upto(g, limit, moved, 1);
 }
 
 /* The child's GPU memory is not the parent's: forget the parent's without touching the driver. */

@@ -27,10 +27,16 @@ void nvshare_swap_unlock(struct nvshare_gpu *g);
  * again after the suspend that asked for it) / the next swap-out may run to its end (off). */
 void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
 /* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
- * (UINT64_MAX: all) to host memory; returns the bytes moved. */
-uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes);
+ * (UINT64_MAX: all) to host memory; returns the bytes moved. The counters follow each chunk (at
+ * most 256 MiB), and progress(g), when given, is called after each chunk but the last, so that the
+ * next holder can bring its memory back into the room made so far. */
+uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress)(struct nvshare_gpu *));
 /* Under nvshare_swap_lock, gate shut: brings all of g's swapped memory back; 0 when all is resident. */
 int nvshare_swap_in(struct nvshare_gpu *g);
+/* Under nvshare_swap_lock, gate shut, not holding the GPU (PREFETCH): brings back whole chunks of
+ * g's swapped memory, at most `limit` bytes in all; *moved = what came back. 0 when it stopped only
+ * for the limit or because all is resident, -1 when the driver refused (no room on the GPU). */
+int nvshare_swap_prefetch(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved);
 void nvshare_swap_after_fork(void);
 
 /* CUDA IPC (ipc.c) of swappable memory. */
