@@ -153,6 +153,7 @@ static int register_client(int fd)
     reg.step_id = nvshare_cfg.step_id;
     reg.pid = (int32_t)getpid();
     reg.mem_limit = nvshare_cfg.mem_limit;
+    reg.flags = NVSHARE_CLIENT_PREFETCH;
     struct { struct nvshare_hdr hdr; struct nvshare_client_register body; } frame;
     nvshare_fill_header(&frame.hdr, NVSHARE_MSG_CLIENT_REGISTER, sizeof reg);
     frame.body = reg;

@@ -109,6 +109,8 @@ enum nvshare_status {
                                       client asks again: its turn, not this one's pauses, ended this one's hold */
 
 /* nvshare_mem_update.flags */
+#define NVSHARE_CLIENT_PREFETCH 1   /* CLIENT_REGISTER: this hook answers PREFETCH (others are never sent one) */
+
 #define NVSHARE_MEM_CAN_DEFER 1     /* this allocation can be made without GPU memory until the next grant */
 /* nvshare_mem_reply.flags */
 #define NVSHARE_MEM_DEFERRED 1      /* no room now: make it swapped out; it becomes resident at the next grant */
@@ -151,7 +153,7 @@ struct nvshare_client_register {
     uint32_t job_id;
     uint32_t step_id;           /* SLURM_STEP_ID, or NVSHARE_STEP_BATCH */
     int32_t pid;                /* must equal the peer's SO_PEERCRED pid */
-    uint32_t flags;             /* reserved, 0 */
+    uint32_t flags;             /* NVSHARE_CLIENT_* (a daemon that does not know a bit ignores it) */
     uint64_t mem_limit;         /* NVSHARE_MEM_LIMIT in bytes, 0 = none */
 };
 

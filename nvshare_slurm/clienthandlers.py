@@ -73,7 +73,8 @@ class ClientHandlers:
         if self.core.cfg.unresponsive_holder == "kill":
             conn.pidfd = peer_pidfd(conn)
         client = self.registry.add_client(job.job_id, body.step_id, conn.pid, conn.uid, job.user,
-                                          body.mem_limit, conn, job.share_class)
+                                          body.mem_limit, conn, job.share_class,
+                                          bool(body.flags & C.NVSHARE_CLIENT_PREFETCH))
         conn.client = client
         conn.send(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
                   {"status": C.NVSHARE_OK, "client_id": client.client_id,

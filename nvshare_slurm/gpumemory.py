@@ -383,7 +383,7 @@ class GpuMemory:
             return
         cid = head.client_id
         swapped = self.use(cid).swapped
-        if not swapped or cid in self.gpu.holders or cid in self.frozen or \
+        if not swapped or not head.prefetch or cid in self.gpu.holders or cid in self.frozen or \
                 cid in self.prefetch_stalled or cid in self.swap_asked:
             return
         running = any(h.drop_at is None for h in self.gpu.holders.values())

@@ -69,6 +69,7 @@ class ClientInfo:
     user: str = ""
     mem_limit: int = 0        # NVSHARE_MEM_LIMIT of this process; 0 = none
     share_class: str = "normal"   # its job's class (priority.py): high, normal, low
+    prefetch: bool = True     # its hook answers PREFETCH (CLIENT_REGISTER flag NVSHARE_CLIENT_PREFETCH)
 
     @property
     def rank(self) -> int:

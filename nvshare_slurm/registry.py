@@ -222,11 +222,11 @@ class Registry:
         return self.jobs.pop(job_id, None)
 
     def add_client(self, job_id: int, step_id: int, pid: int, uid: int, user: str,
-                   mem_limit: int, connection: Any,
-                   share_class: str = "normal") -> RegisteredClient:
+                   mem_limit: int, connection: Any, share_class: str = "normal",
+                   prefetch: bool = False) -> RegisteredClient:
         client = RegisteredClient(self._next_client_id, job_id, step_id, pid, user=user,
-                                  mem_limit=mem_limit, share_class=share_class, uid=uid,
-                                  connection=connection)
+                                  mem_limit=mem_limit, share_class=share_class, prefetch=prefetch,
+                                  uid=uid, connection=connection)
         self._next_client_id += 1
         self.clients[client.client_id] = client
         self.job_clients.setdefault(job_id, {})[client.client_id] = client

@@ -160,3 +160,13 @@ def test_an_offer_that_brought_nothing_back_waits_for_more_room():
     assert g.tick(2) == [] and g.mem_update(b, 2.1, 0, 0, 4 * G)[0] == []
     actions, _ = g.mem_update(a, 3, 16 * G - HEADROOM - 600 * MiB, 0, 0)   # a frees 400 MiB
     assert moves(actions) == [(PREFETCH, 2, 600 * MiB)]
+
+
+def test_a_hook_that_does_not_say_it_answers_prefetch_is_offered_nothing():
+    """An older hook (CLIENT_REGISTER without NVSHARE_CLIENT_PREFETCH) would leave the offer to
+    run out after drop_grace_sec, and the holder's allocations waiting on it until then."""
+    from dataclasses import replace
+    g, a, b = holder_and_swapped_waiter(resident=6 * G, swapped=8 * G)
+    old = replace(b, prefetch=False)
+    assert moves(g.request(old, 1)) == [(CONTENDED, 1, 0)]
+    assert g.memory.prefetching == {}
