@@ -12,6 +12,9 @@ Mixes:
   mix4      compute, compute, bursty, serve
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
   mix8      3 compute, 2 bursty, serve, 2 probes
+  swap2     two mem jobs that do not fit together (issue 27's swap pair: --mem-gib 45 on an 80 GB GPU);
+            its span (first step to last step of the two) over the sum of their solo times is the
+            swap-overlap figure (target <= 1.03)
 Arms: serial (each job alone, one after the other: every job's solo reference, and its completion
 from the arm's start), colocate (no hook), mps (a private MPS control daemon), nvshare (libnvshare.so
 and a real nvshare-scheduler, every setting default). Per job and arm: slowdown = its time from first
@@ -25,8 +28,9 @@ serves one uid at a time, as at a site. Needs root; the scratch directory is mad
   python3 bench/bench_mixes.py --out DIR [--mixes mix3,mix4,...] [--arms serial,colocate,mps,nvshare]
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--smoke-cpu]
 
-DIR/results.json has every job's numbers; DIR/table.md the table. --smoke-cpu runs it on the fake
-driver of tests/c (16 GiB; MPS skipped; --mem-gib 8 there); its numbers mean nothing.
+DIR/results.json has every job's numbers; DIR/table.md the table; DIR/timeline_<mix>.svg which job ran
+its steps when, one band per arm (bench_family's drawing). --smoke-cpu runs it on the fake driver of
+tests/c (16 GiB; MPS skipped; --mem-gib 8 there); its numbers mean nothing.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_family import BURST, SMOKE_UUID, build_burst, burst_env  # noqa: E402
+from bench_family import BURST, SMOKE_UUID, build_burst, burst_env, svg  # noqa: E402
 from gpu_bench import (Job, Mps, Scheduler, gpu_info, percentile, run_jobs,  # noqa: E402
                        sigterm_interrupts)
 
@@ -52,7 +56,8 @@ SERVE_MEAN_MS = 30.0
 MIXES = {"mix3": ["compute", "bursty", "probe"],
          "mix4": ["compute", "compute", "bursty", "serve"],
          "mix4-mem": ["compute", "bursty", "mem", "mem", "probe"],
-         "mix8": ["compute", "compute", "compute", "bursty", "bursty", "serve", "probe", "probe"]}
+         "mix8": ["compute", "compute", "compute", "bursty", "bursty", "serve", "probe", "probe"],
+         "swap2": ["mem", "mem"]}
 ARMS = ["serial", "colocate", "mps", "nvshare"]
 
 
@@ -165,19 +170,27 @@ def summarize(kinds: list[str], jobs: list[dict]) -> dict:
             lat = j["latencies_ms"]
             e.update(train_s=j["times"][-1] - j["step_starts"][0], done_s=j["times"][-1] - t0,
                      steps=len(j["times"]), p50_ms=percentile(lat, 50), p99_ms=percentile(lat, 99),
-                     mean_ms=statistics.fmean(lat))
+                     mean_ms=statistics.fmean(lat),
+                     spans=[[round(a - t0, 4), round(b - t0, 4)]
+                            for a, b in zip(j["step_starts"], j["times"], strict=True)])
         else:
             e["error"] = j.get("error", "")[-400:]
         out.append(e)
+    ok = [j for j in jobs if j["status"] == "ok" and j.get("times")]
+    span = max(j["times"][-1] for j in ok) - min(j["step_starts"][0] for j in ok) if ok else None
     return {"status": "ok" if all(e["status"] == "ok" for e in out) else "incomplete", "jobs": out,
-            "makespan": max(j["proc_end"] for j in jobs) - t0}
+            "makespan": max(j["proc_end"] for j in jobs) - t0, "span_s": span}
 
 
 def slowdowns(res: dict) -> None:
     """Each job's slowdown against its solo run (the serial arm), per arm, and the targets."""
     for arms in res["mixes"].values():
         solo = arms.get("serial", {}).get("jobs", [])
+        solo_sum = sum(e["train_s"] for e in solo if e["status"] == "ok") \
+            if solo and all(e["status"] == "ok" for e in solo) else None
         for arm, r in arms.items():
+            if solo_sum and arm != "serial" and r.get("status") == "ok" and r.get("span_s"):
+                r["span_x_serial"] = r["span_s"] / solo_sum   # the jobs' span over their solo times added
             for i, e in enumerate(r.get("jobs", [])):
                 ref = solo[i] if i < len(solo) and solo[i]["status"] == "ok" else None
                 if e["status"] != "ok" or ref is None:
@@ -223,9 +236,29 @@ def table(res: dict) -> str:
             nv = arms.get("nvshare", {}).get("jobs", [])
             target = nv[i].get("target", "") if i < len(nv) else ""
             lines.append(f"| {mix} | {i} | {kind} | " + " | ".join(cells) + f" | {target} |")
+        spans = [arms.get(a, {}).get("span_x_serial") for a in ARMS]
+        if any(x is not None for x in spans):
+            lines.append(f"| {mix} | all | span / solo sum | " + " | ".join(
+                "–" if x is None else f"{x:.3f}" for x in spans) + " | |")
     return "\n".join(lines) + ("\n\nCompute, bursty, mem: time from first step to last over the job's solo "
                                "time (serial: its completion from the arm's start). Probe, serve: latency "
-                               "percentiles, p99 over solo p99.\n")
+                               "percentiles, p99 over solo p99. Span / solo sum: the first step of any job to "
+                               "the last step of any, over the jobs' solo times added.\n")
+
+
+def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
+    """timeline_<mix>.svg: each arm but serial a band, each job a lane of its steps."""
+    written = []
+    for mix, arms in res["mixes"].items():
+        rows = [{"arm": arm, "status": r.get("status"), "lock": {},
+                 "jobs": [{"spans": e.get("spans", []), "proc": f"{i} {e['kind']}", "status": e["status"]}
+                          for i, e in enumerate(r["jobs"])]}
+                for arm, r in arms.items() if arm != "serial" and r.get("jobs")]
+        if rows:
+            path = out / f"timeline_{mix}.svg"
+            path.write_text(svg({"member": mix, "rows": rows}, window))
+            written.append(path)
+    return written
 
 
 def main() -> int:
@@ -267,6 +300,7 @@ def main() -> int:
     finally:
         slowdowns(bench.results)
         bench.save()
+        write_timelines(bench.results, out, min(6.0, 2 * args.seconds))
         text = table(bench.results)
         (out / "table.md").write_text(text)
         print(text)

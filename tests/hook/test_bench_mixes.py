@@ -1,0 +1,31 @@
+"""bench/bench_mixes.py (issue 27's mixed nodes) on the fake driver, with the real hook and daemon:
+every arm of a mix is in the table, the swap pair has its span figure, and each mix its timeline.
+The numbers of a fake-driver run mean nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+from test_bench_family import built  # noqa: F401  (the fixture: hook, fake driver, burst built)
+
+BENCH = REPO / "bench"
+
+
+def test_smoke_run_has_every_arm_the_swap_pairs_span_and_a_timeline_per_mix(built, tmp_path):  # noqa: F811
+    run = subprocess.run([sys.executable, str(BENCH / "bench_mixes.py"), "--out", str(tmp_path),
+                          "--mixes", "swap2,mix3", "--arms", "serial,colocate,nvshare", "--seconds", "1",
+                          "--smoke-cpu"], cwd=REPO, text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    for mix in ("swap2", "mix3"):
+        arms = res["mixes"][mix]
+        assert sorted(arms) == ["colocate", "nvshare", "serial"]
+        assert all(r["status"] == "ok" for r in arms.values()), arms
+        assert arms["nvshare"]["span_x_serial"] > 0 and "span_x_serial" not in arms["serial"]
+        svg = (tmp_path / f"timeline_{mix}.svg").read_text()
+        assert svg.count("<rect") > 10 and "nvshare" in svg and ">serial<" not in svg
+    table = (tmp_path / "table.md").read_text()
+    assert "| swap2 | all | span / solo sum |" in table
+    assert all(len(e["spans"]) == e["steps"] for e in res["mixes"]["swap2"]["nvshare"]["jobs"])
