@@ -242,8 +242,8 @@ def table(res: dict) -> str:
                 "–" if x is None else f"{x:.3f}" for x in spans) + " | |")
     return "\n".join(lines) + ("\n\nCompute, bursty, mem: time from first step to last over the job's solo "
                                "time (serial: its completion from the arm's start). Probe, serve: latency "
-                               "percentiles, p99 over solo p99. Span / solo sum: the first step of any job to "
-                               "the last step of any, over the jobs' solo times added.\n")
+                               "percentiles, p99 over solo p99. Span / solo sum: the first step of any job "
+                               "to the last step of any, over the jobs' solo times added.\n")
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
