@@ -425,7 +425,7 @@ static uint64_t swap_out_unlocked(struct nvshare_gpu *g, uint64_t bytes)
     nvshare_swap_lock(g);
     /* Reported as it goes: the daemon lets the next holder bring its memory back into the room
      * made so far (PREFETCH), so the copies out and in overlap. */
-    uint64_t moved = nvshare_swap_out(g, bytes, nvshare_memory_report);
+    uint64_t moved = nvshare_swap_out(g, bytes, nvshare_memory_report_moving);
     nvshare_swap_unlock(g);
     nvshare_memory_report(g);
     pthread_mutex_lock(&g->gate.mu);

@@ -155,6 +155,7 @@ static void report(struct nvshare_gpu *g, uint32_t flags)
 }
 
 void nvshare_memory_report(struct nvshare_gpu *g) { report(g, 0); }
+void nvshare_memory_report_moving(struct nvshare_gpu *g) { report(g, NVSHARE_MEM_MOVING); }
 
 void nvshare_memory_report_prefetched(struct nvshare_gpu *g, int stopped)
 {

@@ -48,6 +48,8 @@ void nvshare_memory_job_view(struct nvshare_gpu *g, uint64_t *free_bytes, uint64
 
 /* MEM_UPDATE with this process's current numbers for g, through the outbox. */
 void nvshare_memory_report(struct nvshare_gpu *g);
+/* A report in the middle of a swap-out (NVSHARE_MEM_MOVING): the room made so far, not the answer. */
+void nvshare_memory_report_moving(struct nvshare_gpu *g);
 /* The report that ends a PREFETCH (NVSHARE_MEM_PREFETCH_DONE; _SHORT too when it stopped early). */
 void nvshare_memory_report_prefetched(struct nvshare_gpu *g, int stopped);
 /* Every GPU's numbers again (a new connection). */

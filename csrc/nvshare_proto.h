@@ -117,6 +117,8 @@ enum nvshare_status {
 #define NVSHARE_MEM_PREFETCH_DONE 2 /* a report (request 0) that ends a PREFETCH: what it could bring back is back */
 #define NVSHARE_MEM_PREFETCH_SHORT 4 /* with _DONE: it stopped before the bytes offered (the GPU had no room, or it
                                        cannot bring memory back): offer no more before its next grant */
+#define NVSHARE_MEM_MOVING 8        /* a report (request 0) in the middle of a swap-out: more is moving out, so it is
+                                       not yet the answer to a PREPARE_SWAP_OUT */
 
 /* nvshare_job_register.flags */
 #define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */

@@ -165,12 +165,14 @@ static uint32_t enqueue(uint16_t type, const void *payload, uint32_t length)
     if (mergeable(type, payload)) {
         struct queued *old = unsent_of(type, payload);
         if (old) {
-            /* Only the newest numbers matter; a report's flags say what it ends (a PREFETCH), and
-             * that stays said. */
-            uint32_t flags = type == NVSHARE_MSG_MEM_UPDATE ? ((struct nvshare_mem_update *)old->payload)->flags : 0;
+            /* Only the newest numbers (and whether a swap-out is still under way, MOVING) matter;
+             * that a report ends a PREFETCH stays said. */
+            uint32_t ended = type == NVSHARE_MSG_MEM_UPDATE
+                ? ((struct nvshare_mem_update *)old->payload)->flags &
+                  (NVSHARE_MEM_PREFETCH_DONE | NVSHARE_MEM_PREFETCH_SHORT) : 0;
             memcpy(old->payload, payload, length);
             if (type == NVSHARE_MSG_MEM_UPDATE)
-                ((struct nvshare_mem_update *)old->payload)->flags |= flags;
+                ((struct nvshare_mem_update *)old->payload)->flags |= ended;
             return old->hdr.seq;
         }
     }

@@ -230,10 +230,11 @@ class GpuMemory:
         cid = client.client_id
         fixed = min(fixed, allocated)
         old = self.use(cid)
-        if cid in self.swap_asked and (request == 0 or allocated < old.allocated
-                                       or allocated == fixed):
+        if cid in self.swap_asked and not flags & C.NVSHARE_MEM_MOVING \
+                and (request == 0 or allocated < old.allocated or allocated == fixed):
             # Its answer to PREPARE_SWAP_OUT: a report after moving what it could (maybe nothing).
-            # A request moving nothing is an allocation made meanwhile, not the answer.
+            # A request moving nothing is an allocation made meanwhile, not the answer; a report
+            # in the middle of the swap-out (MOVING, after each chunk) is not one either.
             del self.swap_asked[cid]
             self.swap_answered.add(cid)
         self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)

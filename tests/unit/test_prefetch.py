@@ -170,3 +170,22 @@ def test_a_hook_that_does_not_say_it_answers_prefetch_is_offered_nothing():
     old = replace(b, prefetch=False)
     assert moves(g.request(old, 1)) == [(CONTENDED, 1, 0)]
     assert g.memory.prefetching == {}
+
+
+def test_a_report_in_the_middle_of_a_swap_out_is_not_its_answer():
+    """A client moving memory out for PREPARE_SWAP_OUT reports after each chunk (MOVING) so that
+    the head can bring its memory back meanwhile. Taken as the answer, the first such report ended
+    the ask: nobody left to ask, the head was granted without the room it waits for."""
+    g = gpu()
+    head, idle = client(1), client(2)
+    g.mem_update(idle, 0, 12 * G, 2 * G, 0)                      # room 4G, 10G of it can move
+    g.mem_update(head, 0, 0, 0, 10 * G)
+    assert moves(g.request(head, 1)) == [(PREFETCH, 1, 4 * G), (SWAP_OUT, 2, 6 * G)]
+    g.mem_update(head, 1.1, 4 * G, 0, 6 * G, flags=DONE)
+    actions, _ = g.mem_update(idle, 1.2, 11 * G, 2 * G, 1 * G, flags=C.NVSHARE_MEM_MOVING)
+    assert moves(actions) == [(PREFETCH, 1, 1 * G)]              # the room so far, no grant yet
+    assert 2 in g.memory.swap_asked
+    g.mem_update(head, 1.3, 5 * G, 0, 5 * G, flags=DONE)
+    actions, _ = g.mem_update(idle, 1.5, 6 * G, 2 * G, 6 * G)    # the last chunk: its answer
+    assert moves(actions) == [(GRANT, 1, 0)]
+    assert g.memory.swap_asked == {}
