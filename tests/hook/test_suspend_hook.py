@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers_daemon import gpu_status, wait_for
-from helpers_hook import BUILD, Job, finish, start_nvtest
+from helpers_hook import BUILD, GPU0, Job, finish, read_trace, start_nvtest
 
 MiB = 1 << 20
 JOB_BYTES = 600 * MiB          # the small GPU holds one such job, not two
@@ -200,3 +200,82 @@ def test_a_program_with_its_own_sigtstp_handler_still_sees_it(hook_lib, small_gp
     assert f"handler saw [{int(__import__('signal').SIGTSTP)}]" in result.stdout, result.stdout
     # The hook was there: it registered with the daemon.
     assert "client registered" in sched.log()
+
+
+GRAPH_MS = 800                 # the low job's CUDA graph: eight 100 ms kernels, one replay
+
+
+def test_a_graph_launch_caught_by_a_stop_runs_to_its_end_beside_the_next_holder(
+        hook_lib, small_gpu, tmp_path, procs):
+    """A limit (docs/design-scheduler.md "Suspend"): work a process queued before it was stopped
+    or frozen stays in flight on the GPU. Here the low job's graph replay is under way when it is
+    stopped; its turns go at once, the next job runs beside the rest of the graph, and after
+    SIGCONT the low job finishes, its data intact."""
+    sched = small_gpu(suspend_check_sec=0.1)
+    trace = tmp_path / "trace"
+    low = Job(sched, 404, trace, gpu_index=[0], **sched.fake_env)
+    high = Job(sched, 405, trace, gpu_index=[0], **sched.fake_env)
+    proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{64 * MiB}", "fill:0:a5",
+                                   f"capture:{GRAPH_MS * 1000 // 8}:8:0", "check:0:a5"], low.env)
+    procs.append(proc)
+
+    def graph():
+        rows = read_trace(trace) if trace.exists() else []
+        return next((r for r in rows if r[0] == proc.pid and r[3] - r[2] >= GRAPH_MS * 1e6 * 0.9), None)
+
+    replay = wait_for(graph, what="the low job's graph replay on the GPU")
+    proc.send_signal(signal.SIGSTOP)
+    stopped_ns = time.monotonic_ns()
+    try:
+        out = finish(start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync"], high.env), timeout=20)
+        assert "sync ok" in out
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    out = finish(proc, timeout=30)
+    assert "capture rc=0 replayed" in out and f"check 0 rc=0 bytes={64 * MiB} bad=0" in out, out
+    high_rows = [r for r in read_trace(trace) if r[0] != proc.pid and r[1] == GPU0]
+    assert high_rows and all(r[2] >= stopped_ns for r in high_rows)
+    # The stopped job's graph was still on the GPU when the next job's kernel ran (the limit).
+    assert min(r[2] for r in high_rows) < replay[3], (high_rows, replay)
+    log = sched.log()
+    assert "job 404 step 0" in log and "suspended (stopped (state T)): holds no lock until it runs " \
+        "again; its lock goes to others now" in log, log[-3000:]
+
+
+def test_a_collective_caught_by_a_stop_waits_on_the_gpu_and_completes_after_the_resume(
+        hook_lib, scheduler_factory, tmp_path, procs):
+    """A limit: a two-rank job (a gang, one rank per GPU) stopped in the middle of its 400 NCCL-like
+    collectives (the fake driver's barrier kernel runs until every rank launched its own). Its
+    turns go on both GPUs: another job runs on GPU 1 while the gang is stopped, whatever
+    collective it left in flight waiting there for the other rank. After SIGCONT every round
+    completes."""
+    sched = scheduler_factory(suspend_check_sec=0.1)
+    trace = tmp_path / "trace"
+    group = f"/nvshare-test-{os.getpid()}-suspend-barrier"
+    gang = Job(sched, 406, trace, gpu_index=[0, 1], FAKE_CUDA_BARRIER=group)
+    other = Job(sched, 407, trace, gpu_index=[1])
+    ranks = [start_nvtest(hook_lib, ["init", f"ctx:{r}", f"barrier:2000:400:2:{r}"], gang.env)
+             for r in (0, 1)]
+    procs.extend(ranks)
+    try:
+        wait_for(lambda: trace.exists() and len(read_trace(trace)) >= 20, what="the gang's collectives")
+        for proc in ranks:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            out = finish(start_nvtest(hook_lib, ["init", "ctx:1", "launch:1000", "sync"], other.env),
+                         timeout=20)
+            assert "sync ok" in out
+            assert all(p.poll() is None for p in ranks)
+        finally:
+            for proc in ranks:
+                proc.send_signal(signal.SIGCONT)
+        for proc in ranks:
+            assert "barrier ok rounds=400" in finish(proc, timeout=60)
+    finally:
+        try:
+            os.unlink(f"/dev/shm{group}")
+        except FileNotFoundError:
+            pass
+    log = sched.log()
+    assert log.count("suspended (stopped (state T)): holds no lock until it runs again") >= 2, log[-3000:]
