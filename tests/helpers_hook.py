@@ -63,6 +63,13 @@ def read_trace(path: Path) -> list[tuple[int, str, int, int]]:
     return rows
 
 
+def read_copies(path: Path) -> list[tuple[int, str, int, int]]:
+    """(pid, dtoh|htod, start_ns, end_ns) of each swap chunk the fake driver copied, in the order
+    written (FAKE_CUDA_COPY_LOG with FAKE_CUDA_SWAP_COPY_MS; CLOCK_MONOTONIC); none before the first."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(f[0]), f[1], int(f[3]), int(f[4])) for f in (line.split() for line in lines)]
+
+
 def overlaps(trace, gpu: str) -> list[tuple]:
     rows = sorted((r for r in trace if r[1] == gpu), key=lambda r: r[2])
     bad = []

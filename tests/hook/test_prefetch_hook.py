@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 
-from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
+from helpers_hook import GPU0, Job, finish, overlaps, read_copies, read_trace, start_nvtest
 from lockclient import connect_and_register, gpu_frame, mem_frame
 
 from nvshare_slurm import proto
@@ -18,15 +18,6 @@ from nvshare_slurm.proto import C
 
 MiB = 1 << 20
 COPY_MS = 300
-
-
-def copies(log) -> list[tuple[int, str, int, int]]:
-    """(pid, dtoh|htod, start_ns, end_ns) of every swap chunk copied."""
-    rows = []
-    for line in log.read_text().splitlines():
-        pid, way, _, start, end = line.split()
-        rows.append((int(pid), way, int(start), int(end)))
-    return rows
 
 
 def frame_of(sock: socket.socket, msg_type: int, timeout: float = 20.0):
@@ -62,7 +53,7 @@ def test_a_waiting_jobs_memory_comes_back_before_its_turn_where_it_fits(hook_lib
         sock.sendall(mem_frame(GPU0, 0, 0, 0, 700 * MiB, seq=1))
         assert frame_of(sock, C.NVSHARE_MSG_MEM_REPLY).status == C.NVSHARE_OK
         sock.sendall(mem_frame(GPU0, 700 * MiB, 0, 0, 0))
-        assert [way for _, way, _, _ in copies(log)] == ["dtoh"]
+        assert [way for _, way, _, _ in read_copies(log)] == ["dtoh"]
         go.touch()                                        # b asks for the GPU again: it waits
         time.sleep(0.5)
         freed = time.monotonic_ns()
@@ -72,7 +63,7 @@ def test_a_waiting_jobs_memory_comes_back_before_its_turn_where_it_fits(hook_lib
         sock.sendall(gpu_frame(C.NVSHARE_MSG_LOCK_RELEASED, GPU0, C.NVSHARE_RELEASE_DROPPED))
         out = finish(proc, timeout=30)
     assert f"check 0 rc=0 bytes={512 * MiB} bad=0" in out, out + proc.stderr_text
-    moves = copies(log)
+    moves = read_copies(log)
     assert [way for _, way, _, _ in moves] == ["dtoh", "htod"], moves
     _, _, back_start, back_end = moves[1]
     assert freed <= back_start and back_end < released, (freed, moves, released)
@@ -106,7 +97,7 @@ def test_memory_going_out_and_coming_in_at_a_switch_overlap(hook_lib, small_gpu,
     for out, p in zip(outs, procs, strict=True):
         assert f"check 0 rc=0 bytes={512 * MiB} bad=0" in out, out + p.stderr_text
     assert overlaps(read_trace(trace), GPU0) == []
-    moves = copies(log)
+    moves = read_copies(log)
     both_ways = [(a, b) for a in moves for b in moves
                  if a[0] != b[0] and a[1] == "dtoh" and b[1] == "htod" and b[2] < a[3] and a[2] < b[3]]
     assert both_ways, "no copy in overlapped a copy out of the other job:\n" + "\n".join(map(str, moves))

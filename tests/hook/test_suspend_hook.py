@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers_daemon import gpu_status, wait_for
-from helpers_hook import BUILD, GPU0, Job, finish, read_trace, start_nvtest
+from helpers_hook import BUILD, GPU0, Job, finish, read_copies, read_trace, start_nvtest
 
 MiB = 1 << 20
 JOB_BYTES = 600 * MiB          # the small GPU holds one such job, not two
@@ -77,8 +77,7 @@ COPY_MS = 1000                 # each chunk's copy to host memory or back, on th
 
 def copies(log: Path, way: str) -> list[tuple[int, int]]:
     """(start_ns, end_ns) of each slow copy `way` (dtoh: swap-out, htod: swap-in), CLOCK_MONOTONIC."""
-    lines = log.read_text().splitlines() if log.exists() else []
-    return [(int(f[3]), int(f[4])) for f in (line.split() for line in lines) if f[1] == way]
+    return [(start, end) for _, w, start, end in read_copies(log) if w == way]
 
 
 def slow_swap_job(small_gpu, tmp_path, job_id: int):
