@@ -6,11 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
 
 
 class ScriptedDaemon:
@@ -31,21 +27,6 @@ class ScriptedDaemon:
 
     def serve(self, conn: socket.socket, number: int) -> None:
         raise NotImplementedError
-
-    @staticmethod
-    def frames(conn: socket.socket) -> Iterator[proto.Frame]:
-        """The connection's frames until it ends (closed, reset, or a malformed frame)."""
-        try:
-            while True:
-                yield proto.recv_frame(conn)
-        except (OSError, ConnectionError, proto.ProtocolError):
-            return
-
-    @staticmethod
-    def register(conn: socket.socket, frame: proto.Frame, **fields) -> None:
-        """CLIENT_REGISTER_REPLY OK (client 1) to the CLIENT_REGISTER `frame`."""
-        conn.sendall(proto.encode(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
-                                  {"status": 0, "client_id": 1, **fields}, frame.seq))
 
     def _accept(self) -> None:
         while True:

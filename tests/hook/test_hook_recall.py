@@ -26,16 +26,27 @@ class DroppingDaemon(ScriptedDaemon):
         super().__init__(path)
 
     def serve(self, conn: socket.socket, number: int) -> None:
-        for frame in self.frames(conn):
-            if frame.type == C.NVSHARE_MSG_CLIENT_REGISTER:
-                self.register(conn, frame, idle_release_us=IDLE_US)
-            elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
-                uuid = proto.text(frame.body().gpu_uuid)
-                conn.sendall(proto.encode(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": uuid}))
-                if self.reasons:    # each grant dropped 50 ms later, for the next reason
+        try:
+            while True:
+                frame = proto.recv_frame(conn)
+                if frame.type == C.NVSHARE_MSG_CLIENT_REGISTER:
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
+                                              {"status": 0, "client_id": 1, "idle_release_us": IDLE_US},
+                                              frame.seq))
+                elif frame.type == C.NVSHARE_MSG_HEARTBEAT:
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_HEARTBEAT,
+                                              {"timestamp_ns": frame.body().timestamp_ns}, frame.seq))
+                elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST and self.reasons:
+                    uuid = proto.text(frame.body().gpu_uuid)
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": uuid}))
                     drop = proto.encode(C.NVSHARE_MSG_DROP_LOCK,
                                         {"gpu_uuid": uuid, "switch_ms": self.reasons.pop(0)})
                     threading.Timer(0.05, conn.sendall, (drop,)).start()
+                elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_LOCK_GRANT,
+                                              {"gpu_uuid": proto.text(frame.body().gpu_uuid)}))
+        except (OSError, ConnectionError, proto.ProtocolError):
+            pass
 
 
 def test_a_recall_keeps_the_idle_threshold_that_a_time_slice_halves(hook_lib, tmp_path, procs):

@@ -46,21 +46,26 @@ class StallingDaemon(ScriptedDaemon):
         super().__init__(path)
 
     def serve(self, conn: socket.socket, number: int) -> None:
-        for frame in self.frames(conn):
-            if frame.type == C.NVSHARE_MSG_CLIENT_REGISTER:
-                if self.how == "register" or (self.how == "reconnect" and number > 0):
+        try:
+            while True:
+                frame = proto.recv_frame(conn)
+                if frame.type == C.NVSHARE_MSG_CLIENT_REGISTER:
+                    if self.how == "register" or (self.how == "reconnect" and number > 0):
+                        continue
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_CLIENT_REGISTER_REPLY,
+                                              {"status": 0, "client_id": 1}, frame.seq))
+                    if self.how == "reconnect":
+                        threading.Timer(0.2, conn.shutdown, (socket.SHUT_RDWR,)).start()
+                elif self.how != "questions":
                     continue
-                self.register(conn, frame)
-                if self.how == "reconnect":
-                    threading.Timer(0.2, conn.shutdown, (socket.SHUT_RDWR,)).start()
-            elif self.how != "questions":
-                continue
-            elif frame.type == C.NVSHARE_MSG_HEARTBEAT:
-                conn.sendall(proto.encode(C.NVSHARE_MSG_HEARTBEAT,
-                                          {"timestamp_ns": frame.body().timestamp_ns}, frame.seq))
-            elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
-                conn.sendall(proto.encode(C.NVSHARE_MSG_LOCK_GRANT,
-                                          {"gpu_uuid": proto.text(frame.body().gpu_uuid)}))
+                elif frame.type == C.NVSHARE_MSG_HEARTBEAT:
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_HEARTBEAT,
+                                              {"timestamp_ns": frame.body().timestamp_ns}, frame.seq))
+                elif frame.type == C.NVSHARE_MSG_LOCK_REQUEST:
+                    conn.sendall(proto.encode(C.NVSHARE_MSG_LOCK_GRANT,
+                                              {"gpu_uuid": proto.text(frame.body().gpu_uuid)}))
+        except (OSError, ConnectionError, proto.ProtocolError):
+            pass
 
     def die(self) -> None:
         self.died_ns = time.monotonic_ns()
