@@ -689,8 +689,7 @@ void nvshare_gate_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes
 {
     pthread_mutex_lock(&g->gate.mu);
     if (g->gate.held && reason == NVSHARE_DROP_TIMESLICE) {
-        /* Others waited a whole interval and no pause was long enough: be quicker next time. Not
-         * on RECALL: a lent turn ends when its lender asks again, whatever this process's pauses. */
+        /* Others waited a whole interval and no pause was long enough: be quicker next time. */
         g->gate.idle_threshold_ns = g->gate.idle_threshold_ns / 2 < IDLE_MIN_NS ? IDLE_MIN_NS : g->gate.idle_threshold_ns / 2;
     }
     if (g->gate.held) {

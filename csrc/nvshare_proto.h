@@ -105,8 +105,6 @@ enum nvshare_status {
 #define NVSHARE_DROP_MEMORY 4
 #define NVSHARE_DROP_SUSPEND 5     /* its job is being suspended (Slurm): move `bytes` out, ask again when you like;
                                       the daemon grants nothing to a suspended job until it resumes (then RESUMED) */
-#define NVSHARE_DROP_RECALL 6      /* it holds the rest of a turn that another client gave back idle (lent), and that
-                                      client asks again: its turn, not this one's pauses, ended this one's hold */
 
 /* nvshare_mem_update.flags */
 #define NVSHARE_CLIENT_PREFETCH 1   /* CLIENT_REGISTER: this hook answers PREFETCH (others are never sent one) */

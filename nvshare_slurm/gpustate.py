@@ -254,16 +254,16 @@ class GpuState:
         return True
 
     def _pass_turn(self, holder: Holder, successor: ClientInfo, now: float, out: list[Action],
-                   move: int = 0, reason: int = C.NVSHARE_DROP_TIMESLICE) -> None:
-        """DROP_LOCK(TIMESLICE, or RECALL): an exclusive turn passes to `successor`. When the
-        switch moves no memory, both first hear of a HANDOFF: the holder's hook signals the
-        successor's the moment its work is drained, so the GPU does not sit idle through the
-        daemon's round trip (release, grant: about half a millisecond a turn on an H100)."""
+                   move: int = 0) -> None:
+        """DROP_LOCK(TIMESLICE): an exclusive turn passes to `successor`. When the switch moves no
+        memory, both first hear of a HANDOFF: the holder's hook signals the successor's the moment
+        its work is drained, so the GPU does not sit idle through the daemon's round trip
+        (release, grant: about half a millisecond a turn on an H100)."""
         if self.settings.turn_handoff and not move and successor.client_id in self.queue \
                 and not self.memory.use(successor.client_id).swapped:
             self.handoff = (holder.client.client_id, successor.client_id)
             out.append(Action(HANDOFF, successor, source=holder.client))
-        self.lock.drop(holder, now, reason, out, move)
+        self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out, move)
 
     def _may_take_turn(self, client_id: int, now: float) -> bool:
         """May this waiter be granted an exclusive turn now? Not while the GPU is kept for a
@@ -697,4 +697,4 @@ def recall_loan(gpu: GpuState, lender: ClientInfo, now: float, out: list[Action]
     for cid in sorted(loan.borrowers):
         holder = gpu.holders.get(cid)
         if holder is not None and not holder.shared and holder.drop_at is None:
-            gpu._pass_turn(holder, lender, now, out, reason=C.NVSHARE_DROP_RECALL)
+            gpu._pass_turn(holder, lender, now, out)

@@ -23,8 +23,7 @@ from .proto import C
 _DROP_NAMES = {C.NVSHARE_DROP_TIMESLICE: "time slice over", C.NVSHARE_DROP_MAX_RUNTIME:
                "max runtime reached", C.NVSHARE_DROP_ADMIN: "admin update",
                C.NVSHARE_DROP_MEMORY: "memory no longer fits",
-               C.NVSHARE_DROP_SUSPEND: "its job is suspended",
-               C.NVSHARE_DROP_RECALL: "lent turn recalled by its holder"}
+               C.NVSHARE_DROP_SUSPEND: "its job is suspended"}
 
 
 class ActionSender:

@@ -9,7 +9,7 @@ steps in 15 s: a job that lost its turns in host hiccups measured itself from th
 got and never caught up. Now the rest of the turn, until `until`, stays the holder's:
 
 - **Lent** (the rule): the next waiter is granted at once, as before, and the holder's next request
-  within its turn drops the borrowers (DROP_LOCK, RECALL, with a HANDOFF when no memory moves):
+  within its turn drops the borrowers (DROP_LOCK, TIMESLICE, with a HANDOFF when no memory moves):
   it holds next, until the turn's end it had. A borrower that gives the lock back before `until`
   keeps its place: it is next after the lender, so its own turn is not lost either. A loan that
   reaches `until` without the lender back becomes the borrower's own turn.

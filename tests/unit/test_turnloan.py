@@ -48,8 +48,7 @@ def test_a_holder_back_within_its_turn_takes_it_back_and_keeps_its_end():
     g, a, b = lent_pair()
     back = g.request(a, 2.01)
     assert kinds(back) == [(HANDOFF, 1), (DROP, 2)]              # b drains, then a runs
-    # RECALL, not TIMESLICE: the borrower's hook keeps its idle threshold (it did nothing wrong)
-    assert back[1].value == C.NVSHARE_DROP_RECALL and back[0].source is b
+    assert back[1].value == C.NVSHARE_DROP_TIMESLICE and back[0].source is b
     assert kinds(g.release(2, 2.02)) == [(GRANT, 1)]
     assert kinds(g.request(b, 2.03)) == [(CONTENDED, 1)]
     assert g.next_deadline() == 11.0                             # not a new turn: the lent one's end
