@@ -42,6 +42,8 @@ typedef CUresult (*cuMemAddressFree_fn)(CUdeviceptr ptr, size_t size);
 typedef CUresult (*cuMemSetAccess_fn)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 typedef CUresult (*cuMemHostAlloc_fn)(void **pp, size_t bytesize, unsigned int flags);
 typedef CUresult (*cuMemFreeHost_fn)(void *p);
+typedef CUresult (*cuMemHostRegister_v2_fn)(void *p, size_t bytesize, unsigned int flags);
+typedef CUresult (*cuMemHostUnregister_fn)(void *p);
 typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool pool, int attr, void *value);
 typedef CUresult (*cuDeviceGetDefaultMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
 typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *pool, CUdevice dev);
@@ -74,6 +76,8 @@ struct nvshare_real {
     cuMemSetAccess_fn cuMemSetAccess;
     cuMemHostAlloc_fn cuMemHostAlloc;
     cuMemFreeHost_fn cuMemFreeHost;
+    cuMemHostRegister_v2_fn cuMemHostRegister_v2;   /* optional: hostpin.c falls back to cuMemHostAlloc */
+    cuMemHostUnregister_fn cuMemHostUnregister;
     /* pools (memory.c): optional; without them pool memory is not seen */
     cuMemPoolGetAttribute_fn cuMemPoolGetAttribute;
     cuDeviceGetDefaultMemPool_fn cuDeviceGetDefaultMemPool;

@@ -24,6 +24,7 @@
 #include "driver.h"
 #include "env.h"
 #include "gpus.h"
+#include "hostpin.h"
 #include "swap.h"
 
 #define CHUNK_BYTES (256ull << 20)
@@ -38,7 +39,8 @@ struct nvshare_swap_entry {
     CUdeviceptr va;                       /* this chunk */
     size_t size;
     CUmemGenericAllocationHandle handle;  /* physical memory while resident */
-    void *host;                           /* pinned copy, kept between swaps */
+    void *host;                           /* pinned copy, kept between swaps (hostpin.c) */
+    int host_mapped;                      /* how it was pinned: nvshare_host_unpin needs it */
     int resident;
     int has_data;                         /* host holds the contents; else born swapped */
     int fixed;                            /* stays on the GPU: exported for CUDA IPC (another process maps
@@ -234,9 +236,8 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
     struct nvshare_swap_entry *first = &g->swap.entries[g->swap.count];
     for (size_t i = 0; i < chunks; i++) {
         size_t offset = i * CHUNK_BYTES;
-        first[i] = (struct nvshare_swap_entry){base, base + offset,
-                                               size - offset < CHUNK_BYTES ? size - offset : CHUNK_BYTES,
-                                               0, NULL, 0, 0, 0};
+        first[i] = (struct nvshare_swap_entry){
+            .base = base, .va = base + offset, .size = size - offset < CHUNK_BYTES ? size - offset : CHUNK_BYTES};
     }
     /* Born swapped only while this process cannot be running on g: the decision and the counters
      * change under the gate's mutex, where a grant looks at them before it opens the gate. */
@@ -351,8 +352,7 @@ int nvshare_swap_free(struct nvshare_gpu *g, CUdeviceptr va, CUresult *rc)
             g->swap.entries[kept++] = *e;
             continue;
         }
-        if (e->host)
-            r->cuMemFreeHost(e->host);
+        nvshare_host_unpin(e->host, e->size, e->host_mapped);
     }
     g->swap.count = kept;
     *rc = r->cuMemAddressFree(va, size);
@@ -571,7 +571,6 @@ static struct nvshare_swap_entry *unpinned_chunk(struct nvshare_gpu *g)
 static void *prepin_main(void *arg)
 {
     struct nvshare_gpu *g = arg;
-    const struct nvshare_real *r = &nvshare_real;
     nvshare_in_hook = 1;   /* driver calls of this thread are the hook's own */
     int warned = 0;
     uint64_t pinned = 0;
@@ -597,9 +596,10 @@ static void *prepin_main(void *arg)
             continue;
         }
         void *host = NULL;
+        int mapped = 0;
         CUresult rc = CUDA_ERROR_INVALID_CONTEXT;
         if (push_gpu_context(g) == 0) {
-            rc = r->cuMemHostAlloc(&host, size, 0);
+            rc = nvshare_host_pin(&host, size, &mapped);
             pop_context();
         }
         if (rc != CUDA_SUCCESS) {
@@ -616,12 +616,12 @@ static void *prepin_main(void *arg)
                 now = &g->swap.entries[i];
         if (now && !now->host) {
             now->host = host;
+            now->host_mapped = mapped;
             host = NULL;
             pinned += size;
         }
         pthread_mutex_unlock(&g->swap.mu);
-        if (host)
-            r->cuMemFreeHost(host);
+        nvshare_host_unpin(host, size, mapped);
     }
     return NULL;
 }
@@ -692,7 +692,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress
                           "after a suspend", g->uuid, moved / 1048576.0);
             break;
         }
-        if (!e->host && (pinned_now++, r->cuMemHostAlloc(&e->host, e->size, 0)) != CUDA_SUCCESS) {
+        if (!e->host && (pinned_now++, nvshare_host_pin(&e->host, e->size, &e->host_mapped)) != CUDA_SUCCESS) {
             e->host = NULL;
             nvshare_log("gpu %s: cannot pin %zu bytes of host memory for swap; the rest stays on the GPU",
                         g->uuid, e->size);
@@ -739,7 +739,8 @@ static void free_pinned_if_short(struct nvshare_gpu *g)
     uint64_t freed = 0;
     for (size_t i = 0; i < g->swap.count; i++) {
         struct nvshare_swap_entry *e = &g->swap.entries[i];
-        if (e->resident && e->host && nvshare_real.cuMemFreeHost(e->host) == CUDA_SUCCESS) {
+        if (e->resident && e->host) {
+            nvshare_host_unpin(e->host, e->size, e->host_mapped);
             freed += e->size;
             e->host = NULL;
             e->has_data = 0;

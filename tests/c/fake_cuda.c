@@ -916,6 +916,51 @@ EXPORT CUresult cuMemFreeHost(void *p)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Registered host memory (cuMemHostRegister): the pages are touched, as pinning makes them resident,
+ * and kept as they are. FAKE_CUDA_NO_HOST_REGISTER=1 refuses it (CUDA_ERROR_NOT_SUPPORTED, as some
+ * drivers and containers do), so that the hook's fallback to cuMemHostAlloc is tested. */
+static struct falloc *host_registered;
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    const char *no = getenv("FAKE_CUDA_NO_HOST_REGISTER");
+    if (no && *no == '1')
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < size; i += 4096)
+        ((volatile char *)p)[i] = ((volatile char *)p)[i];
+    pthread_mutex_lock(&mu);
+    for (struct falloc *a = host_registered; a; a = a->next)
+        if (a->ptr < (uint64_t)(uintptr_t)p + size && (uint64_t)(uintptr_t)p < a->ptr + a->size) {
+            pthread_mutex_unlock(&mu);
+            return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        }
+    struct falloc *a = malloc(sizeof *a);
+    *a = (struct falloc){(uint64_t)(uintptr_t)p, size, -1, host_registered};
+    host_registered = a;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    for (struct falloc **pp = &host_registered; *pp; pp = &(*pp)->next)
+        if ((*pp)->ptr == (uint64_t)(uintptr_t)p) {
+            struct falloc *a = *pp;
+            *pp = a->next;
+            pthread_mutex_unlock(&mu);
+            free(a);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
 /* ---- virtual memory ------------------------------------------------------------------------ */
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
 { (void)prop; (void)option; NEED_INIT(); *g = 2u << 20; return CUDA_SUCCESS; }
@@ -1053,7 +1098,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 
 #define FAKE_FUNCS(F) F(cuInit) F(cuDriverGetVersion) F(cuDeviceGetCount) F(cuDeviceGet) F(cuDeviceGetName) \
     F(cuDeviceGetUuid) F(cuDeviceGetUuid_v2) F(cuDeviceTotalMem_v2) F(cuDeviceGetAttribute)                 \
-    F(cuDeviceCanAccessPeer) F(cuMemHostAlloc) F(cuMemFreeHost)                                             \
+    F(cuDeviceCanAccessPeer) F(cuMemHostAlloc) F(cuMemFreeHost) F(cuMemHostRegister_v2) F(cuMemHostUnregister) \
     F(cuDevicePrimaryCtxRetain) F(cuDevicePrimaryCtxRelease) F(cuDevicePrimaryCtxRelease_v2)               \
     F(cuCtxSetCurrent) F(cuCtxGetCurrent) F(cuCtxPushCurrent_v2) F(cuCtxPopCurrent_v2) F(cuCtxGetDevice)   \
     F(cuCtxCreate) F(cuCtxCreate_v2) F(cuCtxCreate_v3) F(cuCtxCreate_v4) F(cuCtxSynchronize)               \

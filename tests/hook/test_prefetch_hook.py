@@ -100,4 +100,5 @@ def test_memory_going_out_and_coming_in_at_a_switch_overlap(hook_lib, small_gpu,
     moves = read_copies(log)
     both_ways = [(a, b) for a in moves for b in moves
                  if a[0] != b[0] and a[1] == "dtoh" and b[1] == "htod" and b[2] < a[3] and a[2] < b[3]]
-    assert both_ways, "no copy in overlapped a copy out of the other job:\n" + "\n".join(map(str, moves))
+    assert both_ways, "no copy in overlapped a copy out of the other job:\n" + "\n".join(map(str, moves)) \
+        + "".join(p.stderr_text[-3000:] for p in procs)
