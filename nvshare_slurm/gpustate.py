@@ -498,8 +498,8 @@ class GpuState:
                 if holder.drop_at is None:
                     move = self.memory.use(holder.client.client_id).swappable if memory else 0
                     self.lock.drop(holder, now, reason, out, move)
-        head = self.lock.head()
-        if not holders and head is not None and self._may_take_turn(head.client_id, now) \
+        head = None if holders else self.memory.first_to_run(lambda c: self._may_take_turn(c, now))
+        if head is not None and self._may_take_turn(head.client_id, now) \
                 and self._try_grant(head, now, False, out):
             holders = [self.holders[head.client_id]]
         if not holders or not self.queue:

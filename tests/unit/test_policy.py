@@ -240,6 +240,28 @@ def test_grant_waits_until_the_heads_swapped_memory_fits():
     assert actions[0].flags == C.NVSHARE_GRANT_EXCLUSIVE
 
 
+def test_a_free_gpu_goes_to_a_waiter_that_fits_before_a_head_that_needs_a_swap_once():
+    """first_to_run (gpumemory.py): the head's memory is in host memory and does not fit; the
+    waiter behind it has all its memory here. Granting the head would leave the GPU idle while
+    the waiter's memory moves out (10 s for 14 GiB on the H100); the waiter runs first, and the
+    head has the turn after it, before anyone who came later."""
+    g = gpu()
+    a, b, c, d = client(1), client(2), client(3), client(4)
+    g.request(c, 0)                                    # holds, no memory
+    g.mem_update(a, 0, 12 * G, 0, 0)                   # resident, waits behind b
+    g.mem_update(b, 0, 0, 0, 10 * G)                   # the head: 10G in host memory, room 4G
+    assert kinds(g.request(b, 0.1)) == [(PREFETCH, 2)]  # what fits comes back meanwhile
+    assert g.request(a, 0.2) == []
+    assert moves(g.release(3, 1)) == [(GRANT, 1, 0)]   # a runs, nothing is asked to move
+    assert list(g.queue) == [2]
+    assert g.request(d, 2) == []                       # fits too, but came after b was passed over
+    # a's turn ends: it moves out what b lacks (b's 3.7G on its way count as b's)
+    assert moves(g.tick(11.5)) == [(DROP, 1, 6 * G)]
+    g.mem_update(a, 12, 6 * G, 0, 6 * G)
+    assert moves(g.release(1, 12.1)) == [(GRANT, 2, 0), (CONTENDED, 2, 0)]
+    assert list(g.queue) == [4]
+
+
 def test_prepare_swap_out_goes_once_to_non_holders_with_movable_memory():
     g = gpu()
     holder, head, idle_big, idle_small, waiter_near, waiter_far, pinned = (
@@ -253,6 +275,7 @@ def test_prepare_swap_out_goes_once_to_non_holders_with_movable_memory():
     g.mem_update(pinned, 0, 2 * G, 2 * G, 0)           # nothing movable: never asked
     for waiter in (head, waiter_near, waiter_far):
         g.request(waiter, 0)
+    g.memory.skipped_head = head.client_id   # its one turn behind a waiter that fits is spent
     # 14G resident, room 2G, the head needs 8G: 6G short once the holder (no memory) is gone
     actions = g.release(1, 1)
     assert moves(actions) == [(SWAP_OUT, 3, 3 * G), (SWAP_OUT, 4, 1 * G), (SWAP_OUT, 6, 2 * G)]
