@@ -23,9 +23,9 @@ def test_smoke_run_has_every_arm_the_swap_pairs_span_and_a_timeline_per_mix(buil
         arms = res["mixes"][mix]
         assert sorted(arms) == ["colocate", "nvshare", "serial"]
         assert all(r["status"] == "ok" for r in arms.values()), arms
-        assert arms["nvshare"]["span_x_serial"] > 0 and "span_x_serial" not in arms["serial"]
+        assert arms["nvshare"]["done_x_serial"] > 0 and "done_x_serial" not in arms["serial"]
         svg = (tmp_path / f"timeline_{mix}.svg").read_text()
         assert svg.count("<rect") > 10 and "nvshare" in svg and ">serial<" not in svg
     table = (tmp_path / "table.md").read_text()
-    assert "| swap2 | all | span / solo sum |" in table
+    assert "| swap2 | all | all done / serial |" in table
     assert all(len(e["spans"]) == e["steps"] for e in res["mixes"]["swap2"]["nvshare"]["jobs"])
