@@ -235,7 +235,8 @@ void nvshare_read_settings(void)
 
     nvshare_cfg.swap = on_off("NVSHARE_SWAP");
     const char *prepin = getenv("NVSHARE_SWAP_PREPIN");
-    nvshare_cfg.swap_prepin = prepin && *prepin && on_off("NVSHARE_SWAP_PREPIN");
+    nvshare_cfg.swap_prepin = !prepin || !*prepin ? 0
+                              : !strcasecmp(prepin, "ahead") ? NVSHARE_PREPIN_AHEAD : on_off("NVSHARE_SWAP_PREPIN");
     nvshare_cfg.alloc_budget = on_off("NVSHARE_ALLOC_BUDGET");
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");

@@ -13,6 +13,7 @@
 #pragma GCC visibility push(hidden)
 
 enum nvshare_loss_policy { NVSHARE_LOSS_WAIT = 0, NVSHARE_LOSS_RUN = 1 };
+#define NVSHARE_PREPIN_AHEAD 2   /* NVSHARE_SWAP_PREPIN=ahead: pin ahead once a grant says NVSHARE_GRANT_SWAP_AHEAD */
 struct nvshare_settings {
     int active;                  /* in a job with a socket: gate and account; else pure pass-through */
     uint32_t job_id;
@@ -21,7 +22,9 @@ struct nvshare_settings {
     int loss_policy;
     uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
     int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
-    int swap_prepin;             /* NVSHARE_SWAP_PREPIN: pin the host copies ahead (swap.c), default off */
+    int swap_prepin;             /* NVSHARE_SWAP_PREPIN: pin the host copies ahead (swap.c): 1 (on) always,
+                                  * 0 (off, unset) never, NVSHARE_PREPIN_AHEAD (ahead): once a grant says
+                                  * SWAP_AHEAD */
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;

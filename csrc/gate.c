@@ -663,6 +663,8 @@ void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switc
     pthread_mutex_unlock(&g->gate.mu);
     if (unanswered_ask)
         nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
+    if (flags & NVSHARE_GRANT_SWAP_AHEAD)
+        nvshare_swap_pin_ahead(g);
     nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
                   !(flags & NVSHARE_GRANT_SHARED) ? "exclusive"
                   : atomic_load(&g->burst.armed) ? "shared, bursts take turns" : "shared", switch_ms);

@@ -90,6 +90,9 @@ enum nvshare_status {
 #define NVSHARE_GRANT_SHARED 1      /* co-running with other holders (auto mode, memory fits) */
 #define NVSHARE_GRANT_BURSTS 2      /* with SHARED: take turns burst by burst with the other co-runners, through the
                                        GPU's burst page (if it came) */
+#define NVSHARE_GRANT_SWAP_AHEAD 4  /* exclusive turns with swap (the memory does not fit): this job's memory is
+                                       likely asked out at its turn's end: with NVSHARE_SWAP_PREPIN=ahead its hook
+                                       starts pinning the host copies then */
 /* nvshare_gpu_event.flags in LOCK_RELEASED */
 #define NVSHARE_RELEASE_DROPPED 0   /* answer to DROP_LOCK */
 #define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */

@@ -262,7 +262,7 @@ CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t siz
             r->cuMemAddressFree(base, size);
         }
     }
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && nvshare_cfg.swap_prepin == 1)
         start_prepin(g);
     nvshare_in_hook--;
     pthread_mutex_unlock(&g->swap.mu);
@@ -557,10 +557,11 @@ static void pop_context(void)
 #define PREPIN_IDLE_MS 1000     /* nothing to pin: look again after this */
 #define PREPIN_SHORT_MS 5000    /* no host memory to spare: look again after this */
 
-/* With swap_mu held: the first chunk resident here without a host copy, or NULL. */
+/* With swap_mu held: the newest chunk resident here without a host copy (a swap-out moves the
+ * newest first), or NULL. */
 static struct nvshare_swap_entry *unpinned_chunk(struct nvshare_gpu *g)
 {
-    for (size_t i = 0; i < g->swap.count; i++) {
+    for (size_t i = g->swap.count; i-- > 0;) {
         struct nvshare_swap_entry *e = &g->swap.entries[i];
         if (e->resident && !e->fixed && !e->host)
             return e;
@@ -626,19 +627,28 @@ static void *prepin_main(void *arg)
     return NULL;
 }
 
-/* With swap_mu held, after a swappable allocation: start the pinning thread once. */
+/* Starts the pinning thread once (any thread, with or without swap_mu). */
 static void start_prepin(struct nvshare_gpu *g)
 {
-    if (!nvshare_cfg.swap_prepin || g->swap.prepin_running)
+    if (__atomic_exchange_n(&g->swap.prepin_running, 1, __ATOMIC_ACQ_REL))
         return;
     pthread_t tid;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 256 * 1024);
-    if (pthread_create(&tid, &attr, prepin_main, g) == 0)
-        g->swap.prepin_running = 1;
+    if (pthread_create(&tid, &attr, prepin_main, g) != 0)
+        __atomic_store_n(&g->swap.prepin_running, 0, __ATOMIC_RELEASE);
     pthread_attr_destroy(&attr);
+}
+
+void nvshare_swap_pin_ahead(struct nvshare_gpu *g)
+{
+    if (nvshare_cfg.swap_prepin != NVSHARE_PREPIN_AHEAD || __atomic_load_n(&g->swap.prepin_running, __ATOMIC_ACQUIRE))
+        return;
+    nvshare_debug("gpu %s: turns with swap: host copies pinned ahead from now on (NVSHARE_SWAP_PREPIN=ahead)",
+                  g->uuid);
+    start_prepin(g);
 }
 
 uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress)(struct nvshare_gpu *))

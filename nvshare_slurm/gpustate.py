@@ -116,9 +116,8 @@ class GpuState:
     def mem_update(self, client: ClientInfo, now: float, allocated: int, fixed: int,
                    swapped: int, request: int = 0, flags: int = 0,
                    token: int = 0) -> tuple[list[Action], MemDecision | None]:
-        """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation.
-
-        The decision is None for a report, and for a holder's request that waits for room: its
+        """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation. The
+        decision is None for a report, and for a holder's request that waits for room: its
         answer comes later as a MEM_REPLY action carrying `token`."""
         self.lock.attach(client)
         decision = self.memory.update(client, now, allocated, fixed, swapped, request, flags, token)
@@ -239,8 +238,9 @@ class GpuState:
         self.memory.granted(client.client_id)
         self.loans.granted(client.client_id, not shared, now, self.switch_interval())
         self.contention_since = None
-        out.append(Action(GRANT, client, C.NVSHARE_GRANT_SHARED if shared
-                          else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(), no_room, bursts=bursts))
+        # Turns with swap: its memory is likely asked out at the end of this turn (SWAP_AHEAD).
+        flags = C.NVSHARE_GRANT_SHARED if shared else 0 if self.memory.fits() else C.NVSHARE_GRANT_SWAP_AHEAD
+        out.append(Action(GRANT, client, flags, self._switch_ms(), no_room, bursts=bursts))
 
     def _try_grant(self, client: ClientInfo, now: float, shared: bool,
                    out: list[Action]) -> bool:

@@ -19,7 +19,7 @@ from nvshare_slurm.policytypes import DROP, GRANT, SWAP_OUT, ClientInfo, GpuSett
 from nvshare_slurm.proto import C
 
 G = 1 << 30
-SHARED, EXCLUSIVE = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE
+SHARED, EXCLUSIVE, SWAP_AHEAD = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE, C.NVSHARE_GRANT_SWAP_AHEAD
 BUSY = Demand(0.97, 10.0, 0.0)                  # a compute-bound training
 BURSTY = Demand(0.35, 0.028, 0.043)             # issue 27's bursty job: 28 ms bursts, 43 ms pauses
 W2 = Demand(0.30, 0.035, 0.082)                 # 35 ms steps, 82 ms host pauses
@@ -309,7 +309,7 @@ def test_memory_that_does_not_fit_still_takes_turns_but_resident_light_clients_c
         assert max(sim.waits[n]) <= 0.001, (n, max(sim.waits[n]))
         assert all(f == (SHARED, True) for f in sim.grant_flags[n])
     for n in (1, 2, 3):
-        assert sim.share(n) > 0.1 and all(f == (EXCLUSIVE, False) for f in sim.grant_flags[n][1:]), n
+        assert sim.share(n) > 0.1 and all(f == (SWAP_AHEAD, False) for f in sim.grant_flags[n][1:]), n
     assert sim.g.status(sim.now, [], [])["sharing_reason"] == "memory does not fit: turns with swap"
 
 

@@ -237,7 +237,21 @@ def test_grant_waits_until_the_heads_swapped_memory_fits():
     assert g.next_deadline() == 6.0                              # its answer's grace
     actions, _ = g.mem_update(idle, 3, 6 * G, 2 * G, 6 * G)      # moved 6G: room 10G
     assert moves(actions) == [(GRANT, 1, 0)]
-    assert actions[0].flags == C.NVSHARE_GRANT_EXCLUSIVE
+    # exclusive, and the memory does not fit: its hook pins its host copies ahead
+    assert actions[0].flags == C.NVSHARE_GRANT_SWAP_AHEAD
+
+
+def test_a_grant_says_swap_ahead_only_while_the_memory_does_not_fit():
+    g = gpu()                                                     # 16G
+    a, b = client(1), client(2)
+    g.mem_update(a, 0, 6 * G, 0, 0)
+    g.mem_update(b, 0, 6 * G, 0, 0)                              # 12G: fits
+    grant = g.request(a, 1)[0]
+    assert (grant.kind, grant.flags) == (GRANT, C.NVSHARE_GRANT_EXCLUSIVE)
+    g.release(1, 2)
+    g.mem_update(b, 2, 6 * G, 0, 6 * G)                          # 18G: turns with swap
+    grant = g.request(a, 3)[0]
+    assert (grant.kind, grant.flags) == (GRANT, C.NVSHARE_GRANT_SWAP_AHEAD)
 
 
 def test_a_free_gpu_goes_to_a_waiter_that_fits_before_a_head_that_needs_a_swap_once():
