@@ -899,27 +899,37 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+/* Takes the host record of `p` out of `list` (and unmaps it with `unmap`); `missing` if none. */
+static CUresult drop_host(struct falloc **list, void *p, int unmap, CUresult missing)
+{
+    pthread_mutex_lock(&mu);
+    struct falloc *found = NULL;
+    for (struct falloc **pp = list; *pp; pp = &(*pp)->next)
+        if ((*pp)->ptr == (uint64_t)(uintptr_t)p) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    if (!found)
+        return missing;
+    if (unmap)
+        munmap(p, found->size);
+    free(found);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemFreeHost(void *p)
 {
     NEED_INIT();
-    pthread_mutex_lock(&mu);
-    for (struct falloc **pp = &host_allocs; *pp; pp = &(*pp)->next)
-        if ((*pp)->ptr == (uint64_t)(uintptr_t)p) {
-            struct falloc *a = *pp;
-            *pp = a->next;
-            pthread_mutex_unlock(&mu);
-            munmap(p, a->size);
-            free(a);
-            return CUDA_SUCCESS;
-        }
-    pthread_mutex_unlock(&mu);
-    return CUDA_ERROR_INVALID_VALUE;
+    return drop_host(&host_allocs, p, 1, CUDA_ERROR_INVALID_VALUE);
 }
+
+static struct falloc *host_registered;
 
 /* Registered host memory (cuMemHostRegister): the pages are touched, as pinning makes them resident,
  * and kept as they are. FAKE_CUDA_NO_HOST_REGISTER=1 refuses it (CUDA_ERROR_NOT_SUPPORTED, as some
  * drivers and containers do), so that the hook's fallback to cuMemHostAlloc is tested. */
-static struct falloc *host_registered;
 
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 {
@@ -948,17 +958,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 EXPORT CUresult cuMemHostUnregister(void *p)
 {
     NEED_INIT();
-    pthread_mutex_lock(&mu);
-    for (struct falloc **pp = &host_registered; *pp; pp = &(*pp)->next)
-        if ((*pp)->ptr == (uint64_t)(uintptr_t)p) {
-            struct falloc *a = *pp;
-            *pp = a->next;
-            pthread_mutex_unlock(&mu);
-            free(a);
-            return CUDA_SUCCESS;
-        }
-    pthread_mutex_unlock(&mu);
-    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return drop_host(&host_registered, p, 0, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
 
 /* ---- virtual memory ------------------------------------------------------------------------ */
