@@ -20,6 +20,10 @@ from .policytypes import ClientInfo
 TURN_BUSY = 0.8
 TURN_BURST_SEC = 0.025
 TURN_GAP_SEC = 0.025
+# ... and keeps taking them until its figures fall below those lines by this factor: two bursty
+# jobs alternating in each other's pauses (tests/hook/test_hook_adaptive.py) read one report of
+# "busy 40 %" on a loaded CI machine, co-ran for that report's time and their kernels overlapped.
+TURN_LEAVE = 0.75
 # Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
 # other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
 # together (each slowed step pauses as long, or longer), so the overlap decides the result. On the
@@ -93,6 +97,12 @@ class Demand:
         """A turn-taker by its own demand, whoever else uses the GPU."""
         return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
 
+    def keeps_turns(self) -> bool:
+        """A client that takes turns by its own demand goes on taking them until its figures are
+        clearly below the lines (TURN_LEAVE): one noisy report does not flip it."""
+        f = TURN_LEAVE
+        return self.busy >= f * TURN_BUSY or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC)
+
     @property
     def bursty(self) -> bool:
         """Co-runs by its own demand, but its bursts are long enough to count towards overlap."""
@@ -118,9 +128,14 @@ class GpuDemand:
     # Longest DROP_LOCK-to-release of each client within CLASS_DRAIN_MEMORY_SEC: (seconds, when).
     drain: dict[int, tuple[float, float]] = field(default_factory=dict)
     asked: set[int] = field(default_factory=set)                   # ever requested here
+    by_demand: set[int] = field(default_factory=set)    # turn-takers by their own reports (TURN_LEAVE)
 
     def report(self, client_id: int, demand: Demand) -> None:
         self.reports[client_id] = demand
+        if demand.takes_turns or (client_id in self.by_demand and demand.keeps_turns()):
+            self.by_demand.add(client_id)
+        else:
+            self.by_demand.discard(client_id)
 
     def requested(self, client_id: int) -> None:
         self.asked.add(client_id)
@@ -134,6 +149,7 @@ class GpuDemand:
         self.corun_by_cost.discard(client_id)
         self.drain.pop(client_id, None)
         self.asked.discard(client_id)
+        self.by_demand.discard(client_id)
 
     def takes_turns(self, client_id: int) -> bool:
         """As the last pass decided (takers): by its own demand, unless turns cost it more."""
@@ -141,7 +157,7 @@ class GpuDemand:
 
     def _by_demand(self, client_id: int) -> bool:
         demand = self.reports.get(client_id)
-        return demand is None or demand.takes_turns or (self.group_turns and demand.bursty)
+        return demand is None or client_id in self.by_demand or (self.group_turns and demand.bursty)
 
     def takers(self, clients: Mapping[int, ClientInfo], turn_sec: float) -> set[int]:
         """The turn-takers: a busy client between two turns is still busy; one that has not

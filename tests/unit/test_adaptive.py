@@ -307,3 +307,27 @@ def test_daemon_grants_a_light_client_beside_a_busy_holder_and_shows_why(schedul
     finally:
         for proc in procs:
             proc.close()
+
+
+def test_a_turn_taker_by_demand_is_not_flipped_by_one_noisy_report():
+    """TURN_LEAVE: two W2-like jobs take turns; one report of each reads its burst short and its
+    busy share low (a loaded CPU), still above three quarters of the lines: they keep their turns.
+    A report clearly below them (an interactive step's) makes a co-runner of it."""
+    g = gpu_lock_turns()
+    a, b = client(1), client(2)
+    for c in (a, b):
+        g.report_demand(c, LONG_BURSTS, 0.0)
+    g.request(a, 0.0)
+    g.request(b, 0.01)
+    assert g.takes_turns(1) and g.takes_turns(2)
+    noisy = Demand(0.25, 0.020, 0.030)            # 20 ms bursts: below TURN_BURST_SEC, above 3/4 of it
+    assert not noisy.takes_turns
+    g.report_demand(a, noisy, 0.1)
+    assert g.takes_turns(1)
+    assert g.status(0.1, [], [])["sharing"] == "turns"
+    g.report_demand(a, SHORT_BURSTS, 0.2)         # 12 ms bursts: clearly a co-runner now
+    assert not g.takes_turns(1)
+    # and a newcomer with that noisy report never took turns: it co-runs from its first report
+    c = client(3)
+    g.report_demand(c, noisy, 0.3)
+    assert not g.takes_turns(3)
