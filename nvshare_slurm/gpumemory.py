@@ -363,6 +363,9 @@ class GpuMemory:
             if now >= offer.at + grace:  # never answered (a hook without PREFETCH): offer no more
                 del self.prefetching[cid]
                 self.prefetch_stalled.add(cid)
+        # settled: the time is up, or it asked for the GPU (its deadline must not stay behind)
+        self.settling = {cid: at for cid, at in self.settling.items()
+                         if now < at + SETTLE_SEC and cid not in self.gpu.queue}
 
     def answer_allocations(self, now: float, out: list[Action]) -> None:
         """Answer holders' requests that now have room, lost their lock, or waited too long."""
@@ -455,20 +458,17 @@ class GpuMemory:
                 return True
         return False
 
-    def _swap_candidates(self, exclude: set[int], now: float | None = None) -> list[tuple[ClientInfo, int]]:
+    def _swap_candidates(self, exclude: set[int], settled: bool = False) -> list[tuple[ClientInfo, int]]:
         """Clients without a lock whose resident memory can move and that were not asked in this
         episode: lower classes first; within a class idle ones (largest first), then waiters from
-        the back of the queue. With `now`, not one still settling (SETTLE_SEC) outside the queue."""
+        the back of the queue. With `settled`, not one still settling (SETTLE_SEC, expire())."""
         place = {cid: n for n, cid in enumerate(self.gpu.queue)}
-        if now is not None:
-            self.settling = {cid: at for cid, at in self.settling.items()
-                             if now < at + SETTLE_SEC and cid not in place}
         found = []
         for cid, use in self.usage.items():
             client = self.gpu.clients.get(cid)
             if client is None or use.swappable <= 0 or cid in self.gpu.holders or cid in exclude \
                     or cid in self.swap_asked or cid in self.swap_answered or cid in self.frozen \
-                    or cid in self.prefetching or (now is not None and cid in self.settling):
+                    or cid in self.prefetching or (settled and cid in self.settling):
                 continue
             found.append((client, use.swappable))
         found.sort(key=lambda item: (-item[0].rank, item[0].client_id in place,
@@ -490,7 +490,7 @@ class GpuMemory:
             return []
         requesters = self._requesters()
         exclude = requesters | ({self.withheld} if self.withheld is not None else set())
-        for client, move in _shares(need, self._swap_candidates(exclude, now)):
+        for client, move in _shares(need, self._swap_candidates(exclude, settled=True)):
             self.swap_asked[client.client_id] = _SwapAsk(move, now)
             out.append(Action(SWAP_OUT, client, 0, 0, move))
             need -= move

@@ -55,6 +55,7 @@ def test_a_grant_waits_for_an_allocation_being_made_rather_than_taking_its_room(
     actions = g.tick(SETTLE_SEC)                            # it did not ask for the GPU: asked now
     assert [(a.kind, a.client.client_id, a.bytes) for a in actions] == \
         [("swap_out", 3, 4 * G)]
+    assert g.memory.settling == {}                          # no deadline left behind in the past
     actions, _ = g.mem_update(first, 1.5, 36 * G, 0, 4 * G)
     assert [(a.kind, a.client.client_id) for a in actions] == [(GRANT, 4)]
 
@@ -72,6 +73,7 @@ def test_a_job_that_asks_for_the_gpu_right_after_its_allocation_runs_before_one_
     actions = g.request(first, 0.3)
     assert [(a.kind, a.client.client_id) for a in actions] == [(GRANT, 3)]
     assert list(g.queue) == [4] and g.memory.swap_asked == {}
+    assert g.memory.settling == {} and (g.next_deadline() or 1e9) > 0.3   # it asked: settled
 
 
 def test_a_promise_that_is_never_reported_runs_out():
