@@ -245,9 +245,9 @@ def table(res: dict) -> str:
                 "–" if x is None else f"{x:.3f}" for x in spans) + " | |")
     return "\n".join(lines) + ("\n\nCompute, bursty, mem: time from first step to last over the job's solo "
                                "time (serial: its completion from the arm's start). Probe, serve: latency "
-                               "percentiles, p99 over solo p99. All done / serial: the arm's start to the last "
-                               "step of any job, over the same in the serial arm (the jobs one after the "
-                               "other).\n")
+                               "percentiles, p99 over solo p99. All done / serial: the arm's start to "
+                               "the last step of any job, over the same in the serial arm (the jobs one "
+                               "after the other).\n")
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
@@ -275,7 +275,7 @@ def main() -> int:
     ap.add_argument("--uids", action="store_true", help="job i runs as uid --uid-base + i (root)")
     ap.add_argument("--uid-base", type=int, default=61000)
     ap.add_argument("--hook-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="set for the nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug, NVSHARE_SWAP_PREPIN=1)")
+                    help="for the nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug, NVSHARE_SWAP_PREPIN=1)")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     args = ap.parse_args()
     bad = [m for m in args.mixes.split(",") if m not in MIXES] + \

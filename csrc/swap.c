@@ -546,14 +546,14 @@ static void pop_context(void)
 }
 
 /* ---- host copies pinned ahead (NVSHARE_SWAP_PREPIN) ------------------------------------------------
- * A first swap-out allocates and pins its host copies as it goes, and that is what limits it: 1.6
- * GB/s on the H100 (bench/bench_pinning.py: 16 GiB in 10.7 s), 2.1-2.8 GB/s with pinning threads
- * ahead, 1.4 GB/s into pageable memory (the pages are made as it copies); into copies pinned before,
- * 53 GB/s. Slurm 22.05 freezes a suspended job 2 s after its SIGTSTP, so a job that has never
- * swapped gets 3-4 GiB out before the freeze. With NVSHARE_SWAP_PREPIN=1 a thread pins the host
- * copies of the resident chunks while the job runs, one chunk at a time, within its host memory
- * (the same headroom a swap-out needs, and PINNED_KEEP_HEADROOM_BYTES beyond it), so that a
- * suspension or a switch moves them at bus speed. They cost that much of the job's --mem. */
+ * A first swap-out allocates and pins its host copies as it goes, and that is what limits it: 3.4-5.5
+ * GB/s on the H100 with hostpin.c's huge pages (2.2 GB/s with cuMemHostAlloc), against 50-55 GB/s into
+ * copies pinned before. Slurm 22.05 freezes a suspended job 2 s after its SIGTSTP, so a job that has
+ * never swapped gets 7-11 GiB out before the freeze. With NVSHARE_SWAP_PREPIN=1 a thread pins the
+ * host copies of the resident chunks while the job runs (with =ahead, from the first grant that says
+ * SWAP_AHEAD), one chunk at a time, within its host memory (the same headroom a swap-out needs, and
+ * PINNED_KEEP_HEADROOM_BYTES beyond it), so that a suspension or a switch moves them at bus speed.
+ * They cost that much of the job's --mem. */
 #define PREPIN_IDLE_MS 1000     /* nothing to pin: look again after this */
 #define PREPIN_SHORT_MS 5000    /* no host memory to spare: look again after this */
 

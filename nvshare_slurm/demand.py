@@ -101,7 +101,8 @@ class Demand:
         """A client that takes turns by its own demand goes on taking them until its figures are
         clearly below the lines (TURN_LEAVE): one noisy report does not flip it."""
         f = TURN_LEAVE
-        return self.busy >= f * TURN_BUSY or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC)
+        return self.busy >= f * TURN_BUSY \
+            or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC)
 
     @property
     def bursty(self) -> bool:

@@ -20,8 +20,9 @@ out. An offer counts as memory on its way in until the client says it is done.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol
+from typing import Protocol
 
 from .policytypes import (MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo,
                           GpuSettings, Holder, MemDecision)
