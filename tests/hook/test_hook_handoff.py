@@ -30,7 +30,7 @@ def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, sc
                                                                      tmp_path, procs):
     scheduler = scheduler_factory()
     rows = compute_pair(scheduler, tmp_path, procs, hook_lib, ["burst:5000:120:0"])
-    assert overlaps(rows, GPU0) == [], scheduler.log()[-6000:]
+    assert overlaps(rows, GPU0) == [], scheduler.log()[:4000] + "\n...\n" + scheduler.log()[-3000:]
     gaps = switch_gaps_ms(rows)
     assert len(gaps) >= 4, gaps
     passed = 0
