@@ -185,15 +185,19 @@ class GpuMemory:
                 return client
         return head
 
+    def short_of_room(self, client_id: int) -> int:
+        """What the client's swapped memory lacks of the room its grant would see (<= 0: fits)."""
+        return self.use(client_id).swapped - self.room_for(client_id)
+
     def _fits_now(self, client_id: int) -> bool:
-        return self.use(client_id).swapped <= self.room_for(client_id)
+        return self.short_of_room(client_id) <= 0
 
     def holder_must_move(self) -> int:
         """What the exclusive holder must move out so that the queue head's swapped memory fits."""
         head = self._head()
         if head is None:
             return 0
-        return max(0, self.use(head.client_id).swapped - self.room_for(head.client_id))
+        return max(0, self.short_of_room(head.client_id))
 
     def moved_by_switch(self) -> int:
         """Bytes a switch to the queue head moves: its swapped memory coming back, and what the

@@ -246,7 +246,7 @@ class GpuState:
                    out: list[Action]) -> bool:
         """Grant when the client's swapped memory fits the room, or when nothing more can move.
         Otherwise withhold it (the rest of the pass makes room) and return False."""
-        short = self.memory.use(client.client_id).swapped - self.memory.room_for(client.client_id)
+        short = self.memory.short_of_room(client.client_id)
         if short > 0 and self.memory.room_can_grow({client.client_id}):
             self.memory.withhold(client.client_id, short)
             return False
