@@ -11,7 +11,10 @@
 #            the high job (both --gres=nvshare:1); nvshare-status while the low job is suspended;
 #            `scontrol resume` it when the high job has ended;
 #   plain    the same without nvshare (no nvshare GRES: no hook, the GPU as it is, not
-#            ConstrainDevices): the high job is expected to run out of memory.
+#            ConstrainDevices): the high job is expected to run out of memory;
+#   checkpoint the plain sequence with NVIDIA's checkpoint API (scripts/cuda_checkpoint.py): the
+#            low job's process locked and checkpointed before the suspend, restored and unlocked
+#            after the resume (not in the default arms; not on the fake driver).
 # Measured: suspend -> the high job's first kernel and -> its ballast allocated and filled (and the
 # same from submit in its solo run), its steps/s against solo, the low job's total time against
 # solo plus its suspension, its losses bit for bit against solo.
@@ -23,7 +26,7 @@
 # sequence BENCH_TIMEOUT (default 420; past it the waits fail and result.json is still written).
 # Knobs: BENCH_HOLD_GIB, BENCH_LOW_STEPS (300), BENCH_HIGH_STEPS (150), BENCH_SUSPEND_AFTER (50 steps), BENCH_MODE (concurrent | auto),
 # BENCH_POLL_SEC (suspend_slurm_poll_sec, 0.25: Slurm 22.05 freezes the job 2 s after the suspend,
-# and the memory must be out by then), BENCH_ARMS (solo,nvshare,plain).
+# and the memory must be out by then), BENCH_ARMS (solo,nvshare,plain; also checkpoint).
 # BENCH_FAKE_GPU=1 (a test of the script without a GPU): the fake CUDA driver (tests/c/build) with
 # a 1 GiB device, nvtest in place of the training (an allocation of BENCH_HOLD_GIB, default 0.6,
 # filled, 20 ms kernels, then checked).

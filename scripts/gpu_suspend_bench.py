@@ -9,7 +9,10 @@ starts the cluster and runs this with SLURM_CONF set. Every wait is bounded.
    high job (both `--gres=nvshare:1`); nvshare-status while the low job is suspended; when the high
    job ends, `scontrol resume` the low job and wait for it;
 3. plain: the same sequence without nvshare (no nvshare GRES: no hook, the GPU as it is), where the
-   high job is expected to run out of memory.
+   high job is expected to run out of memory;
+4. checkpoint: the same without nvshare, but NVIDIA's checkpoint API (scripts/cuda_checkpoint.py:
+   lock and checkpoint the training's process just before `scontrol suspend`, restore and unlock it
+   just after `scontrol resume`): the other way to free the GPU, measured in the same run.
 Each job runs tests/gpu/train.py (a transformer plus a ballast of G GiB rewritten every step,
 fixed seed) or, with --fake, tests/c/build/nvtest on the fake driver (an allocation filled, kernels,
 then the allocation checked). Writes OUTDIR/result.json and OUTDIR/table.txt; exit 0 when every
@@ -219,6 +222,10 @@ class Bench:
         self.wait(f"{low_role} trains {self.a.suspend_after} steps",
                   lambda: self.progress(low_role) >= self.a.suspend_after, self.a.wait, 0.1)
         t_suspend = self.clock()
+        if arm == "checkpoint":   # before the freeze: the driver's lock hangs on a frozen process
+            res["checkpoint_pid"] = pid = self.payload_pid(low)
+            res["checkpoint_gpu_mib"] = self.gpu_mib(pid)
+            res["checkpoint_suspend"] = self.cuda_checkpoint("suspend", pid)
         self.scontrol("suspend", str(low))
         high = self.submit(high_role, nvshare)
         res.update(high_job=high, suspended_at=t_suspend,
@@ -248,6 +255,8 @@ class Bench:
         t_resume = self.clock()
         self.scontrol("resume", str(low))
         self.note(f"scontrol resume {low}")
+        if arm == "checkpoint":   # after the thaw: the restore runs on a thread of the process
+            res["checkpoint_resume"] = self.cuda_checkpoint("resume", res["checkpoint_pid"])
         lstate = self.wait_end(low, self.a.wait)
         self.note(f"{low_role} ended {lstate[0]} {lstate[1]}")
         res.update(resumed_at=t_resume, suspended_sec=t_resume - t_suspend,
@@ -258,6 +267,43 @@ class Bench:
             env = slurm_out.read_text(errors="replace") if slurm_out.exists() else ""
             res[f"{role.split('-')[0]}_hooked"] = bool(re.search(r"LD_PRELOAD=\S*libnvshare", env))
         return res
+
+    def payload_pid(self, job: int) -> int:
+        """The pid of the job's training (train.py), from `scontrol listpids`."""
+        def find() -> int:
+            done = self.run("scontrol", "listpids", str(job), timeout=10)
+            for line in done.stdout.splitlines()[1:]:
+                pid = line.split()[0]
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"train.py" in cmd:
+                    return int(pid)
+            return 0
+        return self.wait(f"job {job}'s training process", find, 10, 0.2)
+
+    def gpu_mib(self, pid: int) -> int:
+        """The process's GPU memory as nvidia-smi shows it (MiB; 0 when it does not)."""
+        done = self.run("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+        for line in done.stdout.splitlines():
+            w = [x.strip() for x in line.split(",")]
+            if len(w) == 2 and w[0] == str(pid) and w[1].isdigit():
+                return int(w[1])
+        return 0
+
+    def cuda_checkpoint(self, action: str, pid: int) -> dict:
+        """scripts/cuda_checkpoint.py ACTION PID: NVIDIA's checkpoint API, from outside the job."""
+        done = self.run(self.a.python, str(REPO / "scripts" / "cuda_checkpoint.py"), action, str(pid),
+                        timeout=120)
+        try:
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            out = {"ok": False, "error": (done.stdout + done.stderr)[-400:]}
+        self.note(f"cuda-checkpoint {action} {pid}: {json.dumps(out)}")
+        if not out.get("ok"):
+            raise BenchError(f"cuda-checkpoint {action} {pid} failed: {out}")
+        return out
 
     def cancel_all(self) -> None:
         """After a failed arm: resume what is suspended (a frozen job cannot end), cancel all."""
@@ -312,39 +358,25 @@ def analyse(b: Bench, solo_low: dict, solo_high: dict, arms: dict) -> dict:
     n = arms.get("nvshare")
     n = None if n is None or "error" in n else n
     if n:
-        lo, hi = n["low"], n["high"]
         b.check("nvshare: both jobs ran with the hook", n["low_hooked"] and n["high_hooked"])
         b.check("nvshare: nvshare-status showed the low job suspended",
                 "State=suspended" in n.get("status_low_suspended", ""),
                 " ".join(n.get("status_low_suspended", "").split())[:200])
-        b.check("nvshare: Slurm kept the low job SUSPENDED while the high job ran",
-                n["low_state_while_high_ran"] == "SUSPENDED", n["low_state_while_high_ran"])
-        b.check("nvshare: the high job completed (it got the memory)",
-                n["high_state"] == "COMPLETED" and hi.get("intact"),
-                f"{n['high_state']} {n['high_exit']}, {hi.get('steps')} steps, oom={hi.get('oom')}")
-        b.check("nvshare: the low job completed after resume",
-                n["low_state"] == "COMPLETED" and lo.get("intact"),
-                f"{n['low_state']} {n['low_exit']}, {lo.get('steps')} steps")
-        ok, detail = same_losses(lo, solo_low, fake)
-        b.check("nvshare: the low job's losses are bit-identical to its solo run" if not fake
-                else "nvshare: the low job's data intact, all its kernels ran", ok, detail)
-        ok, detail = same_losses(hi, solo_high, fake)
-        b.check("nvshare: the high job's losses are bit-identical to its solo run" if not fake
-                else "nvshare: the high job's data intact", ok, detail)
-        low_total = lo.get("end", 0) - lo.get("launch", lo.get("first_kernel", 0))
-        # A high job that never reached its first kernel (or its memory) has no such time: None,
-        # and the targets below count it as missed, never as a (negative) time.
-        first, ready = hi.get("first_kernel"), hi.get("ready")
-        num.update(
-            suspend_to_high_first_kernel_s=first - n["suspended_at"] if first else None,
-            suspend_to_high_ready_s=ready - n["suspended_at"] if ready else None,
-            high_steps_per_s=rate(hi),
-            high_speed_vs_solo=rate(hi) / num["solo_high_steps_per_s"] if num["solo_high_steps_per_s"] else 0,
-            suspended_s=n["suspended_sec"], suspended_at_step=n["suspended_at_step"],
-            low_total_s=low_total,
-            low_total_minus_solo_minus_suspended_s=low_total - solo_low_total - n["suspended_sec"])
-        to_ready = num["suspend_to_high_ready_s"]
-        num["suspend_delay_beyond_solo_start_s"] = None if to_ready is None else to_ready - solo_high_ready
+        num.update(arm_numbers(b, "nvshare", n, solo_low, solo_high, num))
+    c = arms.get("checkpoint")
+    c = None if c is None or "error" in c else c
+    if c:
+        b.check("checkpoint: no job had the hook", not c["low_hooked"] and not c["high_hooked"])
+        calls = {x["call"]: x for x in c["checkpoint_suspend"]["calls"] + c["checkpoint_resume"]["calls"]}
+        gib = (c.get("checkpoint_gpu_mib") or a.hold_gib * 1024) / 1024
+        num["checkpoint_gpu_gib"] = gib
+        for name, key in (("Lock", "lock"), ("Checkpoint", "checkpoint"), ("Restore", "restore"),
+                          ("Unlock", "unlock")):
+            num[f"checkpoint_{key}_s"] = calls[f"cuCheckpointProcess{name}"]["seconds"]
+        num["checkpoint_out_GBps"] = gib * (1 << 30) / 1e9 / max(num["checkpoint_checkpoint_s"], 1e-6)
+        num["checkpoint_in_GBps"] = gib * (1 << 30) / 1e9 / max(num["checkpoint_restore_s"], 1e-6)
+        num.update({f"checkpoint_{k}": v for k, v in
+                    arm_numbers(b, "checkpoint", c, solo_low, solo_high, num).items()})
     p = arms.get("plain")
     if p and "error" not in p:
         b.check("plain: no job had the hook", not p["low_hooked"] and not p["high_hooked"])
@@ -357,18 +389,55 @@ def analyse(b: Bench, solo_low: dict, solo_high: dict, arms: dict) -> dict:
         num["plain_high_state"] = f"{p['high_state']} {p['high_exit']}"
         num["plain_high_oom"] = p["high"].get("oom")
     targets = {}
-    if n:
+    for arm, pre in (("nvshare", ""), ("checkpoint", "checkpoint_")):
+        if not arms.get(arm) or "error" in arms[arm]:
+            continue
         limit = 2.0 + copy_s
-        raw = num["suspend_to_high_ready_s"]
-        beyond = num["suspend_delay_beyond_solo_start_s"]
-        targets["high ready within 2 s + copy after the suspend (raw: Slurm's start, torch's import)"] = {
+        raw = num[f"{pre}suspend_to_high_ready_s"]
+        beyond = num[f"{pre}suspend_delay_beyond_solo_start_s"]
+        speed = num[f"{pre}high_speed_vs_solo"]
+        name = f"{arm}: high ready within 2 s + copy after the suspend (raw: Slurm's start, torch's import)"
+        targets[name] = {
             "ok": raw is not None and raw <= limit, "value": raw, "limit": limit}
-        targets["high ready within 2 s + copy beyond its solo submit-to-ready time"] = {
+        targets[f"{arm}: high ready within 2 s + copy beyond its solo submit-to-ready time"] = {
             "ok": beyond is not None and beyond <= limit, "value": beyond, "limit": limit}
-        targets["high job at solo speed (>= 0.95)"] = {
-            "ok": num["high_speed_vs_solo"] >= 0.95, "value": num["high_speed_vs_solo"], "limit": 0.95}
+        targets[f"{arm}: high job at solo speed (>= 0.95)"] = {"ok": speed >= 0.95, "value": speed,
+                                                               "limit": 0.95}
     return {"numbers": {k: round(v, 4) if isinstance(v, float) else v for k, v in num.items()},
             "targets": targets}
+
+
+def arm_numbers(b: Bench, name: str, arm: dict, solo_low: dict, solo_high: dict, solo: dict) -> dict:
+    """The checks and numbers an arm where the high job should get the memory shares (nvshare,
+    and cuda-checkpoint's)."""
+    lo, hi, fake = arm["low"], arm["high"], b.a.fake
+    b.check(f"{name}: Slurm kept the low job SUSPENDED while the high job ran",
+            arm["low_state_while_high_ran"] == "SUSPENDED", arm["low_state_while_high_ran"])
+    b.check(f"{name}: the high job completed (it got the memory)",
+            arm["high_state"] == "COMPLETED" and hi.get("intact"),
+            f"{arm['high_state']} {arm['high_exit']}, {hi.get('steps')} steps, oom={hi.get('oom')}")
+    b.check(f"{name}: the low job completed after resume",
+            arm["low_state"] == "COMPLETED" and lo.get("intact"),
+            f"{arm['low_state']} {arm['low_exit']}, {lo.get('steps')} steps")
+    ok, detail = same_losses(lo, solo_low, fake)
+    b.check(f"{name}: the low job's losses are bit-identical to its solo run" if not fake
+            else f"{name}: the low job's data intact, all its kernels ran", ok, detail)
+    ok, detail = same_losses(hi, solo_high, fake)
+    b.check(f"{name}: the high job's losses are bit-identical to its solo run" if not fake
+            else f"{name}: the high job's data intact", ok, detail)
+    low_total = lo.get("end", 0) - lo.get("launch", lo.get("first_kernel", 0))
+    # A high job that never reached its first kernel (or its memory) has no such time: None, and
+    # the targets count it as missed, never as a (negative) time.
+    first, ready = hi.get("first_kernel"), hi.get("ready")
+    to_ready = ready - arm["suspended_at"] if ready else None
+    return dict(
+        suspend_to_high_first_kernel_s=first - arm["suspended_at"] if first else None,
+        suspend_to_high_ready_s=to_ready, high_steps_per_s=rate(hi),
+        high_speed_vs_solo=rate(hi) / solo["solo_high_steps_per_s"] if solo["solo_high_steps_per_s"] else 0,
+        suspended_s=arm["suspended_sec"], suspended_at_step=arm["suspended_at_step"], low_total_s=low_total,
+        low_total_minus_solo_minus_suspended_s=low_total - solo["solo_low_total_s"] - arm["suspended_sec"],
+        suspend_delay_beyond_solo_start_s=None if to_ready is None
+        else to_ready - solo["solo_high_submit_to_ready_s"])
 
 
 def table(summary: dict, fake: bool) -> str:
@@ -387,6 +456,19 @@ def table(summary: dict, fake: bool) -> str:
             ("low suspended (s)", n.get("suspended_s")),
             ("low total (s)", n.get("low_total_s")),
             ("low total - solo - suspended (s)", n.get("low_total_minus_solo_minus_suspended_s")),
+            ("cuda-checkpoint: GPU memory of the low job (GiB)", n.get("checkpoint_gpu_gib")),
+            ("cuda-checkpoint: lock / checkpoint (s)", f"{n['checkpoint_lock_s']:.3f} / "
+             f"{n['checkpoint_checkpoint_s']:.3f} ({n['checkpoint_out_GBps']:.1f} GB/s)"
+             if "checkpoint_lock_s" in n else None),
+            ("cuda-checkpoint: restore / unlock (s)", f"{n['checkpoint_restore_s']:.3f} / "
+             f"{n['checkpoint_unlock_s']:.3f} ({n['checkpoint_in_GBps']:.1f} GB/s)"
+             if "checkpoint_restore_s" in n else None),
+            ("cuda-checkpoint: suspend -> high first kernel (s)",
+             n.get("checkpoint_suspend_to_high_first_kernel_s")),
+            ("cuda-checkpoint: suspend -> high ready (s)", n.get("checkpoint_suspend_to_high_ready_s")),
+            ("cuda-checkpoint: high speed vs solo", n.get("checkpoint_high_speed_vs_solo")),
+            ("cuda-checkpoint: low total - solo - suspended (s)",
+             n.get("checkpoint_low_total_minus_solo_minus_suspended_s")),
             ("plain (no nvshare): high job", n.get("plain_high_state")),
             ("plain: high ran out of memory", n.get("plain_high_oom"))]
     lines = [f"{k:<45} {v:.3f}" if isinstance(v, float) else f"{k:<45} {v}" for k, v in rows if v is not None]
@@ -414,6 +496,8 @@ def main() -> int:
     ap.add_argument("--fake", action="store_true")
     ap.add_argument("--fake-gpu-mib", type=int, default=1024)
     args = ap.parse_args()
+    if args.fake and "checkpoint" in args.arms.split(","):
+        ap.error("the checkpoint arm needs NVIDIA's driver: the fake driver has no checkpoint API")
     b = Bench(args)
     arms: dict = {}
     solo_low = solo_high = None
@@ -425,7 +509,7 @@ def main() -> int:
         error = str(exc)
         b.note(f"stopped: {error}")
     solo_failed = bool(error)
-    for arm in ("nvshare", "plain"):
+    for arm in ("nvshare", "plain", "checkpoint"):
         if solo_failed or arm not in args.arms.split(","):
             continue
         try:
