@@ -8,6 +8,8 @@ Every job is tests/gpu/burst.c (bench_family.py's program, built into bench/buil
   serve     requests arriving open-loop at exponential intervals (mean 30 ms, seeded), 3 ms of GPU
             work each, latency from arrival to result (burst --poisson-ms), a time window
 Mixes:
+  serve2    compute, serve (issue 27's serving beside a training: serve p99 <= 1.5 x alone, the
+            training >= 0.95 of what it gets co-located)
   mix3      compute, bursty, probe
   mix4      compute, compute, bursty, serve
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
@@ -55,7 +57,8 @@ KINDS = {   # kind: (gpu ms per step, host ms, timed: a window of seconds rather
     "compute": (20.0, 0.0, False), "bursty": (28.0, 43.0, False), "mem": (20.0, 0.0, False),
     "probe": (1.0, 100.0, True), "serve": (3.0, 0.0, True)}
 SERVE_MEAN_MS = 30.0
-MIXES = {"mix3": ["compute", "bursty", "probe"],
+MIXES = {"serve2": ["compute", "serve"],
+         "mix3": ["compute", "bursty", "probe"],
          "mix4": ["compute", "compute", "bursty", "serve"],
          "mix4-mem": ["compute", "bursty", "mem", "mem", "probe"],
          "mix8": ["compute", "compute", "compute", "bursty", "bursty", "serve", "probe", "probe"],

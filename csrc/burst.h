@@ -5,6 +5,7 @@
 #ifndef NVSHARE_BURST_H
 #define NVSHARE_BURST_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "gpus.h"
@@ -15,15 +16,32 @@ struct nvshare_burst_page {
     _Atomic uint32_t seq;         /* futex word: bumped at every burst's end */
     _Atomic uint32_t waiters;     /* a hint: jobs waiting on seq */
     uint32_t pad;
+    _Atomic uint64_t prompt_until;  /* a prompt burst (a request, a command) runs until about this
+                                       CLOCK_MONOTONIC time: the others launch nothing new; 0: none */
+    _Atomic uint32_t prompt_seq;    /* futex word: bumped when a prompt burst ends */
+    _Atomic uint32_t prompt_waiters;  /* a hint: jobs waiting on prompt_seq */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
-/* Bursts take turns from now on (a shared grant), when the page has come; off: they do not. */
-void nvshare_burst_arm(struct nvshare_gpu *g, int on);
+/* A grant's part: bursts take turns from now on (a shared grant, BURSTS), and this job waits out
+ * the prompt bursts of co-runners (BURSTS or YIELD), when the page has come; off: neither. */
+void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields);
 void nvshare_burst_begin(struct nvshare_gpu *g);
 void nvshare_burst_end(struct nvshare_gpu *g);
-/* The mean length of this process's bursts on g (demand.c measures it): how long to wait for others. */
-void nvshare_burst_note_mean(struct nvshare_gpu *g, uint64_t mean_ns);
+/* This process's mean burst on g and its busy share (demand.c measures them): how long to wait
+ * for others, and whether its own bursts are prompt. */
+void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm);
 void nvshare_burst_after_fork(void);
+
+/* Called where work enters the gate: wait while a co-runner's prompt burst runs (bounded). */
+void nvshare_burst_yield(struct nvshare_gpu *g);
+static inline void nvshare_burst_yield_point(struct nvshare_gpu *g)
+{
+    if (!atomic_load_explicit(&g->burst.yields, memory_order_relaxed))
+        return;
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    if (p && atomic_load_explicit(&p->prompt_until, memory_order_relaxed))
+        nvshare_burst_yield(g);
+}
 
 #endif

@@ -238,6 +238,7 @@ void nvshare_read_settings(void)
     nvshare_cfg.swap_prepin = !prepin || !*prepin ? 0
                               : !strcasecmp(prepin, "ahead") ? NVSHARE_PREPIN_AHEAD : on_off("NVSHARE_SWAP_PREPIN");
     nvshare_cfg.alloc_budget = on_off("NVSHARE_ALLOC_BUDGET");
+    nvshare_cfg.prompt_bursts = on_off("NVSHARE_PROMPT_BURSTS");
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

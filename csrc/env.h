@@ -26,6 +26,8 @@ struct nvshare_settings {
                                   * 0 (off, unset) never, NVSHARE_PREPIN_AHEAD (ahead): once a grant says
                                   * SWAP_AHEAD */
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
+    int prompt_bursts;           /* NVSHARE_PROMPT_BURSTS: this job's short, rare bursts may be prompt ones
+                                  * (burst.c): the others launch nothing new while one runs (default on) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

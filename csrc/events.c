@@ -65,7 +65,7 @@ static void gpu_event(uint16_t type, const struct nvshare_gpu_event *ev, int fd)
         return;
     }
     switch (type) {
-    case NVSHARE_MSG_LOCK_GRANT: nvshare_gate_on_grant(g, ev->flags, ev->switch_ms); break;
+    case NVSHARE_MSG_LOCK_GRANT: nvshare_gate_on_grant(g, ev->flags, ev->switch_ms, ev->bytes); break;
     case NVSHARE_MSG_LOCK_CONTENDED: nvshare_gate_on_contended(g, ev->bytes); break;
     case NVSHARE_MSG_DROP_LOCK: nvshare_gate_on_drop(g, ev->switch_ms, ev->bytes); break;
     case NVSHARE_MSG_PREPARE_SWAP_OUT: nvshare_gate_on_prepare_swap_out(g, ev->bytes); break;

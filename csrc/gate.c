@@ -85,8 +85,9 @@ static void open_gate(struct nvshare_gpu *g);
 static void ensure_keeper(struct nvshare_gpu *g);
 
 /* With g->gate.mu held: this process holds the lock from now on, by grant or by hand-over (the gate
- * opens after). bursts: co-running with the other holders, bursts taking turns (shared page). */
-static void hold_lock(struct nvshare_gpu *g, int bursts)
+ * opens after). bursts: co-running with the other holders, bursts taking turns (shared page);
+ * yields: waiting out co-runners' prompt bursts (burst.c). */
+static void hold_lock(struct nvshare_gpu *g, int bursts, int yields)
 {
     ensure_keeper(g);
     atomic_store(&g->mode, GPU_GATED);
@@ -95,7 +96,7 @@ static void hold_lock(struct nvshare_gpu *g, int bursts)
     g->gate.drop_pending = 0;
     g->gate.granted_ns = nvshare_now_ns();
     g->gate.no_room_until = 0;
-    nvshare_burst_arm(g, bursts);
+    nvshare_burst_arm(g, bursts, yields);
 }
 
 /* With g->gate.mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
@@ -107,7 +108,7 @@ static void handoff_take(struct nvshare_gpu *g)
     if (g->gate.held || !g->gate.requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->gate.swap_busy ||
         !nvshare_outbox_connected())
         return;
-    hold_lock(g, 0);   /* g->gate.requested stays: the grant that follows answers the request */
+    hold_lock(g, 0, 0);   /* g->gate.requested stays: the grant that follows answers the request */
     open_gate(g);
     nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
 }
@@ -450,7 +451,7 @@ static void release_lock(struct nvshare_gpu *g, uint32_t how)
         handoff_signal(g);   /* after moving memory out, if it had to */
         g->gate.held = 0;
         atomic_store(&g->gate.open, 0);
-        nvshare_burst_arm(g, 0);
+        nvshare_burst_arm(g, 0, 0);
         nvshare_burst_end(g);
         g->gate.last_release_ns = nvshare_now_ns();
         g->gate.last_release_idle = how == NVSHARE_RELEASE_IDLE;
@@ -646,11 +647,22 @@ static void ensure_keeper(struct nvshare_gpu *g)
 }
 
 /* ---- daemon messages (client thread) -------------------------------------------------------- */
-void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms)
+void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms, uint64_t bytes)
 {
     pthread_mutex_lock(&g->gate.mu);
+    int bursts = (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS);
+    int yields = !!(flags & NVSHARE_GRANT_YIELD);
+    if (g->gate.held && !g->gate.requested && !g->gate.drop_pending) {
+        /* The grant of a lock held: only what it says of bursts and prompt ones changed. Its turn,
+         * and a LOCK_CONTENDED it had, go on (the daemon counts them). */
+        nvshare_burst_arm(g, bursts, yields);
+        pthread_mutex_unlock(&g->gate.mu);
+        nvshare_debug("gpu %s: lock granted again (%s%s)", g->uuid, bursts ? "bursts take turns" : "own bursts",
+                      atomic_load(&g->burst.yields) ? ", waits out prompt bursts" : "");
+        return;
+    }
     /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
-    hold_lock(g, (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS));
+    hold_lock(g, bursts, yields);
     g->gate.requested = 0;
     handoff_forget(g);
     /* A PREPARE_SWAP_OUT not yet done, or being done, is overtaken by the grant: moving memory
@@ -664,10 +676,11 @@ void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switc
     if (unanswered_ask)
         nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
     if (flags & NVSHARE_GRANT_SWAP_AHEAD)
-        nvshare_swap_pin_ahead(g);
-    nvshare_debug("gpu %s: lock granted (%s, switch interval %u ms)", g->uuid,
+        nvshare_swap_pin_ahead(g, bytes);
+    nvshare_debug("gpu %s: lock granted (%s%s, switch interval %u ms)", g->uuid,
                   !(flags & NVSHARE_GRANT_SHARED) ? "exclusive"
-                  : atomic_load(&g->burst.armed) ? "shared, bursts take turns" : "shared", switch_ms);
+                  : atomic_load(&g->burst.armed) ? "shared, bursts take turns" : "shared",
+                  atomic_load(&g->burst.yields) ? ", waits out prompt bursts" : "", switch_ms);
 }
 
 static void want_out(struct nvshare_gpu *g, uint64_t bytes)
@@ -810,7 +823,7 @@ void nvshare_gate_on_connection_change(int connected)
             g->gate.swap_in_pending = 0;
             g->gate.swap_out_bytes = 0;
             atomic_store(&g->gate.open, 0);
-            nvshare_burst_arm(g, 0);
+            nvshare_burst_arm(g, 0, 0);
             nvshare_burst_end(g);
             handoff_forget(g);
             close_fd(&g->gate.handoff_out_fd);

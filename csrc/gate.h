@@ -37,6 +37,8 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
         !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed) &&
         !atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
         nvshare_burst_begin(g);
+    if (!atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+        nvshare_burst_yield_point(g);
     for (;;) {
         atomic_fetch_add(&g->gate.inside, 1);
         if (atomic_load(&g->gate.open) && !atomic_load(&g->gate.closing)) {
@@ -89,7 +91,8 @@ void nvshare_gate_note_demand(struct nvshare_gpu *g, uint64_t idle_since_ns, uin
 void nvshare_gate_pass_through(struct nvshare_gpu *g);
 
 /* Events from the daemon (events.c). */
-void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms);
+/* bytes: with SWAP_AHEAD, what of this job's memory the GPU lacks room for (pinned ahead). */
+void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switch_ms, uint64_t bytes);
 void nvshare_gate_on_contended(struct nvshare_gpu *g, uint64_t bytes);
 void nvshare_gate_on_drop(struct nvshare_gpu *g, uint32_t reason, uint64_t bytes);
 void nvshare_gate_on_prepare_swap_out(struct nvshare_gpu *g, uint64_t bytes);

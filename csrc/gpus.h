@@ -86,8 +86,16 @@ struct nvshare_burst_state {
     atomic_int owner;             /* ... and owns the page */
     atomic_int waiting;           /* threads waiting for another job's burst to end */
     _Atomic uint64_t mean_ns;     /* this process's mean burst (demand.c measures it) */
+    atomic_uint busy_ppm;         /* ... and its busy share */
     int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
+    /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
+    atomic_int yields;            /* wait out others' prompt bursts (a grant's BURSTS or YIELD) */
+    atomic_int prompting;         /* the burst under way is prompt: prompt_mine is on the page */
+    _Atomic uint64_t prompt_mine; /* the prompt_until this process wrote */
+    _Atomic uint64_t yield_window_ns;    /* the start of the second whose waits are counted */
+    _Atomic uint64_t yielded_ns;         /* waited for prompt bursts in that second */
+    _Atomic uint64_t yield_ignore_until; /* waited a budget's worth: ignore prompt bursts till then */
 };
 
 /* memory.c's, under memory.c's mutex: what this process allocated here. */
@@ -111,6 +119,7 @@ struct nvshare_swap_state {
     atomic_int peer_access;       /* another GPU's context may reach this one's memory: never swapped */
     atomic_int abort;             /* a grant came during a PREPARE_SWAP_OUT swap, or RESUMED: stop moving out */
     int prepin_running;           /* NVSHARE_SWAP_PREPIN: the thread that pins host copies ahead runs */
+    _Atomic uint64_t prepin_target;  /* ... pinning the newest chunks' copies up to this many bytes */
     size_t granularity;
     int fd_export;                /* chunks are made exportable as file descriptors (CUDA IPC) */
     int rdma;                     /* the GPU takes GPUDirect RDMA on VMM memory: ask for it, as cuMemAlloc has it */

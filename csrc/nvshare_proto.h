@@ -93,6 +93,9 @@ enum nvshare_status {
 #define NVSHARE_GRANT_SWAP_AHEAD 4  /* exclusive turns with swap (the memory does not fit): this job's memory is
                                        likely asked out at its turn's end: with NVSHARE_SWAP_PREPIN=ahead its hook
                                        starts pinning the host copies then */
+#define NVSHARE_GRANT_YIELD 8       /* a turn holder beside co-runners (auto_share adaptive, burst_turns): launch
+                                       nothing new while a co-runner's prompt burst runs (the burst page, which
+                                       came before; BURSTS implies it) */
 /* nvshare_gpu_event.flags in LOCK_RELEASED */
 #define NVSHARE_RELEASE_DROPPED 0   /* answer to DROP_LOCK */
 #define NVSHARE_RELEASE_IDLE 1      /* given back early: no work in flight while others wait */

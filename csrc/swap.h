@@ -28,7 +28,7 @@ void nvshare_swap_unlock(struct nvshare_gpu *g);
 void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
 /* A grant said NVSHARE_GRANT_SWAP_AHEAD: with NVSHARE_SWAP_PREPIN unset, start pinning the host copies
  * ahead (any thread; returns at once). */
-void nvshare_swap_pin_ahead(struct nvshare_gpu *g);
+void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes);
 /* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
  * (UINT64_MAX: all) to host memory; returns the bytes moved. The counters follow each chunk (at
  * most 256 MiB), and progress(g), when given, is called after each chunk but the last, so that the

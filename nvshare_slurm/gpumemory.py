@@ -142,6 +142,13 @@ class GpuMemory:
         """Do all clients' memory (resident, swapped out, about to be allocated) fit together?"""
         return self.sum_allocated + self.sum_swapped + self.wanted() <= self.usable
 
+    def overcommit(self, client_id: int) -> int:
+        """What of this client's memory the GPU lacks room for beside everyone else's: the bytes its
+        turn's end is likely to move out (a SWAP_AHEAD grant's, pinned ahead)."""
+        u = self.use(client_id)
+        over = self.sum_allocated + self.sum_swapped + self.wanted() - self.usable
+        return max(0, min(u.allocated + u.swapped, over))
+
     def room(self) -> int:
         """Usable memory that nobody holds resident or is about to: holders bring their swapped
         memory back at their grant (unless dropped meanwhile), and waiting or promised

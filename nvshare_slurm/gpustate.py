@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .corunners import regrant, yields_beside
 from .demand import Demand, GpuDemand
 from .gpulock import GpuLock
 from .gpumemory import GpuMemory, MemUsage
@@ -133,7 +134,7 @@ class GpuState:
             if holder.drop_at is None:   # it lost track of its grant: say it again
                 return [Action(GRANT, client, C.NVSHARE_GRANT_SHARED if holder.shared
                                else C.NVSHARE_GRANT_EXCLUSIVE, self._switch_ms(),
-                               bursts=holder.bursts)]
+                               bursts=holder.bursts, yields=holder.yields)]
             return []
         self.lock.enqueue(client, now)
         self.demand.requested(cid)
@@ -234,13 +235,17 @@ class GpuState:
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0, bursts: bool = False) -> None:
         bursts = bursts and shared and self.settings.burst_turns
+        yields = not bursts and self.settings.burst_turns and yields_beside(self.holders, client.client_id)
         self.lock.add_holder(client, now, shared, bursts)
+        self.holders[client.client_id].yields = yields
         self.memory.granted(client.client_id)
         self.loans.granted(client.client_id, not shared, now, self.switch_interval())
         self.contention_since = None
         # Turns with swap: its memory is likely asked out at the end of this turn (SWAP_AHEAD).
         flags = C.NVSHARE_GRANT_SHARED if shared else 0 if self.memory.fits() else C.NVSHARE_GRANT_SWAP_AHEAD
-        out.append(Action(GRANT, client, flags, self._switch_ms(), no_room, bursts=bursts))
+        ahead = self.memory.overcommit(client.client_id) if flags == C.NVSHARE_GRANT_SWAP_AHEAD else 0
+        out.append(Action(GRANT, client, flags, self._switch_ms(), no_room, bursts=bursts, yields=yields,
+                          ahead=ahead))
 
     def _try_grant(self, client: ClientInfo, now: float, shared: bool,
                    out: list[Action]) -> bool:
@@ -473,20 +478,8 @@ class GpuState:
             self._pass_turn(holder, self.queue[rivals[0]][0], now, out)
 
     def _regrant_co_runners(self, takers: set[int], out: list[Action]) -> None:
-        """The co-runners (holders that are not turn-takers) take turns burst by burst; the
-        turn-takers do not (a compute-bound job's bursts never end: a light client beside it would
-        wait for them). A holder whose grant says otherwise hears it again with the right flags: one
-        granted while it had not reported yet, one that turned busy or light, one that holds an
-        exclusive grant from turns that are over. Its hook just re-arms."""
-        if not self.settings.burst_turns:
-            return
-        for cid, holder in self.holders.items():
-            bursts = cid not in takers
-            if holder.drop_at is not None or holder.bursts == bursts or (not holder.shared and not bursts):
-                continue
-            holder.shared, holder.bursts = True, bursts
-            out.append(Action(GRANT, holder.client, C.NVSHARE_GRANT_SHARED, self._switch_ms(),
-                              bursts=bursts))
+        if self.settings.burst_turns:     # corunners.py: BURSTS for co-runners, YIELD beside them
+            regrant(self.holders, takers, self._switch_ms(), out)
 
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         holders = turn_holders(self, now, out)      # adaptive: who gains nothing by turns co-runs

@@ -100,6 +100,9 @@ class Action:
     reply: MemDecision | None = None   # MEM_REPLY
     token: int = 0            # MEM_REPLY: the seq of the request it answers
     bursts: bool = False      # GRANT, shared: co-runners take turns burst by burst (burst_turns)
+    yields: bool = False      # GRANT to a turn holder beside such co-runners: it waits out their
+    #                           prompt bursts (GRANT_YIELD, with the burst page)
+    ahead: int = 0            # GRANT with SWAP_AHEAD: its memory the GPU lacks room for (pinned ahead)
     source: ClientInfo | None = None   # HANDOFF: the holder whose turn ends (told before its DROP)
 
 
@@ -110,6 +113,7 @@ class Holder:
     since: float
     shared: bool
     bursts: bool = False              # shared, and its bursts take turns with the other co-runners'
+    yields: bool = False              # a turn holder told to wait out the co-runners' prompt bursts
     contended: bool = False
     drop_at: float | None = None      # when DROP_LOCK was sent
     drop_reason: int = 0

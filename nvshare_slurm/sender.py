@@ -47,14 +47,18 @@ class ActionSender:
             where = f"gpu {gpu.uuid}: {action.client.label()}"
             if action.kind == GRANT:
                 flags = action.flags
-                if conn is not None and action.bursts and self._give_burst_page(conn, gpu.uuid):
-                    flags |= C.NVSHARE_GRANT_BURSTS
+                if conn is not None and (action.bursts or action.yields) \
+                        and self._give_burst_page(conn, gpu.uuid):
+                    flags |= (C.NVSHARE_GRANT_BURSTS if action.bursts else 0) \
+                        | (C.NVSHARE_GRANT_YIELD if action.yields else 0)
                 if conn is not None:
                     conn.send(C.NVSHARE_MSG_LOCK_GRANT, {"gpu_uuid": gpu.uuid,
                                                          "flags": flags,
-                                                         "switch_ms": action.value})
-                kind = "exclusive" if action.flags == C.NVSHARE_GRANT_EXCLUSIVE else \
-                    "shared, bursts take turns" if flags & C.NVSHARE_GRANT_BURSTS else "shared"
+                                                         "switch_ms": action.value,
+                                                         "bytes": action.ahead})
+                kind = ("exclusive" if not action.flags & C.NVSHARE_GRANT_SHARED else
+                        "shared, bursts take turns" if flags & C.NVSHARE_GRANT_BURSTS else "shared") \
+                    + (", waits out prompt bursts" if flags & C.NVSHARE_GRANT_YIELD else "")
                 self.logger.debug(f"{where}: lock granted ({kind})")
                 if action.bytes:
                     self.core.warnings.warn(

@@ -169,5 +169,5 @@ def test_a_job_that_holds_the_page_forever_costs_a_co_runner_little(hook_lib, sc
     alone = steps * (burst_ms + pause_ms) / 1000
     print(f"{took:.2f} s for {alone:.2f} s alone")
     assert took <= 1.25 * alone, (took, alone)
-    assert "lock granted (shared, bursts take turns" in proc.stderr_text, proc.stderr_text[-2000:]
+    assert "bursts take turns" in proc.stderr_text, proc.stderr_text[-2000:]   # granted, or again
     assert "waited in vain" in proc.stderr_text, proc.stderr_text[-2000:]

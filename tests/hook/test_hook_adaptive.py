@@ -79,7 +79,7 @@ def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, sche
     assert max(spans) / min(spans) <= 1.15, spans
     assert makespan <= 1.10 * needed, (makespan, needed)
     for proc in procs:
-        assert "lock granted (shared, bursts take turns" in proc.stderr_text, proc.stderr_text[-2000:]
+        assert "bursts take turns" in proc.stderr_text, proc.stderr_text[-2000:]   # granted, or again
     status = next(g for g in scheduler.client().status()["gpus"] if g["uuid"] == GPU0)
     assert status["sharing"] == "corun"
 

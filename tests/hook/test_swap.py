@@ -150,9 +150,35 @@ def test_with_prepin_ahead_a_job_pins_its_host_copies_once_turns_need_swap(hook_
     for out, p in zip(outs, procs, strict=True):
         assert "pattern ok rounds=4" in out, out + p.stderr_text
     for p in procs[:2]:
-        assert "turns with swap: host copies pinned ahead" in p.stderr_text, p.stderr_text[-3000:]
+        assert "turns with swap: the newest" in p.stderr_text, p.stderr_text[-3000:]
         assert "of host copies pinned ahead" in p.stderr_text, p.stderr_text[-3000:]
     assert "pinned ahead" not in procs[2].stderr_text
+    assert overlaps(read_trace(trace), GPU0) == []
+
+
+def test_prepin_ahead_pins_only_what_the_gpu_lacks_room_for(hook_lib, small_gpu, tmp_path, procs):
+    """Two jobs of 600 MiB on 972.8 MiB: the GPU lacks room for 227 MiB of either beside the other,
+    so a SWAP_AHEAD grant says that much and each hook pins its newest chunks up to it (88 + 256
+    MiB: the chunks a swap-out moves first), not all 600 MiB. Pinning all of it, two 45 GiB jobs on
+    the H100 pinned 90 GiB of host memory, and the first one's exit slowed the other's last swap-in
+    from 0.3 s to 4 s."""
+    sched = small_gpu()
+    trace = tmp_path / "trace"
+    jobs = [Job(sched, 331 + i, trace, gpu_index=[0], **sched.fake_env, NVSHARE_SWAP_PREPIN="ahead")
+            for i in range(2)]
+    actions = ["init", "ctx:0", f"pattern:{JOB_BYTES}:6:50000", "freeall"]
+    for job in jobs:
+        procs.append(start_nvtest(hook_lib, actions, job.env))
+        time.sleep(0.5)
+    outs = [finish(p, timeout=180) for p in procs]
+    for out, p in zip(outs, procs, strict=True):
+        assert "pattern ok rounds=6" in out, out + p.stderr_text
+    logs = "".join(p.stderr_text for p in procs)
+    told = [float(m) for m in re.findall(r"the newest ([\d.]+) MiB of host copies pinned ahead", logs)]
+    pinned = [float(m) for m in re.findall(r"([\d.]+) MiB of host copies pinned ahead\n", logs)]
+    assert told and all(220 < t < 235 for t in told), told
+    assert pinned and max(pinned) == 344.0, pinned     # one pass pinned 88 + 256 MiB, the next 256
+    assert sum(pinned) < 2 * 600, pinned               # never all of both jobs' memory
     assert overlaps(read_trace(trace), GPU0) == []
 
 

@@ -36,6 +36,11 @@ def grants(actions):
     return [(a.client.client_id, a.flags) for a in actions if a.kind == GRANT]
 
 
+def told_to_yield(actions):
+    """The holders whose grant says YIELD: they wait out the co-runners' prompt bursts."""
+    return [a.client.client_id for a in actions if a.kind == GRANT and a.yields]
+
+
 def kinds(actions):
     return [(a.kind, a.client.client_id) for a in actions]
 
@@ -58,7 +63,8 @@ def test_an_interactive_client_beside_a_busy_holder_is_granted_at_once():
     assert grants(g.request(batch, 0.0)) == [(1, SHARED)]    # alone: nothing to take turns with
     g.report_demand(step, LIGHT, 0.5)
     actions = g.request(step, 1.0)
-    assert grants(actions) == [(2, SHARED)]                  # no wait for the batch job's turn
+    assert grants(actions) == [(2, SHARED), (1, SHARED)]     # no wait for the batch job's turn,
+    assert told_to_yield(actions) == [1]                     # which waits out its prompt bursts
     assert not [a for a in actions if a.kind in (DROP, CONTENDED)]   # the batch job runs on
     assert g.next_deadline() is None
     assert g.status(1.0, [], [])["sharing"] == "corun"
@@ -74,7 +80,9 @@ def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
     assert grants(g.request(a, 0.0)) == [(1, EXCLUSIVE)]     # b is busy too, between turns
     actions = g.request(b, 0.1)                              # b asks: a's turn is contended
     assert grants(actions) == [] and (CONTENDED, 1) in kinds(actions)
-    assert grants(g.request(light, 0.12)) == [(3, SHARED)]   # the light one never waits
+    actions = g.request(light, 0.12)
+    assert grants(actions) == [(3, SHARED), (1, EXCLUSIVE)]  # the light one never waits,
+    assert told_to_yield(actions) == [1]                     # the turn holder yields to it
     status = g.status(0.12, [], [])
     assert status["sharing"] == "turns"
     assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
@@ -92,9 +100,11 @@ def test_a_co_runner_that_becomes_busy_gets_its_turn_after_the_current_one():
     g.report_demand(a, BUSY, 0.0)
     g.report_demand(b, LIGHT, 0.0)
     g.request(a, 0.0)
-    assert grants(g.request(b, 0.0)) == [(2, SHARED)]
+    actions = g.request(b, 0.0)
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
     actions = g.report_demand(b, BUSY, 2.0)                  # started training from the REPL
-    assert kinds(actions) == [(DROP, 2)]                     # the newer busy one gives way
+    assert kinds(actions) == [(DROP, 2), (GRANT, 1)]         # the newer busy one gives way; the
+    assert told_to_yield(actions) == []                      # holder no longer yields to it
     assert grants(g.release(2, 2.01)) == []
     assert grants(g.request(b, 2.02)) == [] and 2 in g.queue
     assert kinds(g.tick(g.next_deadline())) == [(HANDOFF, 2), (DROP, 1)]   # then b's turn
@@ -106,7 +116,8 @@ def test_a_waiter_whose_demand_turns_light_is_granted_at_once():
     g.request(a, 0.0)                                        # no reports yet: both take turns
     g.request(b, 0.0)
     assert 2 in g.queue
-    assert grants(g.report_demand(b, LIGHT, 0.01)) == [(2, SHARED)]
+    actions = g.report_demand(b, LIGHT, 0.01)
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
 
 
 @pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True), (SHORT_BURSTS, False),
@@ -153,7 +164,8 @@ def test_bursty_co_runners_take_turns_burst_by_burst_instead_of_the_lock():
 
 def test_only_adaptive_co_runners_take_turns_by_burst():
     """Exclusive turns need no page (the lock is theirs); a light client beside them co-runs
-    with it. auto_share corun and burst_turns off keep plain co-running."""
+    with it, and the turn holder then hears its grant again, YIELD (prompt bursts: the page comes
+    with it). auto_share corun and burst_turns off keep plain co-running."""
     g = gpu()
     a, b, light = client(1), client(2), client(3)
     for c in (a, b):
@@ -162,7 +174,9 @@ def test_only_adaptive_co_runners_take_turns_by_burst():
     first = g.request(a, 0.0)
     assert [(x.flags, x.bursts) for x in first if x.kind == GRANT] == [(EXCLUSIVE, False)]
     g.request(b, 0.0)
-    assert [(x.flags, x.bursts) for x in g.request(light, 0.0) if x.kind == GRANT] == [(SHARED, True)]
+    actions = g.request(light, 0.0)
+    assert [(x.flags, x.bursts, x.yields) for x in actions if x.kind == GRANT] == \
+        [(SHARED, True, False), (EXCLUSIVE, False, True)]
     for other in (gpu(auto_share="corun"), gpu_lock_turns()):
         other.report_demand(light, LIGHT, 0.0)
         assert [(x.flags, x.bursts) for x in other.request(light, 0.0)] == [(SHARED, False)]

@@ -183,7 +183,8 @@ def test_a_bursty_client_beside_two_heavy_ones_co_runs_at_once():
     g.request(a, 0.0)
     g.request(b, 0.0)
     actions = g.request(x, 0.01)
-    assert [(y.kind, y.client.client_id, y.flags, y.bursts) for y in actions] == [(GRANT, 3, SHARED, True)]
+    assert [(y.kind, y.client.client_id, y.flags, y.bursts, y.yields) for y in actions] == \
+        [(GRANT, 3, SHARED, True, False), (GRANT, 1, EXCLUSIVE, False, True)]   # the holder yields
     assert not g.takes_turns(3) and g.takes_turns(1) and g.takes_turns(2)
     assert g.status(0.01, [], [])["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
 

@@ -39,6 +39,11 @@ def grants(actions):
     return [(a.client.client_id, a.flags) for a in actions if a.kind == GRANT]
 
 
+def told_to_yield(actions):
+    """The holders whose grant says YIELD: they wait out the co-runners' prompt bursts."""
+    return [a.client.client_id for a in actions if a.kind == GRANT and a.yields]
+
+
 def kinds(actions):
     return [(a.kind, a.client.client_id) for a in actions]
 
@@ -131,7 +136,8 @@ def test_light_low_clients_still_co_run_beside_a_high_holder():
     g, high, light = high_and_low(low_demand=LIGHT)
     g.request(high, 0.0)
     actions = g.request(light, 0.1)
-    assert grants(actions) == [(2, SHARED)] and drops(actions) == []
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and drops(actions) == []
+    assert told_to_yield(actions) == [1]      # the high job waits out the light one's prompt bursts
 
 
 # Light by the adaptive rules (3 ms bursts), yet busy 60 % of the time.
@@ -164,7 +170,8 @@ def test_short_bursts_of_equal_classes_still_co_run_beside_a_busy_holder():
     g.report_demand(busy, BUSY, 0.0)
     g.report_demand(short, SHORT_BURSTS, 0.0)
     g.request(busy, 0.0)
-    assert grants(g.request(short, 0.1)) == [(2, SHARED)]
+    actions = g.request(short, 0.1)
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
 
 
 def test_a_bursty_low_job_beside_a_busy_high_one_runs_only_in_its_idle_time():
