@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers_hook import GPU0, Job, finish, read_trace, start_nvtest
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
 
 PROMPT_US, PROMPT_GAP_MS, HOLDER_US = 1000, 30, 2000
 
@@ -120,3 +120,22 @@ def test_a_job_that_claims_prompt_bursts_forever_costs_the_holder_at_most_its_bu
     seconds = math.ceil(took)
     assert took - alone <= 0.3 * seconds + 0.1 * alone, (took, alone)
     assert took - alone >= 0.15 * (seconds - 1), (took, alone)
+
+
+def test_two_jobs_with_prompt_bursts_still_take_turns_burst_by_burst(hook_lib, scheduler, tmp_path, procs):
+    """Two jobs of 5 ms bursts and 10 ms pauses (a third busy each: both prompt) started together.
+    A prompt burst that finds another under way takes turns with it through the owner word, so
+    their kernels do not overlap (beyond the first half second, before their first reports): run
+    at once, both would co-run as plain co-location does."""
+    trace = tmp_path / "trace"
+    jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2)]
+    for job in jobs:
+        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:5000:150:10"], job.env))
+    for proc in procs:
+        finish(proc, timeout=90)
+    rows = read_trace(trace)
+    start = min(r[2] for r in rows) + 500_000_000
+    late = [r for r in rows if r[2] > start]
+    bad = overlaps(late, GPU0)
+    print(f"{len(bad)} overlaps among {len(late)} kernels")
+    assert len(late) >= 150 and len(bad) <= 0.05 * len(late), (len(bad), len(late))
