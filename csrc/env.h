@@ -23,8 +23,8 @@ struct nvshare_settings {
     uint64_t mem_limit;          /* NVSHARE_MEM_LIMIT bytes, 0 = none */
     int swap;                    /* NVSHARE_SWAP: back allocations so they can move to host memory */
     int swap_prepin;             /* NVSHARE_SWAP_PREPIN: pin the host copies ahead (swap.c): 1 (on) always,
-                                  * 0 (off, unset) never, NVSHARE_PREPIN_AHEAD (ahead): once a grant says
-                                  * SWAP_AHEAD */
+                                  * 0 (off) never, NVSHARE_PREPIN_AHEAD (ahead, unset): what a grant's
+                                  * SWAP_AHEAD says the GPU lacks room for */
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
     int prompt_bursts;           /* NVSHARE_PROMPT_BURSTS: this job's short, rare bursts may be prompt ones
                                   * (burst.c): the others launch nothing new while one runs (default on) */
