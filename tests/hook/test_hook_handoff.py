@@ -28,7 +28,12 @@ def compute_pair(scheduler, tmp_path, procs, hook_lib, args):
 
 def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, scheduler_factory,
                                                                      tmp_path, procs):
-    scheduler = scheduler_factory()
+    """auto_share turns: both jobs take turns whatever their demand. Under the adaptive default a
+    loaded CI machine made one compute-bound job's first DEMAND report read 71-80 % busy (the
+    process kept off the CPU between a synchronise and its next launch), under the 80 % line, and
+    it co-ran for that report's time (1 of 16 loaded runs, with 5 ms or 20 ms kernels): that is the
+    classification at its line (tests/unit/test_adaptive.py), not the hand-over tested here."""
+    scheduler = scheduler_factory(auto_share="turns")
     rows = compute_pair(scheduler, tmp_path, procs, hook_lib, ["burst:5000:120:0"])
     assert overlaps(rows, GPU0) == [], scheduler.log()[:4000] + "\n...\n" + scheduler.log()[-3000:]
     gaps = switch_gaps_ms(rows)
@@ -47,7 +52,7 @@ def test_turns_pass_by_hand_over_before_the_grant_and_never_overlap(hook_lib, sc
 
 def test_with_turn_handoff_off_turns_pass_by_grant(hook_lib, scheduler_factory, tmp_path,
                                                     procs):
-    scheduler = scheduler_factory(turn_handoff=False)
+    scheduler = scheduler_factory(turn_handoff=False, auto_share="turns")
     rows = compute_pair(scheduler, tmp_path, procs, hook_lib, ["burst:5000:120:0"])
     assert overlaps(rows, GPU0) == []
     assert len(switch_gaps_ms(rows)) >= 4
