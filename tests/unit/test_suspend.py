@@ -232,6 +232,13 @@ def test_a_thawed_client_has_slurm_asked_at_once(scheduler_factory, clients, tmp
     sched, suspended = squeue_watched(scheduler_factory, tmp_path,
                                       scheduling_mode="concurrent", suspend_slurm_poll_sec=30)
     suspended.write_text("61\n")
+    # The first poll (at the first look after a job registers) answers after 1 s: by then the
+    # client holds the lock. Answered at once, it could come before the client's request, which
+    # was then parked, and no drop came (2 of 25 runs on a loaded machine).
+    first = tmp_path / "first-answered"
+    script = Path(sched.workdir) / "squeue"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {suspended}.calls\n"
+                      f"[ -e {first} ] || {{ touch {first}; sleep 1; }}\ncat {suspended}\n")
     register(sched, 61)
     holder = clients(sched, 61, "--swap", "--on-drop", "ignore")
     holder.send(f"mem {GPU0} {300 * MiB} 0 0 0")
