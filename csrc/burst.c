@@ -31,6 +31,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -90,20 +91,11 @@ void nvshare_burst_after_fork(void)
     atomic_store(&token, 0);
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
-        atomic_store(&nvshare_gpus[i].burst.in_burst, 0);
-        atomic_store(&nvshare_gpus[i].burst.owner, 0);
-        atomic_store(&nvshare_gpus[i].burst.waiting, 0);
-        atomic_store(&nvshare_gpus[i].burst.armed, 0);
-        atomic_store(&nvshare_gpus[i].burst.mean_ns, 0);
-        atomic_store(&nvshare_gpus[i].burst.busy_ppm, 0);
-        nvshare_gpus[i].burst.timeouts_row = 0;
-        nvshare_gpus[i].burst.ignore_until = 0;
-        atomic_store(&nvshare_gpus[i].burst.yields, 0);
-        atomic_store(&nvshare_gpus[i].burst.prompting, 0);
-        atomic_store(&nvshare_gpus[i].burst.prompt_mine, 0);
-        atomic_store(&nvshare_gpus[i].burst.yield_window_ns, 0);
-        atomic_store(&nvshare_gpus[i].burst.yielded_ns, 0);
-        atomic_store(&nvshare_gpus[i].burst.yield_ignore_until, 0);
+        /* One thread now: every count and wait starts afresh, disarmed; the page stays mapped. */
+        struct nvshare_burst_state *b = &nvshare_gpus[i].burst;
+        struct nvshare_burst_page *page = atomic_load(&b->page);
+        memset(b, 0, sizeof *b);
+        atomic_store(&b->page, page);
     }
 }
 

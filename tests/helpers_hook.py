@@ -46,6 +46,18 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     return out
 
 
+def run_together(sched, hook_lib: Path, procs: list, trace: Path, actions: list[str], jobs: int = 2,
+                 timeout: float = 90, **env: str) -> list[tuple[int, str, int, int]]:
+    """`jobs` jobs of the same nvtest actions on GPU 0, started together (registered as jobs 1,
+    2, ...); the trace rows once all have finished."""
+    for n in range(1, jobs + 1):
+        job = Job(sched, n, trace, gpu_index=[0])
+        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", *actions], dict(job.env, **env)))
+    for proc in procs:
+        finish(proc, timeout=timeout)
+    return read_trace(trace)
+
+
 def whois(output: str) -> dict[str, tuple[str, str]]:
     found = {}
     for line in output.splitlines():

@@ -4,6 +4,7 @@ turns through it, with no daemon round trip; nothing a job writes into the page 
 for long."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -128,6 +129,32 @@ def test_a_client_that_sends_a_page_is_cut_off_and_the_others_go_on(scheduler):
         b.close()
 
 
+@contextlib.contextmanager
+def squatted_page(scheduler, job_id: int, write):
+    """A hostile co-runner, job `job_id`: it maps the GPU's burst page and, once the yielded
+    start() is called, calls write(page) every millisecond until the block ends."""
+    hostile = bursty_client(scheduler, job_id)
+    fd = page_of(until_grant(hostile))
+    page = mmap.mmap(fd, PAGE_BYTES)
+    stop = threading.Event()
+
+    def squat():
+        while not stop.is_set():
+            write(page)
+            time.sleep(0.001)
+
+    squatter = threading.Thread(target=squat, daemon=True)
+    try:
+        yield squatter.start
+    finally:
+        stop.set()
+        if squatter.is_alive():
+            squatter.join()
+        page.close()
+        os.close(fd)
+        hostile.close()
+
+
 def kernel_spans(rows, pid):
     return sorted((r[2], r[3]) for r in rows if r[0] == pid and r[1] == TRACE_GPU0)
 
@@ -139,19 +166,11 @@ def test_a_job_that_holds_the_page_forever_costs_a_co_runner_little(hook_lib, sc
     few times in a row, then co-runs without looking at the page for a second: it finishes within
     25 % of its time alone, and its log says why. (Its bursts, 5 ms at a third busy, would be
     prompt ones, which wait for nobody: NVSHARE_PROMPT_BURSTS=off keeps them ordinary here.)"""
-    hostile = bursty_client(scheduler, 3)
-    fd = page_of(until_grant(hostile))
-    page = mmap.mmap(fd, PAGE_BYTES)
-    stop = threading.Event()
+    def own_the_page(page):
+        page[:4] = struct.pack("I", 0xBAD0BAD)   # the owner word
 
-    def squat():
-        while not stop.is_set():
-            page[:4] = struct.pack("I", 0xBAD0BAD)
-            time.sleep(0.001)
-
-    squatter = threading.Thread(target=squat, daemon=True)
-    squatter.start()
-    try:
+    with squatted_page(scheduler, 3, own_the_page) as squat:
+        squat()
         trace = tmp_path / "trace"
         job = Job(scheduler, 4, trace, gpu_index=[0])
         steps, burst_ms, pause_ms = 100, 5, 10
@@ -159,12 +178,6 @@ def test_a_job_that_holds_the_page_forever_costs_a_co_runner_little(hook_lib, sc
                             dict(job.env, NVSHARE_LOG_LEVEL="debug", NVSHARE_PROMPT_BURSTS="off"))
         procs.append(proc)
         finish(proc, timeout=60)
-    finally:
-        stop.set()
-        squatter.join()
-        page.close()
-        os.close(fd)
-        hostile.close()
     spans = kernel_spans(read_trace(trace), proc.pid)
     took = (spans[-1][1] - spans[0][0]) / 1e9
     alone = steps * (burst_ms + pause_ms) / 1000

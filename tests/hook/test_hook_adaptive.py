@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, run_together, start_nvtest
 
 LIGHT_PERIOD_NS = (1 + 100) * 1_000_000     # burst:1000:N:100 = a 1 ms kernel every 101 ms
 
@@ -107,13 +107,7 @@ def test_two_tiny_burst_clients_co_run_and_both_progress(hook_lib, scheduler, tm
                                                          procs):
     """1 ms bursts with short pauses: a hand-over would cost about as much as a burst, so they
     co-run; neither waits every step for the other, and they finish within 15 % of each other."""
-    trace = tmp_path / "trace"
-    jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2)]
-    for job in jobs:
-        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:1000:300:4"], job.env))
-    for proc in procs:
-        finish(proc, timeout=90)
-    rows = read_trace(trace)
+    rows = run_together(scheduler, hook_lib, procs, tmp_path / "trace", ["burst:1000:300:4"])
     spans = []
     for proc in procs:
         starts = kernel_starts(rows, proc.pid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
+from helpers_hook import GPU0, Job, finish, overlaps, read_trace, run_together, start_nvtest
 
 PROMPT_US, PROMPT_GAP_MS, HOLDER_US = 1000, 30, 2000
 
@@ -66,50 +66,30 @@ def test_a_job_that_claims_prompt_bursts_forever_costs_the_holder_at_most_its_bu
     millisecond, holds a yielding holder back at most 30 % of each second (YIELD_BUDGET_NS) and at
     most 20 ms at a time; the holder's log says why it stopped waiting."""
     import math
-    import mmap
-    import os
     import struct
-    import threading
     import time
 
-    from nvshare_slurm.burstpage import PAGE_BYTES
-    from test_burst import bursty_client, page_of, until_grant
+    from test_burst import squatted_page
 
-    hostile = bursty_client(scheduler, 3)
-    fd = page_of(until_grant(hostile))
-    page = mmap.mmap(fd, PAGE_BYTES)
-    stop = threading.Event()
+    def claim_a_second(page):
+        page[16:24] = struct.pack("Q", time.monotonic_ns() + 1_000_000_000)   # prompt_until
 
-    def squat():
-        while not stop.is_set():
-            page[16:24] = struct.pack("Q", time.monotonic_ns() + 1_000_000_000)
-            time.sleep(0.001)
-
-    squatter = threading.Thread(target=squat, daemon=True)
-
-    def holder_run(job_id: int, steps: int) -> tuple[float, str]:
+    def holder_run(job_id: int, steps: int, squat=None) -> tuple[float, str]:
         """Seconds from its first kernel to its last, and its log."""
         trace = tmp_path / f"trace-{job_id}"
         job = Job(scheduler, job_id, trace, gpu_index=[0])
         proc = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:300", f"burst:{HOLDER_US}:{steps}:0"],
                             dict(job.env, NVSHARE_LOG_LEVEL="debug"))
         procs.append(proc)
-        if job_id == 5:
-            squatter.start()
+        if squat:
+            squat()
         finish(proc, timeout=60)
         spans = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == proc.pid)
         return (spans[-1][1] - spans[0][0]) / 1e9, proc.stderr_text
 
-    try:
+    with squatted_page(scheduler, 3, claim_a_second) as squat:
         alone, _ = holder_run(4, 500)            # beside the same co-runner, which is quiet
-        took, log = holder_run(5, 1000)          # while it claims prompt bursts without end
-    finally:
-        stop.set()
-        if squatter.is_alive():
-            squatter.join()
-        page.close()
-        os.close(fd)
-        hostile.close()
+        took, log = holder_run(5, 1000, squat)   # while it claims prompt bursts without end
     alone *= 2
     print(f"{took:.2f} s for {alone:.2f} s beside a quiet co-runner")
     assert "waits out prompt bursts" in log, log[-2000:]
@@ -127,13 +107,7 @@ def test_two_jobs_with_prompt_bursts_still_take_turns_burst_by_burst(hook_lib, s
     A prompt burst that finds another under way takes turns with it through the owner word, so
     their kernels do not overlap (beyond the first half second, before their first reports): run
     at once, both would co-run as plain co-location does."""
-    trace = tmp_path / "trace"
-    jobs = [Job(scheduler, n, trace, gpu_index=[0]) for n in (1, 2)]
-    for job in jobs:
-        procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "burst:5000:150:10"], job.env))
-    for proc in procs:
-        finish(proc, timeout=90)
-    rows = read_trace(trace)
+    rows = run_together(scheduler, hook_lib, procs, tmp_path / "trace", ["burst:5000:150:10"])
     start = min(r[2] for r in rows) + 500_000_000
     late = [r for r in rows if r[2] > start]
     bad = overlaps(late, GPU0)
