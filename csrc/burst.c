@@ -24,9 +24,9 @@
  * then shares the GPU only with what the others had already queued, not with their next launches
  * too. Co-located beside a training, 3 ms requests took 18 ms at p99 on the H100 (6.5 ms alone).
  * A prompt job that finds another's prompt burst under way takes turns with it through the owner
- * word, as before. A job that writes prompt_until without end costs each yielding job at most YIELD_BUDGET_NS of
- * every second (then it ignores the page until that second ends), and no single wait is longer
- * than PROMPT_HOLD_MAX_NS: the most an honest prompt job could ask.
+ * word, as before. A job that writes prompt_until without end costs each yielding job at most
+ * YIELD_BUDGET_NS of every second (then it ignores the page until that second ends), and no single
+ * wait is longer than PROMPT_HOLD_MAX_NS: the most an honest prompt job could ask.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -183,9 +183,8 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
         atomic_store(&g->burst.yield_window_ns, now);
         atomic_store(&g->burst.yielded_ns, 0);
     }
-    uint64_t start = now, cap = now + PROMPT_HOLD_MAX_NS;
-    uint64_t budget_end = now + (YIELD_BUDGET_NS - (atomic_load(&g->burst.yielded_ns) < YIELD_BUDGET_NS
-                                                    ? atomic_load(&g->burst.yielded_ns) : YIELD_BUDGET_NS));
+    uint64_t start = now, cap = now + PROMPT_HOLD_MAX_NS, used = atomic_load(&g->burst.yielded_ns);
+    uint64_t budget_end = now + (used < YIELD_BUDGET_NS ? YIELD_BUDGET_NS - used : 0);
     atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
     for (;;) {
         uint32_t seq = atomic_load(&p->prompt_seq);

@@ -33,12 +33,12 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
 {
     if (!g)
         return NULL;
-    if (atomic_load_explicit(&g->burst.armed, memory_order_relaxed) &&
-        !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed) &&
-        !atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
-        nvshare_burst_begin(g);
-    if (!atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed))
+    if (!atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed)) {
+        if (atomic_load_explicit(&g->burst.armed, memory_order_relaxed) &&
+            !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))
+            nvshare_burst_begin(g);
         nvshare_burst_yield_point(g);
+    }
     for (;;) {
         atomic_fetch_add(&g->gate.inside, 1);
         if (atomic_load(&g->gate.open) && !atomic_load(&g->gate.closing)) {

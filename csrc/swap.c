@@ -657,9 +657,14 @@ void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes)
      * made the first job's exit slow the other's last swap-in from 0.3 s to 4 s on the H100. 0: an
      * older daemon that does not say; all of it then. */
     uint64_t want = bytes ? bytes : UINT64_MAX;
-    if (atomic_exchange(&g->swap.prepin_target, want) != want)
-        nvshare_debug("gpu %s: turns with swap: the newest %.1f MiB of host copies pinned ahead "
-                      "(NVSHARE_SWAP_PREPIN=ahead)", g->uuid, bytes ? bytes / 1048576.0 : -1.0);
+    if (atomic_exchange(&g->swap.prepin_target, want) != want) {
+        if (bytes)
+            nvshare_debug("gpu %s: turns with swap: the newest %.1f MiB of host copies pinned ahead "
+                          "(NVSHARE_SWAP_PREPIN=ahead)", g->uuid, bytes / 1048576.0);
+        else
+            nvshare_debug("gpu %s: turns with swap: all host copies pinned ahead (NVSHARE_SWAP_PREPIN=ahead)",
+                          g->uuid);
+    }
     start_prepin(g);
 }
 

@@ -26,8 +26,9 @@ void nvshare_swap_unlock(struct nvshare_gpu *g);
 /* Stop a swap-out between chunks (on: a grant came during a PREPARE_SWAP_OUT swap, or the job runs
  * again after the suspend that asked for it) / the next swap-out may run to its end (off). */
 void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
-/* A grant said NVSHARE_GRANT_SWAP_AHEAD: with NVSHARE_SWAP_PREPIN unset, start pinning the host copies
- * ahead (any thread; returns at once). */
+/* A grant said NVSHARE_GRANT_SWAP_AHEAD: with NVSHARE_SWAP_PREPIN=ahead (the default when unset), pin
+ * the host copies of the newest chunks up to `bytes` ahead (0: all), in the prepin thread (any
+ * thread; returns at once). */
 void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes);
 /* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
  * (UINT64_MAX: all) to host memory; returns the bytes moved. The counters follow each chunk (at

@@ -141,12 +141,13 @@ class GpuLock:
 
     # --- holders -------------------------------------------------------------------------------
 
-    def add_holder(self, client: ClientInfo, now: float, shared: bool, bursts: bool) -> None:
+    def add_holder(self, client: ClientInfo, now: float, shared: bool, bursts: bool,
+                   yields: bool = False) -> None:
         """The client holds the lock now (its GRANT is the caller's: it carries the switch
         interval from after this change)."""
         self.queue.pop(client.client_id, None)
         self.gang_queue.pop(client.client_id, None)
-        self.holders[client.client_id] = Holder(client, now, shared, bursts)
+        self.holders[client.client_id] = Holder(client, now, shared, bursts, yields)
 
     def drop(self, holder: Holder, now: float, reason: int, out: list[Action],
              move: int = 0) -> None:

@@ -236,8 +236,7 @@ class GpuState:
                no_room: int = 0, bursts: bool = False) -> None:
         bursts = bursts and shared and self.settings.burst_turns
         yields = not bursts and self.settings.burst_turns and yields_beside(self.holders, client.client_id)
-        self.lock.add_holder(client, now, shared, bursts)
-        self.holders[client.client_id].yields = yields
+        self.lock.add_holder(client, now, shared, bursts, yields)
         self.memory.granted(client.client_id)
         self.loans.granted(client.client_id, not shared, now, self.switch_interval())
         self.contention_since = None
