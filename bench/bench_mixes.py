@@ -14,7 +14,8 @@ Mixes:
   mix4      compute, compute, bursty, serve
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
   mix8      3 compute, 2 bursty, serve, 2 probes
-  swap2     two mem jobs that do not fit together (issue 27's swap pair: --mem-gib 45 on an 80 GB GPU);
+  swap2     two mem jobs that do not fit together (issue 27's swap pair: --mem-gib 45 on an 80 GB GPU,
+            76 on an H200);
             its completion (the arm's start to the last step of either) over the serial arm's is the
             swap-overlap figure (target <= 1.03). Measured from the start, not from the first step:
             a swap before any job's first step is part of what sharing costs
@@ -25,12 +26,15 @@ step to last over its solo time (compute, bursty, mem), or p50/p99 latency over 
 serve); nvshare's target is slowdown <= 1.05 x colocate's, for a probe p99 within 1 ms of colocate's,
 for serve p99 <= 1.5 x solo. A job that did not finish (oom, timeout) stays in the table.
 
+--variant NAME=VALUE adds an arm "nvshare NAME=VALUE": the nvshare arm with that setting too, in the
+same table beside the default (an A/B measured side by side in one run).
+
 --uids runs job i as uid BASE+i (setpriv; the daemon registers each job with its uid): MPS then
 serves one uid at a time, as at a site. Needs root; the scratch directory is made world-readable.
 
   python3 bench/bench_mixes.py --out DIR [--mixes mix3,mix4,...] [--arms serial,colocate,mps,nvshare]
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--smoke-cpu]
-                               [--hook-env NAME=VALUE ...]
+                               [--hook-env NAME=VALUE ...] [--variant NAME=VALUE ...]
 
 DIR/results.json has every job's numbers; DIR/table.md the table; DIR/timeline_<mix>.svg which job ran
 its steps when, one band per arm (bench_family's drawing). --smoke-cpu runs it on the fake driver of
@@ -130,7 +134,7 @@ class Mixes:
     def run_arm(self, mix: str, arm: str) -> dict:
         kinds = MIXES[mix]
         cmds = [self.cmd(k, i) for i, k in enumerate(kinds)]
-        base, tag = self.base_env(), f"{mix}-{arm}"
+        base, tag = self.base_env(), f"{mix}-{arm}".replace(" ", "-").replace("=", "-")
         timeout = 30 + 6 * self.args.seconds * (len(kinds) if arm == "serial" else 2)
         if arm == "serial":
             jobs = [Job(f"{tag}-{i}", c, base, self.logs) for i, c in enumerate(cmds)]
@@ -152,8 +156,10 @@ class Mixes:
                 sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus)
                 if self.args.uids:
                     os.chmod(self.work / tag, 0o755)
-                envs = [dict(e, **dict(kv.split("=", 1) for kv in self.args.hook_env))
-                        for e in self.nvshare_envs(sched, base, len(cmds))]
+                hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
+                if arm != "nvshare":   # a variant: "nvshare NAME=VALUE"
+                    hook_env.update([arm.split(" ", 1)[1].split("=", 1)])
+                envs = [dict(e, **hook_env) for e in self.nvshare_envs(sched, base, len(cmds))]
             jobs = [Job(f"{tag}-{i}", c, e, self.logs)
                     for i, (c, e) in enumerate(zip(cmds, envs, strict=True))]
             return summarize(kinds, run_jobs(jobs, together=True, timeout=timeout))
@@ -214,6 +220,8 @@ def slowdowns(res: dict) -> None:
                 e["target"] = "missed (did not finish)"
             elif e["kind"] == "serve":
                 e["target"] = "met" if e.get("x_solo_p99", 99) <= 1.5 else "missed"
+            elif "colocate" not in arms:
+                e["target"] = "– (no co-location arm)"
             elif c is None:
                 e["target"] = "met (co-location did not finish)"
             elif e["kind"] == "probe":
@@ -227,22 +235,24 @@ def cell(e: dict | None) -> str:
         return "–"
     if e["status"] != "ok":
         return e["status"]
-    if "x_solo_p99" in e:
-        return f"p50 {e['p50_ms']:.1f} / p99 {e['p99_ms']:.1f} ms ({e['x_solo_p99']:.2f}x)"
+    if KINDS[e["kind"]][2]:
+        ratio = f" ({e['x_solo_p99']:.2f}x)" if "x_solo_p99" in e else ""
+        return f"p50 {e['p50_ms']:.1f} / p99 {e['p99_ms']:.1f} ms{ratio}"
     return f"{e['x_solo']:.3f}" if "x_solo" in e else f"{e['train_s']:.2f} s"
 
 
 def table(res: dict) -> str:
-    lines = ["| mix | job | kind | " + " | ".join(ARMS) + " | nvshare target |",
-             "|---|---|---|" + "---|" * len(ARMS) + "---|"]
+    names = ARMS + [f"nvshare {v}" for v in res["args"].get("variant") or []]
+    lines = ["| mix | job | kind | " + " | ".join(names) + " | nvshare target |",
+             "|---|---|---|" + "---|" * len(names) + "---|"]
     for mix, arms in res["mixes"].items():
         for i, kind in enumerate(MIXES[mix]):
-            row = [arms.get(a, {}).get("jobs", []) for a in ARMS]
+            row = [arms.get(a, {}).get("jobs", []) for a in names]
             cells = [cell(r[i] if i < len(r) else None) for r in row]
             nv = arms.get("nvshare", {}).get("jobs", [])
             target = nv[i].get("target", "") if i < len(nv) else ""
             lines.append(f"| {mix} | {i} | {kind} | " + " | ".join(cells) + f" | {target} |")
-        spans = [arms.get(a, {}).get("done_x_serial") for a in ARMS]
+        spans = [arms.get(a, {}).get("done_x_serial") for a in names]
         if any(x is not None for x in spans):
             lines.append(f"| {mix} | all | all done / serial | " + " | ".join(
                 "–" if x is None else f"{x:.3f}" for x in spans) + " | |")
@@ -274,20 +284,23 @@ def main() -> int:
     ap.add_argument("--mixes", default=",".join(MIXES))
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--seconds", type=float, default=4.0, help="steps of one job alone, in seconds")
-    ap.add_argument("--mem-gib", type=float, help="the mem jobs' extra memory (default 40, smoke 8)")
+    ap.add_argument("--mem-gib", type=float,
+                    help="the mem jobs' extra memory (default half the GPU, smoke 8)")
     ap.add_argument("--uids", action="store_true", help="job i runs as uid --uid-base + i (root)")
     ap.add_argument("--uid-base", type=int, default=61000)
     ap.add_argument("--hook-env", action="append", default=[], metavar="NAME=VALUE",
                     help="for the nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug, NVSHARE_SWAP_PREPIN=1)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more nvshare arm with this setting too, in the same table (an A/B in one run)")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     args = ap.parse_args()
     bad = [m for m in args.mixes.split(",") if m not in MIXES] + \
-          [a for a in args.arms.split(",") if a not in ARMS]
+          [a for a in args.arms.split(",") if a not in ARMS] + [v for v in args.variant if "=" not in v]
     if bad or args.seconds <= 0 or (args.uids and os.geteuid() != 0):
         ap.error(f"unknown mix or arm: {', '.join(bad)}" if bad else
                  "--seconds must be above 0" if args.seconds <= 0 else "--uids needs root")
-    if args.mem_gib is None:
-        args.mem_gib = 8.0 if args.smoke_cpu else 40.0
+    if args.mem_gib is None:   # half the GPU: two of them do not fit beside the others (40 on an H100)
+        args.mem_gib = 8.0 if args.smoke_cpu else round(gpu_info(False)["memory"] / 2**30 / 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     build_burst()
@@ -299,7 +312,8 @@ def main() -> int:
         bench.calibrate()
         for mix in args.mixes.split(","):
             arms = bench.results["mixes"].setdefault(mix, {})
-            for arm in [a for a in ARMS if a in args.arms.split(",")]:
+            names = [a for a in ARMS if a in args.arms.split(",")] + [f"nvshare {v}" for v in args.variant]
+            for arm in names:
                 t = time.time()
                 arms[arm] = bench.run_arm(mix, arm)
                 log(f"{mix}/{arm}: {arms[arm]['status']} in {time.time() - t:.1f} s")

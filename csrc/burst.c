@@ -62,6 +62,9 @@
 #define PROMPT_HOLD_FACTOR 4
 #define PROMPT_HOLD_MIN_NS 2000000ull
 #define PROMPT_HOLD_MAX_NS 20000000ull
+/* Co-runners' prompt bursts are "about" for a second after one was seen (pace.c keeps the queue
+ * short meanwhile): requests at a few per second still find every launch paced. */
+#define PROMPTS_ABOUT_NS 1000000000ull
 #define YIELD_WINDOW_NS 1000000000ull
 #define YIELD_BUDGET_NS 300000000ull      /* 30 % of each second at most */
 
@@ -209,6 +212,24 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
     atomic_fetch_add(&g->burst.yielded_ns, now - start);
+}
+
+int nvshare_burst_prompts_about(struct nvshare_gpu *g)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    if (!p || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || prompt_hold(g))
+        return 0;
+    uint64_t now = nvshare_now_ns();
+    if (now < atomic_load_explicit(&g->burst.yield_ignore_until, memory_order_relaxed))
+        return 0;   /* a squatter used this second's budget: its page is not heeded */
+    uint32_t seq = atomic_load_explicit(&p->prompt_seq, memory_order_relaxed);
+    if (seq != atomic_load_explicit(&g->burst.prompt_seq_seen, memory_order_relaxed) ||
+        atomic_load_explicit(&p->prompt_until, memory_order_relaxed)) {
+        atomic_store_explicit(&g->burst.prompt_seq_seen, seq, memory_order_relaxed);
+        atomic_store_explicit(&g->burst.prompt_seen_ns, now, memory_order_relaxed);
+        return 1;
+    }
+    return now - atomic_load_explicit(&g->burst.prompt_seen_ns, memory_order_relaxed) < PROMPTS_ABOUT_NS;
 }
 
 static uint64_t wait_bound(struct nvshare_gpu *g)

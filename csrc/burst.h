@@ -33,6 +33,10 @@ void nvshare_burst_end(struct nvshare_gpu *g);
 void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm);
 void nvshare_burst_after_fork(void);
 
+/* Does this job yield to co-runners' prompt bursts, with one seen in the last PROMPTS_ABOUT_NS, while
+ * its own bursts are not prompt? pace.c then keeps its queued work short. */
+int nvshare_burst_prompts_about(struct nvshare_gpu *g);
+
 /* Called where work enters the gate: wait while a co-runner's prompt burst runs (bounded). */
 void nvshare_burst_yield(struct nvshare_gpu *g);
 static inline void nvshare_burst_yield_point(struct nvshare_gpu *g)

@@ -88,6 +88,13 @@ static void load_driver_once(void)
     RESOLVE(cuDevicePrimaryCtxGetState)
     RESOLVE(cuMemExportToShareableHandle)
     RESOLVE(cuMemImportFromShareableHandle)
+    RESOLVE(cuEventCreate)
+    RESOLVE(cuEventRecord)
+    RESOLVE(cuEventQuery)
+    RESOLVE(cuEventDestroy_v2)
+    nvshare_real.cuEventElapsedTime = (cuEventElapsedTime_fn)nvshare_real_dlsym(driver_handle, "cuEventElapsedTime_v2");
+    if (!nvshare_real.cuEventElapsedTime)
+        RESOLVE(cuEventElapsedTime)
 #undef RESOLVE
     nvshare_in_hook--;
     /* Required to tell GPUs apart and to drain them; without them nothing can be gated safely. */

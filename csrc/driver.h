@@ -52,6 +52,11 @@ typedef CUresult (*cuCtxFromGreenCtx_fn)(CUcontext *ctx, CUgreenCtx green);
 typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *flags, int *active);
 typedef CUresult (*cuMemExportToShareableHandle_fn)(void *shareable, CUmemGenericAllocationHandle handle,
                                                     int type, unsigned long long flags);
+typedef CUresult (*cuEventCreate_fn)(CUevent *event, unsigned int flags);
+typedef CUresult (*cuEventRecord_fn)(CUevent event, CUstream stream);
+typedef CUresult (*cuEventQuery_fn)(CUevent event);
+typedef CUresult (*cuEventElapsedTime_fn)(float *ms, CUevent start, CUevent end);
+typedef CUresult (*cuEventDestroy_v2_fn)(CUevent event);
 typedef CUresult (*cuMemImportFromShareableHandle_fn)(CUmemGenericAllocationHandle *handle, void *os_handle,
                                                       int type);
 
@@ -88,6 +93,12 @@ struct nvshare_real {
     /* CUDA IPC of swappable memory (ipc.c): optional; without them it needs NVSHARE_SWAP=off */
     cuMemExportToShareableHandle_fn cuMemExportToShareableHandle;
     cuMemImportFromShareableHandle_fn cuMemImportFromShareableHandle;
+    /* pacing (pace.c): optional; without them launches are not paced */
+    cuEventCreate_fn cuEventCreate;
+    cuEventRecord_fn cuEventRecord;
+    cuEventQuery_fn cuEventQuery;
+    cuEventElapsedTime_fn cuEventElapsedTime;   /* _v2 where the driver has it (CUDA 12.8 on) */
+    cuEventDestroy_v2_fn cuEventDestroy_v2;
 };
 extern struct nvshare_real nvshare_real;
 

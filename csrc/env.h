@@ -28,6 +28,8 @@ struct nvshare_settings {
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
     int prompt_bursts;           /* NVSHARE_PROMPT_BURSTS: this job's short, rare bursts may be prompt ones
                                   * (burst.c): the others launch nothing new while one runs (default on) */
+    uint64_t prompt_queue_ns;    /* NVSHARE_PROMPT_QUEUE_MS: while co-runners' prompt bursts are about, keep
+                                  * at most this much of this job's work queued on the GPU (pace.c); 0: off */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -38,6 +40,7 @@ struct nvshare_settings {
 };
 #define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
+#define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 2u
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

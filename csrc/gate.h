@@ -55,6 +55,14 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
     }
 }
 
+/* A graph capture is open on g, by this thread or another: work only recorded, or a stream that
+ * must not be touched (the hook then adds no work of its own, pace.c's events). */
+static inline int nvshare_gate_capturing(struct nvshare_gpu *g)
+{
+    return atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed) ||
+           atomic_load_explicit(&g->gate.captures, memory_order_relaxed);
+}
+
 static inline void nvshare_gate_leave(struct nvshare_gpu *g)
 {
     if (g)

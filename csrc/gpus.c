@@ -98,6 +98,8 @@ static struct nvshare_gpu *gpu_slot(const char *uuid, CUdevice dev)
         g->gate.handoff_out_fd = g->gate.handoff_in_fd = -1;
         pthread_mutex_init(&g->swap.mu, NULL);
         g->swap.vmm = -1;
+        pthread_mutex_init(&g->pace.mu, NULL);
+        g->pace.last_done = -1;
         uint32_t us = nvshare_outbox_idle_release_us();
         g->gate.idle_threshold_ns = us ? (uint64_t)us * 1000 : IDLE_DEFAULT_NS;
         int managed = nvshare_cfg.active && nvshare_gpu_is_managed(uuid);

@@ -1,7 +1,8 @@
 /* gpus.h: the record of each GPU this process uses, and which GPU a call is for (gpus.c).
  *
  * The record is one part per owner: `gate` is written only by gate.c (and the interposition layer's
- * counters on its hot path), `burst` only by burst.c, `mem` only by memory.c, `swap` only by swap.c.
+ * counters on its hot path), `burst` only by burst.c, `mem` only by memory.c, `swap` only by swap.c,
+ * `pace` only by pace.c.
  * A part is read by the layers above its owner, through the owner's header where it takes more than a
  * load. The identity (uuid, device, primary context, mode) belongs to gpus.c, which also gives a new
  * record each part's starting state. Calls only outbox.c (is the link up), client.c (start it),
@@ -96,6 +97,8 @@ struct nvshare_burst_state {
     _Atomic uint64_t yield_window_ns;    /* the start of the second whose waits are counted */
     _Atomic uint64_t yielded_ns;         /* waited for prompt bursts in that second */
     _Atomic uint64_t yield_ignore_until; /* waited a budget's worth: ignore prompt bursts till then */
+    atomic_uint prompt_seq_seen;  /* the page's prompt_seq when last looked at (pace.c's question) */
+    _Atomic uint64_t prompt_seen_ns;     /* ... when it last moved, or a prompt burst was seen running */
 };
 
 /* memory.c's, under memory.c's mutex: what this process allocated here. */
@@ -127,6 +130,26 @@ struct nvshare_swap_state {
     CUmemAccessDesc access[NVSHARE_MAX_GPUS];
 };
 
+/* pace.c's, under mu: while co-runners' prompt bursts are about, an event after this process's
+ * launches tells how much of its work is still queued on the GPU. */
+#define NVSHARE_PACE_RING 32
+struct nvshare_pace_slot {
+    CUevent ev;                   /* made in `ctx`; NULL: not made yet (or lost with its context) */
+    CUstream stream;              /* where it was recorded */
+    uint32_t launches;            /* the launches it marks the end of */
+    int behind;                   /* recorded while the slot before it, same stream, was still queued */
+};
+struct nvshare_pace_state {
+    pthread_mutex_t mu;
+    CUcontext ctx;                /* the context the events were made in */
+    struct nvshare_pace_slot ring[NVSHARE_PACE_RING];
+    unsigned head, n;             /* the slots whose events have not been seen done: ring[head..head+n) */
+    int last_done;                /* the slot seen done last, its event as recorded then (-1: none) */
+    uint32_t unmarked;            /* launches since the last event */
+    uint64_t launch_ns;           /* GPU time of one launch, back to back (a running mean; 0: unknown) */
+    uint64_t off_until;           /* a wait ran out: not pacing until then */
+};
+
 struct nvshare_gpu {
     char uuid[NVSHARE_UUID_LEN];
     CUdevice device;              /* ordinal in this process */
@@ -136,6 +159,7 @@ struct nvshare_gpu {
     struct nvshare_burst_state burst;
     struct nvshare_mem_state mem;
     struct nvshare_swap_state swap;
+    struct nvshare_pace_state pace;
 };
 
 extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];

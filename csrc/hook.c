@@ -29,6 +29,7 @@
 #include "memory.h"
 #include "nvml.h"
 #include "outbox.h"
+#include "pace.h"
 #include "swap.h"
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -67,6 +68,7 @@ static void after_fork_child(void)
     nvshare_ipc_after_fork();
     nvshare_demand_after_fork();
     nvshare_burst_after_fork();
+    nvshare_pace_after_fork();
 }
 
 __attribute__((constructor)) static void nvshare_init(void)
@@ -90,6 +92,36 @@ __attribute__((constructor)) static void nvshare_init(void)
     }
 #define NVSHARE_NO_WRAPPER(name, params)
 NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
+
+/* ---- launches --------------------------------------------------------------------------------- */
+/* Gated as above, and paced (pace.c): while co-runners' prompt bursts are about, a job that yields
+ * to them keeps little work queued. Outside a graph capture only: an event recorded on a capturing
+ * stream would become part of the graph. `stream`: where the launch's work goes. */
+#define LAUNCH_WRAPPER(name, params, args, stream)                                           \
+    NVSHARE_EXPORT CUresult name params                                                      \
+    {                                                                                        \
+        REAL_OR_FAIL(name);                                                                  \
+        struct nvshare_gpu *pace_gpu_ = nvshare_gpu_for_current();                           \
+        int paced_ = pace_gpu_ && !nvshare_gate_capturing(pace_gpu_) && nvshare_pace_before(pace_gpu_); \
+        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(pace_gpu_);                       \
+        nvshare_in_hook++;                                                                   \
+        CUresult rc_ = nvshare_real.name args;                                               \
+        nvshare_in_hook--;                                                                   \
+        if (paced_ && rc_ == CUDA_SUCCESS)                                                   \
+            nvshare_pace_launched(pace_gpu_, stream);                                        \
+        nvshare_gate_leave(gate_gpu_);                                                       \
+        return rc_;                                                                          \
+    }
+/* A _ptsz entry point's NULL stream is the calling thread's own. */
+#define PT_STREAM(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
+LAUNCH_WRAPPER(cuLaunchKernel, NVP_LAUNCH, NVA_11, i)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, NVP_LAUNCH, NVA_11, PT_STREAM(i))
+LAUNCH_WRAPPER(cuLaunchKernelEx, NVP_LAUNCH_EX, NVA_4, a ? a->hStream : NULL)
+LAUNCH_WRAPPER(cuLaunchKernelEx_ptsz, NVP_LAUNCH_EX, NVA_4, PT_STREAM(a ? a->hStream : NULL))
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, NVP_LAUNCH_COOP, NVA_10, i)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP, NVA_10, PT_STREAM(i))
+LAUNCH_WRAPPER(cuGraphLaunch, NVP_GRAPH, NVA_2, b)
+LAUNCH_WRAPPER(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2, PT_STREAM(b))
 
 /* ---- peer copies ------------------------------------------------------------------------------ */
 /* A peer copy reads one GPU's memory and writes another's, whichever context is current: it runs

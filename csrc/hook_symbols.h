@@ -4,6 +4,7 @@
  *   GATE(name, (params), (args))  work that reaches the GPU: the wrapper is generated (hook.c) and runs
  *                                 the real function inside the gate of the calling context's GPU.
  *   OWN(name, (params))           a hand-written wrapper (accounting, context bookkeeping, lookup,
+ *                                 launches that pace.c keeps short behind prompt bursts,
  *                                 peer copies that enter two GPUs' gates).
  * From this list come the real-function pointers, the exported wrappers, the name table that dlsym and
  * cuGetProcAddress consult, and (in tests/c) the list a test compares with `nm -D` of the library.
@@ -177,17 +178,17 @@
     OWN(cuMemGetInfo, (unsigned int *free_bytes, unsigned int *total_bytes))                   \
     OWN(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes))                           \
     /* kernels and graphs */                                                                   \
-    GATE(cuLaunchKernel, NVP_LAUNCH, NVA_11)                                                   \
-    GATE(cuLaunchKernel_ptsz, NVP_LAUNCH, NVA_11)                                              \
-    GATE(cuLaunchKernelEx, NVP_LAUNCH_EX, NVA_4)                                               \
-    GATE(cuLaunchKernelEx_ptsz, NVP_LAUNCH_EX, NVA_4)                                          \
-    GATE(cuLaunchCooperativeKernel, NVP_LAUNCH_COOP, NVA_10)                                   \
-    GATE(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP, NVA_10)                              \
+    OWN(cuLaunchKernel, NVP_LAUNCH)                                                            \
+    OWN(cuLaunchKernel_ptsz, NVP_LAUNCH)                                                       \
+    OWN(cuLaunchKernelEx, NVP_LAUNCH_EX)                                                       \
+    OWN(cuLaunchKernelEx_ptsz, NVP_LAUNCH_EX)                                                  \
+    OWN(cuLaunchCooperativeKernel, NVP_LAUNCH_COOP)                                            \
+    OWN(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP)                                       \
     GATE(cuLaunch, (CUfunction a), NVA_1)                                                      \
     GATE(cuLaunchGrid, (CUfunction a, int b, int c), NVA_3)                                    \
     GATE(cuLaunchGridAsync, (CUfunction a, int b, int c, CUstream d), NVA_4)                   \
-    GATE(cuGraphLaunch, NVP_GRAPH, NVA_2)                                                      \
-    GATE(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2)                                                 \
+    OWN(cuGraphLaunch, NVP_GRAPH)                                                              \
+    OWN(cuGraphLaunch_ptsz, NVP_GRAPH)                                                         \
     GATE(cuGraphUpload, NVP_UPLOAD, NVA_2)                                                     \
     GATE(cuGraphUpload_ptsz, NVP_UPLOAD, NVA_2)                                                \
     /* synchronous copies */                                                                   \

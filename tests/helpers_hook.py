@@ -70,9 +70,16 @@ def whois(output: str) -> dict[str, tuple[str, str]]:
 def read_trace(path: Path) -> list[tuple[int, str, int, int]]:
     rows = []
     for line in path.read_text().splitlines():
-        pid, gpu, start, end = line.split()
+        pid, gpu, start, end = line.split()[:4]   # FAKE_CUDA_TRACE_LAUNCH=1 adds a fifth (read_launches)
         rows.append((int(pid), gpu, int(start), int(end)))
     return rows
+
+
+def read_launches(path: Path) -> list[tuple[int, str, int, int, int]]:
+    """(pid, gpu, start_ns, end_ns, launched_ns) of each kernel the fake driver ran with
+    FAKE_CUDA_TRACE_LAUNCH=1 (not barriers)."""
+    return [(int(f[0]), f[1], int(f[2]), int(f[3]), int(f[4]))
+            for f in (line.split() for line in path.read_text().splitlines()) if len(f) == 5]
 
 
 def read_copies(path: Path) -> list[tuple[int, str, int, int]]:

@@ -79,6 +79,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct falloc *allocs;
 static struct falloc *host_allocs;
 static int trace_fd = -1;
+static int trace_launch;   /* FAKE_CUDA_TRACE_LAUNCH=1: kernels' lines say when they were launched */
 static __thread struct fctx *ctx_stack[16];
 static __thread int ctx_depth;
 static struct ffunc sleep_func = {1}, empty_func = {2};
@@ -193,6 +194,8 @@ static CUresult setup_devices(void)
     const char *trace = getenv("FAKE_CUDA_TRACE");
     if (trace && *trace)
         trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const char *launch = getenv("FAKE_CUDA_TRACE_LAUNCH");
+    trace_launch = launch && !strcmp(launch, "1");
     uint64_t *shared = NULL;
     const char *state = getenv("FAKE_CUDA_SHARED_MEMORY");
     if (state && *state) {
@@ -498,6 +501,60 @@ EXPORT CUresult cuStreamQuery(CUstream s)
     return now_ns() >= stream_of(s)->busy_until ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+/* Events: done once the stream's work queued before the record has run (its busy_until then). */
+struct fevent { int magic; uint64_t at; };
+#define EVENT_MAGIC 0x45564e54
+EXPORT CUresult cuEventCreate(CUevent *ev, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    struct fevent *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    *ev = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+static struct fevent *event_of(CUevent ev)
+{
+    struct fevent *e = (struct fevent *)ev;
+    return e && e->magic == EVENT_MAGIC ? e : NULL;
+}
+EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
+{
+    NEED_CTX();
+    struct fevent *e = event_of(ev);
+    struct fstream *st = stream_of(s);
+    if (!e || !st) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    uint64_t n = now_ns();
+    e->at = st->busy_until > n ? st->busy_until : n;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventQuery(CUevent ev)
+{
+    struct fevent *e = event_of(ev);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    return now_ns() >= e->at ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
+{
+    struct fevent *x = event_of(a), *y = event_of(b);
+    if (!x || !y) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t n = now_ns();
+    if (n < x->at || n < y->at) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)y->at - (double)x->at) / 1e6);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy_v2(CUevent ev)
+{
+    struct fevent *e = event_of(ev);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
 {
     NEED_CTX();
@@ -737,8 +794,13 @@ static CUresult run_sleep(struct fstream *st, uint64_t us, int traced)
     pthread_mutex_unlock(&mu);
     if (trace_fd >= 0 && traced) {
         char line[160];
-        int len = snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
-                           (unsigned long long)start, (unsigned long long)end);
+        /* pid, GPU, start, end; with FAKE_CUDA_TRACE_LAUNCH=1 also when it was launched (it waited
+         * start - launched behind its stream's work) */
+        int len = trace_launch
+            ? snprintf(line, sizeof line, "%d %s %llu %llu %llu\n", (int)getpid(), devs[dev].text,
+                       (unsigned long long)start, (unsigned long long)end, (unsigned long long)n)
+            : snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
+                       (unsigned long long)start, (unsigned long long)end);
         ssize_t w = write(trace_fd, line, (size_t)len);
         (void)w;
     }
@@ -1112,7 +1174,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     F(cuMemcpyDtoHAsync_v2) F(cuMemsetD8_v2) F(cuMemsetD8_v2_ptds) F(cuMemsetD8Async) F(cuMemsetD32_v2)    \
     F(cuMemGetAllocationGranularity) F(cuMemAddressReserve) F(cuMemAddressFree) F(cuMemCreate)             \
     F(cuMemRelease) F(cuMemMap) F(cuMemSetAccess) F(cuMemUnmap) F(cuGetErrorString) F(cuGetErrorName)      \
-    F(cuGetProcAddress) F(cuGetProcAddress_v2)
+    F(cuGetProcAddress) F(cuGetProcAddress_v2) F(cuEventCreate) F(cuEventRecord) F(cuEventQuery)            \
+    F(cuEventElapsedTime) F(cuEventDestroy_v2)
 
 static const struct { const char *name; void *fn; } proc_table[] = {
 #define PROC_ENTRY(n) {#n, (void *)n},

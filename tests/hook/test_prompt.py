@@ -113,3 +113,54 @@ def test_two_jobs_with_prompt_bursts_still_take_turns_burst_by_burst(hook_lib, s
     bad = overlaps(late, GPU0)
     print(f"{len(bad)} overlaps among {len(late)} kernels")
     assert len(late) >= 150 and len(bad) <= 0.05 * len(late), (len(bad), len(late))
+
+
+def holder_backlog_ms(launches, holder_pid: int, prompt_pid: int, after_ns: int) -> list[float]:
+    """At each prompt kernel's start (after `after_ns`, while the holder still ran): how much of the
+    holder's work launched before it was still to run then, in ms. What the prompt kernel shares
+    the GPU with."""
+    holder = [r for r in launches if r[0] == holder_pid and r[1] == GPU0]
+    last = max(r[3] for r in holder)
+    prompts = sorted(r[2] for r in launches
+                     if r[0] == prompt_pid and r[1] == GPU0 and after_ns < r[2] < last)
+    return [sum(max(0, end - max(start, p)) for _, _, start, end, launched in holder if launched < p) / 1e6
+            for p in prompts]
+
+
+@pytest.mark.parametrize("queue", ["off", "default"])
+def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_about(
+        hook_lib, scheduler, tmp_path, procs, queue):
+    """A training queues whole steps (10 kernels of 2 ms, then a synchronise). Yielding alone stops
+    it launching during a prompt burst, but what it queued runs beside the request: about half a
+    step. Paced (NVSHARE_PROMPT_QUEUE_MS, 2 ms by default), it keeps under 2 ms queued while prompt
+    bursts are about, so a request shares the GPU with at most one of its kernels."""
+    import statistics
+
+    from helpers_hook import read_launches
+
+    trace = tmp_path / "trace"
+    extra = {"FAKE_CUDA_TRACE_LAUNCH": "1", "NVSHARE_LOG_LEVEL": "debug"}
+    holder_env = dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **extra)
+    if queue == "off":
+        holder_env["NVSHARE_PROMPT_QUEUE_MS"] = "off"
+    holder = start_nvtest(hook_lib, ["init", "ctx:0", "train:2000:10:120:0:0"], holder_env)
+    procs.append(holder)
+    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:200", f"burst:{PROMPT_US}:60:{PROMPT_GAP_MS}"],
+                          dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **extra))
+    procs.append(prompt)
+    finish(prompt, timeout=60)
+    finish(holder, timeout=60)
+    launches = read_launches(trace)
+    first = min(r[2] for r in launches if r[0] == prompt.pid)
+    backlog = holder_backlog_ms(launches, holder.pid, prompt.pid, first + 500_000_000)
+    median, worst = statistics.median(backlog), max(backlog)
+    print(f"queue {queue}: the holder's work still queued at {len(backlog)} prompt kernels: median "
+          f"{median:.1f} ms, max {worst:.1f} ms")
+    assert len(backlog) >= 20, len(backlog)
+    if queue == "off":
+        assert median >= 5.0, backlog
+    else:
+        # The turn holder counts its running kernel too: one 2 ms kernel at most (a co-runner
+        # would keep one more).
+        assert median <= 2.0, backlog
+        assert sorted(backlog)[int(0.9 * len(backlog))] <= 3.0, backlog

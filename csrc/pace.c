@@ -1,0 +1,192 @@
+/* pace.c: a job that yields to co-runners' prompt bursts keeps little of its work queued on the GPU.
+ *
+ * Yielding (burst.c) stops a job launching while a co-runner's prompt burst (a request served, a
+ * command at a prompt) runs, but what the job had queued before still runs beside that burst. A
+ * training queues a whole step at once (20 ms of kernels in bench_mixes' serve2): on the H100, 3 ms
+ * requests beside it took 14.6 ms at p99 with yielding alone, against 6.3 ms alone. So while
+ * co-runners' prompt bursts are about (one seen in the last second: nvshare_burst_prompts_about), a
+ * launch first waits until this job's work still queued is under NVSHARE_PROMPT_QUEUE_MS (2 ms), and
+ * a request then shares the GPU with at most that much.
+ *
+ * How much is queued: an event is recorded after a launch once the launches since the last event
+ * add up to a quarter of the cap (every launch while their length is unknown). The events not yet
+ * done, times the launches each marks, times the GPU time of one launch, is the queue. That time is
+ * measured, not guessed: between two events of one stream where the later was recorded while the
+ * earlier was still queued, the GPU ran the later's launches back to back (a running mean).
+ *
+ * The turn holder counts the launch that runs too: a request then waits for the least. A co-runner
+ * (a bursty job) counts only what waits behind it: with kernels as long as the cap it would
+ * otherwise run them one at a time, and the hardware's time-slicing passes a context with nothing
+ * queued over for the others' turn: on the H200 a bursty job of 1 ms kernels beside a training and
+ * a probe ran 1.58x its time alone that way (1.47x counting only what waits; co-location 1.46x).
+ * A wait spins on the oldest event (sched_yield between looks) for its first PACE_SPIN_NS, then
+ * polls every PACE_POLL_NS: a sleeping wait woke ~0.1 ms late, the GPU idle meanwhile.
+ * A wait polls the oldest event (microseconds) and never lasts longer than PACE_WAIT_MAX_NS: work
+ * queued behind another stream's later work (a cross-stream wait) would otherwise never be done,
+ * and pacing then stops for PACE_OFF_NS. The caller records nothing while a graph capture is open on
+ * the GPU (the event would become part of the graph). A co-runner that claims prompt bursts without
+ * end makes this job pace all the time, which costs it no GPU time, only the queue's depth.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+#include "burst.h"
+#include "driver.h"
+#include "env.h"
+#include "gpus.h"
+#include "pace.h"
+
+#define PACE_MARK_PARTS 4                 /* an event per quarter of the cap's worth of launches */
+#define PACE_SPIN_NS 1000000ull           /* a wait spins this long (a training's kernel or two) ... */
+#define PACE_POLL_NS 20000ull             /* ... then looks at the oldest event again after this */
+#define PACE_WAIT_MAX_NS 100000000ull     /* 100 ms: then launch anyway ... */
+#define PACE_OFF_NS 1000000000ull         /* ... and stop pacing for a second */
+#define PACE_MEAN_WEIGHT 8                /* a new measurement counts 1/8 in the running mean */
+
+static unsigned slot_at(const struct nvshare_pace_state *p, unsigned i) { return (p->head + i) % NVSHARE_PACE_RING; }
+
+/* The GPU time of the launches not seen done yet (marked by events, and those since); for a
+ * co-runner, less the one that runs. With the length of a launch unknown, each counts half the cap. */
+static uint64_t queued_ns(const struct nvshare_pace_state *p, int corunner)
+{
+    uint64_t launches = p->unmarked;
+    for (unsigned i = 0; i < p->n; i++)
+        launches += p->ring[slot_at(p, i)].launches;
+    if (corunner && launches)
+        launches--;
+    uint64_t each = p->launch_ns ? p->launch_ns : nvshare_cfg.prompt_queue_ns / 2;
+    return launches * each;
+}
+
+/* With mu held: forget the events found done, learning a launch's length from them. */
+static void forget_done(struct nvshare_pace_state *p)
+{
+    while (p->n) {
+        unsigned i = p->head;
+        struct nvshare_pace_slot *s = &p->ring[i];
+        CUresult rc = nvshare_real.cuEventQuery(s->ev);
+        if (rc == CUDA_ERROR_NOT_READY)
+            return;
+        int prev = p->last_done;
+        if (rc == CUDA_SUCCESS && s->behind && s->launches && prev == (int)((i + NVSHARE_PACE_RING - 1) % NVSHARE_PACE_RING)) {
+            float ms = 0;
+            if (nvshare_real.cuEventElapsedTime(&ms, p->ring[prev].ev, s->ev) == CUDA_SUCCESS && ms > 0) {
+                uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
+                p->launch_ns = p->launch_ns ? (p->launch_ns * (PACE_MEAN_WEIGHT - 1) + each) / PACE_MEAN_WEIGHT
+                                            : each;
+            }
+        }
+        if (rc != CUDA_SUCCESS)
+            s->ev = NULL;   /* its context is gone (or the driver refused it): made again when needed */
+        p->last_done = rc == CUDA_SUCCESS ? (int)i : -1;
+        p->head = (i + 1) % NVSHARE_PACE_RING;
+        p->n--;
+    }
+}
+
+int nvshare_pace_wait(struct nvshare_gpu *g)
+{
+    if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
+        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g))
+        return 0;
+    struct nvshare_pace_state *p = &g->pace;
+    uint64_t cap = nvshare_cfg.prompt_queue_ns;
+    pthread_mutex_lock(&p->mu);
+    uint64_t now = nvshare_now_ns();
+    if (now < p->off_until) {
+        pthread_mutex_unlock(&p->mu);
+        return 0;
+    }
+    uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
+    int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
+    nvshare_in_hook++;
+    for (;;) {
+        forget_done(p);
+        if (!p->n || queued_ns(p, corunner) < cap)
+            break;
+        uint64_t t = nvshare_now_ns();
+        if (t < spin_until) {
+            sched_yield();
+            continue;
+        }
+        if (t >= deadline) {
+            p->off_until = t + PACE_OFF_NS;
+            nvshare_debug("gpu %s: queued work not done after %.0f ms (behind another stream?); not pacing "
+                          "launches for %.0f s", g->uuid, PACE_WAIT_MAX_NS / 1e6, PACE_OFF_NS / 1e9);
+            break;
+        }
+        struct timespec ts = {0, (long)PACE_POLL_NS};
+        nanosleep(&ts, NULL);
+    }
+    nvshare_in_hook--;
+    pthread_mutex_unlock(&p->mu);
+    return 1;
+}
+
+/* With mu held: the events were made in another context; forget them once none is pending. */
+static int same_context(struct nvshare_pace_state *p)
+{
+    CUcontext ctx = NULL;
+    if (nvshare_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return 0;
+    if (ctx == p->ctx)
+        return 1;
+    if (p->n || p->unmarked)
+        return 0;   /* a launch in another context than the paced ones: not paced */
+    for (int i = 0; i < NVSHARE_PACE_RING; i++) {
+        if (p->ring[i].ev && nvshare_real.cuEventDestroy_v2)
+            nvshare_real.cuEventDestroy_v2(p->ring[i].ev);
+        p->ring[i].ev = NULL;
+    }
+    p->ctx = ctx;
+    p->last_done = -1;
+    return 1;
+}
+
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
+{
+    struct nvshare_pace_state *p = &g->pace;
+    pthread_mutex_lock(&p->mu);
+    nvshare_in_hook++;
+    if (!same_context(p))
+        goto out;
+    p->unmarked++;
+    uint64_t each = p->launch_ns;
+    if (each && p->unmarked * each < nvshare_cfg.prompt_queue_ns / PACE_MARK_PARTS)
+        goto out;   /* short launches: one event marks several */
+    if (p->n == NVSHARE_PACE_RING)
+        goto out;   /* every slot waits (only with more threads than the cap lets through) */
+    unsigned i = slot_at(p, p->n);
+    struct nvshare_pace_slot *s = &p->ring[i];
+    if (!s->ev && nvshare_real.cuEventCreate(&s->ev, 0) != CUDA_SUCCESS) {
+        s->ev = NULL;
+        goto out;
+    }
+    if ((int)i == p->last_done)
+        p->last_done = -1;   /* its event is recorded again */
+    if (nvshare_real.cuEventRecord(s->ev, stream) != CUDA_SUCCESS)
+        goto out;
+    struct nvshare_pace_slot *before = p->n ? &p->ring[slot_at(p, p->n - 1)] : NULL;
+    s->stream = stream;
+    s->launches = p->unmarked;
+    s->behind = before && before->stream == stream;
+    p->unmarked = 0;
+    p->n++;
+out:
+    nvshare_in_hook--;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void nvshare_pace_after_fork(void)
+{
+    int n = atomic_load(&nvshare_n_gpus);
+    for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
+        /* The child has no context of its parent's: its events are not its own. */
+        struct nvshare_pace_state *p = &nvshare_gpus[i].pace;
+        memset(p, 0, sizeof *p);
+        pthread_mutex_init(&p->mu, NULL);
+        p->last_done = -1;
+    }
+}

@@ -1,0 +1,33 @@
+/* pace.h: a job that yields to co-runners' prompt bursts keeps little of its work queued on the GPU
+ * (pace.c). Owns `struct nvshare_pace_state` of each GPU's record. Calls only burst.c (are prompt
+ * bursts about), gpus.c's record, driver.c and env.c.
+ */
+#ifndef NVSHARE_PACE_H
+#define NVSHARE_PACE_H
+
+#include <stdatomic.h>
+
+#include "burst.h"
+#include "cuda_subset.h"
+#include "env.h"
+#include "gpus.h"
+
+#pragma GCC visibility push(hidden)
+
+/* Before a launch on g (not inside a graph capture): wait while this job's queued work is at least
+ * NVSHARE_PROMPT_QUEUE_MS. 1 when the launch is paced: tell nvshare_pace_launched() once it is made. */
+int nvshare_pace_wait(struct nvshare_gpu *g);
+static inline int nvshare_pace_before(struct nvshare_gpu *g)
+{
+    if (!g || !nvshare_cfg.prompt_queue_ns || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed))
+        return 0;
+    return nvshare_pace_wait(g);
+}
+/* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the
+ * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);
+void nvshare_pace_after_fork(void);
+
+#pragma GCC visibility pop
+
+#endif
