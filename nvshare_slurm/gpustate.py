@@ -178,7 +178,7 @@ class GpuState:
     def report_demand(self, client: ClientInfo, demand: Demand, now: float) -> list[Action]:
         """A DEMAND report: the client's share of turns may change (auto_share: adaptive)."""
         self.lock.attach(client)
-        self.demand.report(client.client_id, demand)
+        self.demand.report(client.client_id, demand, now)
         return self._schedule(now)
 
     def takes_turns(self, client_id: int) -> bool:
@@ -416,8 +416,8 @@ class GpuState:
         bursty_busy = self.demand.update_group(self.settings.burst_turns, self.clients)
         wanting = set(self.queue) | set(self.holders)
         takers = self.demand.takers(self.clients, self.switch_interval())
-        best = min((self.clients[cid].rank for cid in takers & wanting if cid in self.clients),
-                   default=None)
+        ranked = (takers | self.demand.settling(now)) & wanting
+        best = min((self.clients[cid].rank for cid in ranked if cid in self.clients), default=None)
         outranked = {cid for cid in wanting
                      if best is not None and cid in self.clients and self.clients[cid].rank > best
                      and (cid in takers or not self.demand.light_beside_better(cid))}
@@ -548,7 +548,8 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
         return list(gpu.holders.values())
     takers = gpu.demand.takers(clients, gpu.switch_interval())
     wanting = set(gpu.queue) | set(gpu.holders)
-    best = min((clients[cid].rank for cid in takers & wanting if cid in clients), default=None)
+    ranked = (takers | gpu.demand.settling(now)) & wanting
+    best = min((clients[cid].rank for cid in ranked if cid in clients), default=None)
     beside = {cid for cid in wanting - takers if cid in clients and not mem.use(cid).swapped
               and (best is None or clients[cid].rank <= best or gpu.demand.light_beside_better(cid))}
     largest = max((mem.use(cid).allocated + mem.use(cid).swapped
