@@ -57,6 +57,12 @@
  * with prompt bursts off (p99 18.5 ms and 18.6), where a 1 ms probe's p99 fell from 9.5 to 3.5 ms. */
 #define PROMPT_BURST_MAX_NS 12000000ull
 #define PROMPT_BUSY_MAX_PPM 400000u
+/* Once prompt, a job stays so until its bursts pass 20 ms or its busy share 50 %: beside two
+ * trainings and a bursty job on the H200 a server's 3 ms requests read 12.1 ms at times (requests
+ * arriving close together make one burst, each stretched by the others' time-slices), and each
+ * time its requests waited like any burst. A bursty job of 28 ms bursts never enters. */
+#define PROMPT_STAY_BURST_MAX_NS 20000000ull
+#define PROMPT_STAY_BUSY_MAX_PPM 500000u
 /* A prompt burst is announced for 4 of its mean lengths (it runs beside what the others queued
  * before it), 2 to 20 ms. */
 #define PROMPT_HOLD_FACTOR 4
@@ -142,7 +148,10 @@ static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
     uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
     unsigned busy = atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed);
-    if (!nvshare_cfg.prompt_bursts || !mean || mean > PROMPT_BURST_MAX_NS || busy > PROMPT_BUSY_MAX_PPM)
+    int stay = atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed);
+    uint64_t max_mean = stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
+    unsigned max_busy = stay ? PROMPT_STAY_BUSY_MAX_PPM : PROMPT_BUSY_MAX_PPM;
+    if (!nvshare_cfg.prompt_bursts || !mean || mean > max_mean || busy > max_busy)
         return 0;   /* not prompt (or not measured yet, or NVSHARE_PROMPT_BURSTS=off) */
     uint64_t h = mean * PROMPT_HOLD_FACTOR;
     return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > PROMPT_HOLD_MAX_NS ? PROMPT_HOLD_MAX_NS : h;
@@ -249,6 +258,12 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
     uint64_t hold = p ? prompt_hold(g) : 0;
+    if (p && (hold != 0) != atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed)) {
+        atomic_store_explicit(&g->burst.prompt_kind, hold != 0, memory_order_relaxed);
+        nvshare_debug("gpu %s: its bursts are %s (mean %.1f ms, busy %u%%)", g->uuid,
+                      hold ? "prompt: the others launch nothing new while one runs" : "not prompt",
+                      atomic_load(&g->burst.mean_ns) / 1e6, atomic_load(&g->burst.busy_ppm) / 10000);
+    }
     /* Another prompt burst runs: take turns with it through the owner word as any burst does
      * (two short-burst jobs would otherwise both run at once, as plain co-location). */
     if (hold && atomic_load(&p->prompt_until) <= now) {

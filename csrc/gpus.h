@@ -93,6 +93,7 @@ struct nvshare_burst_state {
     /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
     atomic_int yields;            /* wait out others' prompt bursts (a grant's BURSTS or YIELD) */
     atomic_int prompting;         /* the burst under way is prompt: prompt_mine is on the page */
+    atomic_int prompt_kind;       /* this process's bursts were prompt at the last burst's start */
     _Atomic uint64_t prompt_mine; /* the prompt_until this process wrote */
     _Atomic uint64_t yield_window_ns;    /* the start of the second whose waits are counted */
     _Atomic uint64_t yielded_ns;         /* waited for prompt bursts in that second */
@@ -148,6 +149,7 @@ struct nvshare_pace_state {
     uint32_t unmarked;            /* launches since the last event */
     uint64_t launch_ns;           /* GPU time of one launch, back to back (a running mean; 0: unknown) */
     uint64_t off_until;           /* a wait ran out: not pacing until then */
+    uint64_t paced_ns;            /* the last paced launch (the log says when pacing begins) */
 };
 
 struct nvshare_gpu {

@@ -96,13 +96,20 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
 /* ---- launches --------------------------------------------------------------------------------- */
 /* Gated as above, and paced (pace.c): while co-runners' prompt bursts are about, a job that yields
  * to them keeps little work queued. Outside a graph capture only: an event recorded on a capturing
- * stream would become part of the graph. `stream`: where the launch's work goes. */
+ * stream would become part of the graph. The wait counts as a synchronise: uncounted, a paced
+ * bursty job's waits of a sample or more read as idle to demand.c, which cut its 28 ms bursts into
+ * pieces short enough to pass for prompt ones (seen on the H200). `stream`: where the work goes. */
 #define LAUNCH_WRAPPER(name, params, args, stream)                                           \
     NVSHARE_EXPORT CUresult name params                                                      \
     {                                                                                        \
         REAL_OR_FAIL(name);                                                                  \
         struct nvshare_gpu *pace_gpu_ = nvshare_gpu_for_current();                           \
-        int paced_ = pace_gpu_ && !nvshare_gate_capturing(pace_gpu_) && nvshare_pace_before(pace_gpu_); \
+        int paced_ = 0;                                                                      \
+        if (pace_gpu_ && nvshare_pace_due(pace_gpu_) && !nvshare_gate_capturing(pace_gpu_)) { \
+            nvshare_gate_sync_begin(pace_gpu_);   /* waiting for its own work: busy */       \
+            paced_ = nvshare_pace_wait(pace_gpu_);                                           \
+            nvshare_gate_sync_end(pace_gpu_);                                                \
+        }                                                                                    \
         struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(pace_gpu_);                       \
         nvshare_in_hook++;                                                                   \
         CUresult rc_ = nvshare_real.name args;                                               \

@@ -99,6 +99,10 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
+    if (now - p->paced_ns > PACE_OFF_NS)
+        nvshare_debug("gpu %s: co-runners' prompt bursts are about: at most %.1f ms of work queued (a launch "
+                      "%.2f ms)", g->uuid, cap / 1e6, p->launch_ns / 1e6);
+    p->paced_ns = now;
     uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
     int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
     nvshare_in_hook++;

@@ -14,15 +14,15 @@
 
 #pragma GCC visibility push(hidden)
 
-/* Before a launch on g (not inside a graph capture): wait while this job's queued work is at least
- * NVSHARE_PROMPT_QUEUE_MS. 1 when the launch is paced: tell nvshare_pace_launched() once it is made. */
-int nvshare_pace_wait(struct nvshare_gpu *g);
-static inline int nvshare_pace_before(struct nvshare_gpu *g)
+/* Might a launch on g be paced (the hot path's look: one load when it is not)? */
+static inline int nvshare_pace_due(struct nvshare_gpu *g)
 {
-    if (!g || !nvshare_cfg.prompt_queue_ns || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed))
-        return 0;
-    return nvshare_pace_wait(g);
+    return nvshare_cfg.prompt_queue_ns && atomic_load_explicit(&g->burst.yields, memory_order_relaxed);
 }
+/* Before a launch on g (not inside a graph capture): wait while this job's queued work is at least
+ * NVSHARE_PROMPT_QUEUE_MS. 1 when the launch is paced: tell nvshare_pace_launched() once it is made.
+ * The caller counts the wait as a synchronise (waiting for its own work: busy, for demand.c). */
+int nvshare_pace_wait(struct nvshare_gpu *g);
 /* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the
  * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
 void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);

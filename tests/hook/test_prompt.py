@@ -164,3 +164,24 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
         # would keep one more).
         assert median <= 2.0, backlog
         assert sorted(backlog)[int(0.9 * len(backlog))] <= 3.0, backlog
+
+
+def test_a_paced_bursty_job_is_not_taken_for_a_prompt_one(hook_lib, scheduler, tmp_path, procs):
+    """A bursty co-runner (20 ms bursts of 5 ms kernels, 40 ms pauses: a third busy) paced beside a
+    prompt job waits up to a kernel's length before each launch. Those waits are for its own work:
+    counted as idle, they cut each burst into 5 ms pieces, short enough to pass for prompt ones,
+    and the bursty job then ran at once while everyone else yielded to it (seen on the H200)."""
+    trace = tmp_path / "trace"
+    env = {"NVSHARE_LOG_LEVEL": "debug"}
+    bursty = start_nvtest(hook_lib, ["init", "ctx:0", "train:5000:4:70:0:40"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **env))
+    procs.append(bursty)
+    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:100", f"burst:{PROMPT_US}:100:{PROMPT_GAP_MS}"],
+                          dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **env))
+    procs.append(prompt)
+    finish(prompt, timeout=60)
+    finish(bursty, timeout=60)
+    log, prompt_log = bursty.stderr_text, prompt.stderr_text
+    assert "its bursts are prompt" in prompt_log, prompt_log[-2000:]
+    assert "co-runners' prompt bursts are about" in log, log[-3000:]   # it was paced
+    assert "its bursts are prompt" not in log, log[-3000:]
