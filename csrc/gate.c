@@ -108,7 +108,11 @@ static void handoff_take(struct nvshare_gpu *g)
     if (g->gate.held || !g->gate.requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->gate.swap_busy ||
         !nvshare_outbox_connected())
         return;
-    hold_lock(g, 0, 0);   /* g->gate.requested stays: the grant that follows answers the request */
+    /* g->gate.requested stays: the grant that follows answers the request, and says whether to wait
+     * out prompt bursts. Until it comes, as the last grant said: disarmed, the turn's first step
+     * went out whole before the grant (10 kernels at once on the fake driver, and a served request
+     * on the H200 shared the GPU with it: its slowest came just after hand-overs). */
+    hold_lock(g, 0, g->gate.last_yields);
     open_gate(g);
     nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
 }
@@ -652,6 +656,7 @@ void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switc
     pthread_mutex_lock(&g->gate.mu);
     int bursts = (flags & NVSHARE_GRANT_SHARED) && (flags & NVSHARE_GRANT_BURSTS);
     int yields = !!(flags & NVSHARE_GRANT_YIELD);
+    g->gate.last_yields = yields;
     if (g->gate.held && !g->gate.requested && !g->gate.drop_pending) {
         /* The grant of a lock held: only what it says of bursts and prompt ones changed. Its turn,
          * and a LOCK_CONTENDED it had, go on (the daemon counts them). */

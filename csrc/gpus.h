@@ -77,6 +77,7 @@ struct nvshare_gate_state {
     unsigned handoff_gen;         /* bumped with every new handoff_in_fd */
     int handoff_polling;          /* a waiting thread polls (a copy of) handoff_in_fd */
     int handoff_on_drain;         /* this release moves nothing: the drainer writes handoff_out_fd */
+    int last_yields;              /* the last grant said YIELD: a hand-over yields so until its grant */
 };
 
 /* burst.c's: co-runners take turns burst by burst through a page they share. */
