@@ -127,6 +127,27 @@ def holder_backlog_ms(launches, holder_pid: int, prompt_pid: int, after_ns: int)
             for p in prompts]
 
 
+def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]], rounds: int,
+                  launch_times: bool = True):
+    """Runs each (nvtest action, extra env) as a job, and a prompt job (1 ms kernels every 30 ms,
+    `rounds` of them, started 0.1-0.2 s later) beside them, debug logs on; waits for all. Returns
+    (the jobs' processes, the prompt job's)."""
+    extra = {"NVSHARE_LOG_LEVEL": "debug", **({"FAKE_CUDA_TRACE_LAUNCH": "1"} if launch_times else {})}
+    started = []
+    for i, (action, env) in enumerate(jobs, start=1):
+        started.append(start_nvtest(hook_lib, ["init", "ctx:0", action],
+                                    dict(Job(scheduler, i, trace, gpu_index=[0]).env, **extra, **env)))
+        procs.append(started[-1])
+    action = f"burst:{PROMPT_US}:{rounds}:{PROMPT_GAP_MS}"
+    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", action],
+                          dict(Job(scheduler, len(jobs) + 1, trace, gpu_index=[0]).env, **extra))
+    procs.append(prompt)
+    finish(prompt, timeout=60)
+    for proc in started:
+        finish(proc, timeout=60)
+    return started, prompt
+
+
 @pytest.mark.parametrize("queue", ["off", "default"])
 def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_about(
         hook_lib, scheduler, tmp_path, procs, queue):
@@ -139,17 +160,8 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
-    extra = {"FAKE_CUDA_TRACE_LAUNCH": "1", "NVSHARE_LOG_LEVEL": "debug"}
-    holder_env = dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **extra)
-    if queue == "off":
-        holder_env["NVSHARE_PROMPT_QUEUE_MS"] = "off"
-    holder = start_nvtest(hook_lib, ["init", "ctx:0", "train:2000:10:120:0:0"], holder_env)
-    procs.append(holder)
-    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:200", f"burst:{PROMPT_US}:60:{PROMPT_GAP_MS}"],
-                          dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **extra))
-    procs.append(prompt)
-    finish(prompt, timeout=60)
-    finish(holder, timeout=60)
+    env = {"NVSHARE_PROMPT_QUEUE_MS": "off"} if queue == "off" else {}
+    (holder,), prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:2000:10:120:0:0", env)], 60)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
     backlog = holder_backlog_ms(launches, holder.pid, prompt.pid, first + 500_000_000)
@@ -171,16 +183,8 @@ def test_a_paced_bursty_job_is_not_taken_for_a_prompt_one(hook_lib, scheduler, t
     prompt job waits up to a kernel's length before each launch. Those waits are for its own work:
     counted as idle, they cut each burst into 5 ms pieces, short enough to pass for prompt ones,
     and the bursty job then ran at once while everyone else yielded to it (seen on the H200)."""
-    trace = tmp_path / "trace"
-    env = {"NVSHARE_LOG_LEVEL": "debug"}
-    bursty = start_nvtest(hook_lib, ["init", "ctx:0", "train:5000:4:70:0:40"],
-                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **env))
-    procs.append(bursty)
-    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:100", f"burst:{PROMPT_US}:100:{PROMPT_GAP_MS}"],
-                          dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **env))
-    procs.append(prompt)
-    finish(prompt, timeout=60)
-    finish(bursty, timeout=60)
+    (bursty,), prompt = beside_prompt(scheduler, hook_lib, procs, tmp_path / "trace",
+                                      [("train:5000:4:70:0:40", {})], 100, launch_times=False)
     log, prompt_log = bursty.stderr_text, prompt.stderr_text
     assert "its bursts are prompt" in prompt_log, prompt_log[-2000:]
     assert "co-runners' prompt bursts are about" in log, log[-3000:]   # it was paced
@@ -199,16 +203,8 @@ def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, sche
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
-    extra = {"FAKE_CUDA_TRACE_LAUNCH": "1", "NVSHARE_LOG_LEVEL": "debug"}
-    holders = [start_nvtest(hook_lib, ["init", "ctx:0", "train:2000:10:100:0:0"],
-                            dict(Job(scheduler, i, trace, gpu_index=[0]).env, **extra)) for i in (1, 2)]
-    procs.extend(holders)
-    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:200", f"burst:{PROMPT_US}:80:{PROMPT_GAP_MS}"],
-                          dict(Job(scheduler, 3, trace, gpu_index=[0]).env, **extra))
-    procs.append(prompt)
-    finish(prompt, timeout=60)
-    for h in holders:
-        finish(h, timeout=60)
+    holders, prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:2000:10:100:0:0", {})] * 2,
+                                    80)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
     per_holder = [holder_backlog_ms(launches, h.pid, prompt.pid, first + 500_000_000) for h in holders]
