@@ -62,6 +62,9 @@
  * arriving close together make one burst, each stretched by the others' time-slices), and each
  * time its requests waited like any burst. A bursty job of 28 ms bursts never enters. */
 #define PROMPT_STAY_BURST_MAX_NS 20000000ull
+/* ... and only once its mean is of a few bursts: a first one cut short (start-up, a loaded CPU's
+ * late samples) made a bursty job of 20 ms bursts read 11 ms and run its next bursts as prompt. */
+#define PROMPT_MIN_BURSTS 4
 #define PROMPT_STAY_BUSY_MAX_PPM 500000u
 /* A prompt burst is announced for 4 of its mean lengths (it runs beside what the others queued
  * before it), 2 to 20 ms. */
@@ -137,8 +140,9 @@ void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
     atomic_store(&g->burst.yields, (bursts || yields) && page);
 }
 
-void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm)
+void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts)
 {
+    atomic_store_explicit(&g->burst.bursts, bursts, memory_order_relaxed);
     atomic_store_explicit(&g->burst.mean_ns, mean_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.busy_ppm, busy_ppm, memory_order_relaxed);
 }
@@ -151,8 +155,9 @@ static uint64_t prompt_hold(struct nvshare_gpu *g)
     int stay = atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed);
     uint64_t max_mean = stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
     unsigned max_busy = stay ? PROMPT_STAY_BUSY_MAX_PPM : PROMPT_BUSY_MAX_PPM;
-    if (!nvshare_cfg.prompt_bursts || !mean || mean > max_mean || busy > max_busy)
-        return 0;   /* not prompt (or not measured yet, or NVSHARE_PROMPT_BURSTS=off) */
+    if (!nvshare_cfg.prompt_bursts || !mean || mean > max_mean || busy > max_busy ||
+        atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS)
+        return 0;   /* not prompt (or not measured enough yet, or NVSHARE_PROMPT_BURSTS=off) */
     uint64_t h = mean * PROMPT_HOLD_FACTOR;
     return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > PROMPT_HOLD_MAX_NS ? PROMPT_HOLD_MAX_NS : h;
 }

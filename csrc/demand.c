@@ -45,6 +45,7 @@ struct demand {
     uint64_t seen_ns;         /* time sampled since the first busy look, lock waits left out */
     double busy;              /* 0..1 */
     double burst_ns, gap_ns;  /* means; 0 = none finished yet */
+    unsigned bursts;          /* bursts finished (the mean's weight, for burst.c) */
     int reported;
     uint64_t reported_at;
     double sent_busy, sent_burst, sent_gap;
@@ -108,10 +109,12 @@ static void turn_to(struct demand *d, int busy, uint64_t at)
     if (at < d->run_start)
         at = d->run_start;
     double run = (double)(at - d->run_start);
-    if (d->busy_now)
+    if (d->busy_now) {
         d->burst_ns = mean_of(d->burst_ns, run);
-    else
+        d->bursts++;
+    } else {
         d->gap_ns = mean_of(d->gap_ns, run);
+    }
     d->busy_now = busy;
     d->run_start = at;
 }
@@ -188,7 +191,7 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     d->busy += ((double)busy_ns / (double)since - d->busy) * weight;
     /* For the keeper: idle since at least the first idle sample of the stretch under way. */
     nvshare_gate_note_demand(g, d->busy_now ? 0 : d->run_start, (uint64_t)d->gap_ns, (unsigned)(d->busy * 1e6));
-    nvshare_burst_note_demand(g, (uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6));
+    nvshare_burst_note_demand(g, (uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
     int idle_sample = !busy || (!d->busy_now && now - d->run_start >= DEMAND_SAMPLE_NS);
     if (idle_sample && atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))

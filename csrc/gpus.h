@@ -89,6 +89,7 @@ struct nvshare_burst_state {
     atomic_int waiting;           /* threads waiting for another job's burst to end */
     _Atomic uint64_t mean_ns;     /* this process's mean burst (demand.c measures it) */
     atomic_uint busy_ppm;         /* ... and its busy share */
+    atomic_uint bursts;           /* ... and how many bursts that mean is of */
     int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
     /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
