@@ -62,10 +62,10 @@
  * arriving close together make one burst, each stretched by the others' time-slices), and each
  * time its requests waited like any burst. A bursty job of 28 ms bursts never enters. */
 #define PROMPT_STAY_BURST_MAX_NS 20000000ull
-/* ... and only once its mean is of a few bursts: a first one cut short (start-up, a loaded CPU's
+#define PROMPT_STAY_BUSY_MAX_PPM 500000u
+/* Either way only once its mean is of a few bursts: a first one cut short (start-up, a loaded CPU's
  * late samples) made a bursty job of 20 ms bursts read 11 ms and run its next bursts as prompt. */
 #define PROMPT_MIN_BURSTS 4
-#define PROMPT_STAY_BUSY_MAX_PPM 500000u
 /* A prompt burst is announced for 4 of its mean lengths (it runs beside what the others queued
  * before it), 2 to 20 ms. */
 #define PROMPT_HOLD_FACTOR 4

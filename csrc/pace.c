@@ -20,10 +20,9 @@
  * queued over for the others' turn: on the H200 a bursty job of 1 ms kernels beside a training and
  * a probe ran 1.58x its time alone that way (1.47x counting only what waits; co-location 1.46x).
  * A wait spins on the oldest event (sched_yield between looks) for its first PACE_SPIN_NS, then
- * polls every PACE_POLL_NS: a sleeping wait woke ~0.1 ms late, the GPU idle meanwhile.
- * A wait polls the oldest event (microseconds) and never lasts longer than PACE_WAIT_MAX_NS: work
- * queued behind another stream's later work (a cross-stream wait) would otherwise never be done,
- * and pacing then stops for PACE_OFF_NS. The caller records nothing while a graph capture is open on
+ * polls every PACE_POLL_NS: a sleeping wait woke ~0.1 ms late, the GPU idle meanwhile. It never
+ * lasts longer than PACE_WAIT_MAX_NS: work queued behind something that waits for a later launch
+ * would otherwise never be done, and pacing then stops for PACE_OFF_NS. The caller records nothing while a graph capture is open on
  * the GPU (the event would become part of the graph). A co-runner that claims prompt bursts without
  * end makes this job pace all the time, which costs it no GPU time, only the queue's depth.
  */
@@ -69,8 +68,9 @@ static void forget_done(struct nvshare_pace_state *p)
         CUresult rc = nvshare_real.cuEventQuery(s->ev);
         if (rc == CUDA_ERROR_NOT_READY)
             return;
-        int prev = p->last_done;
-        if (rc == CUDA_SUCCESS && s->behind && s->launches && prev == (int)((i + NVSHARE_PACE_RING - 1) % NVSHARE_PACE_RING)) {
+        int prev = p->last_done;   /* the slot before this one, its event still as recorded? */
+        if (rc == CUDA_SUCCESS && s->behind && s->launches &&
+            prev == (int)((i + NVSHARE_PACE_RING - 1) % NVSHARE_PACE_RING)) {
             float ms = 0;
             if (nvshare_real.cuEventElapsedTime(&ms, p->ring[prev].ev, s->ev) == CUDA_SUCCESS && ms > 0) {
                 uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
