@@ -431,7 +431,10 @@ class GpuState:
         if len(takers) <= 1:
             self._corun(now, out, skip=outranked, takers=takers)
             self._regrant_co_runners(takers, out)
-            running = [h for cid, h in self.holders.items() if cid in takers and h.drop_at is None]
+            # The best class holding: a turn-taker, or one still settling that reads light (the
+            # worse ones wait for it, so it too gives them its idle time).
+            running = [h for cid, h in self.holders.items() if h.drop_at is None and cid in self.clients
+                       and (cid in takers or (cid in ranked and self.clients[cid].rank == best))]
             if running and outranked & set(self.queue) \
                     and self.demand.leaves_idle_time(running[0].client, self.queue, now):
                 self.lock.contend(running[0], out)   # it gives the GPU back once idle

@@ -165,6 +165,19 @@ def test_a_low_holder_with_short_bursts_is_dropped_when_a_high_one_turns_busy():
     assert drops(g.report_demand(high, BUSY, t + 0.5)) == [(2, C.NVSHARE_DROP_TIMESLICE)]
 
 
+def test_a_settling_high_holder_that_reads_light_gives_its_idle_time_to_the_low_job_it_outranks():
+    """While it settles, a light high holder makes a busy low job wait; it must then give it its
+    idle time as a busy one does (LOCK_CONTENDED), or the low job waits out the whole settle time
+    (a fake-driver test saw the low job get nothing in the high job's 300 ms pause)."""
+    g = gpu()
+    high, low = client(1, "high"), client(2, "low")
+    g.report_demand(low, SHORT_BURSTS, 0.0)
+    g.report_demand(high, LIGHT, 10.0)
+    assert grants(g.request(high, 10.0)) == [(1, SHARED)]
+    actions = g.request(low, 10.1)
+    assert grants(actions) == [] and (CONTENDED, 1) in kinds(actions) and 2 in g.queue
+
+
 def test_a_high_newcomer_that_reads_light_outranks_a_low_one_until_its_reports_settle():
     """A training's first reports read light (its start-up): on the H200 a low compute-bound job
     co-ran beside such a high training for 1.8 s and it kept 0.87 of its speed alone. Until the
