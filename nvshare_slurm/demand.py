@@ -167,6 +167,13 @@ class GpuDemand:
         return {cid for cid in self.asked if cid not in self.reports} | \
             {cid for cid, t in self.first_report.items() if now - t < CLASS_SETTLE_SEC}
 
+    def best_class(self, takers: set[int], wanting: set[int], clients: Mapping[int, ClientInfo],
+                   now: float) -> tuple[set[int], int | None]:
+        """The clients that set the best class wanting the GPU (turn-takers, and those still
+        settling: their class counts as a busy one's), and that class's rank (None: no such one)."""
+        ranked = (takers | self.settling(now)) & wanting
+        return ranked, min((clients[cid].rank for cid in ranked if cid in clients), default=None)
+
     def takes_turns(self, client_id: int) -> bool:
         """As the last pass decided (takers): by its own demand, unless turns cost it more."""
         return self._by_demand(client_id) and client_id not in self.corun_by_cost

@@ -416,8 +416,7 @@ class GpuState:
         bursty_busy = self.demand.update_group(self.settings.burst_turns, self.clients)
         wanting = set(self.queue) | set(self.holders)
         takers = self.demand.takers(self.clients, self.switch_interval())
-        ranked = (takers | self.demand.settling(now)) & wanting
-        best = min((self.clients[cid].rank for cid in ranked if cid in self.clients), default=None)
+        ranked, best = self.demand.best_class(takers, wanting, self.clients, now)
         outranked = {cid for cid in wanting
                      if best is not None and cid in self.clients and self.clients[cid].rank > best
                      and (cid in takers or not self.demand.light_beside_better(cid))}
@@ -551,8 +550,7 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
         return list(gpu.holders.values())
     takers = gpu.demand.takers(clients, gpu.switch_interval())
     wanting = set(gpu.queue) | set(gpu.holders)
-    ranked = (takers | gpu.demand.settling(now)) & wanting
-    best = min((clients[cid].rank for cid in ranked if cid in clients), default=None)
+    best = gpu.demand.best_class(takers, wanting, clients, now)[1]
     beside = {cid for cid in wanting - takers if cid in clients and not mem.use(cid).swapped
               and (best is None or clients[cid].rank <= best or gpu.demand.light_beside_better(cid))}
     largest = max((mem.use(cid).allocated + mem.use(cid).swapped
