@@ -88,13 +88,16 @@ static void forget_done(struct nvshare_pace_state *p)
 
 int nvshare_pace_wait(struct nvshare_gpu *g)
 {
+    uint64_t now = nvshare_now_ns();
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
-        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g))
+        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, now))
         return 0;
     struct nvshare_pace_state *p = &g->pace;
     uint64_t cap = nvshare_cfg.prompt_queue_ns;
-    pthread_mutex_lock(&p->mu);
-    uint64_t now = nvshare_now_ns();
+    if (pthread_mutex_trylock(&p->mu) != 0) {
+        pthread_mutex_lock(&p->mu);
+        now = nvshare_now_ns();   /* waited for another thread's pacing: the clock moved on */
+    }
     if (now < p->off_until) {
         pthread_mutex_unlock(&p->mu);
         return 0;
