@@ -33,7 +33,8 @@ same table beside the default (an A/B measured side by side in one run).
 serves one uid at a time, as at a site. Needs root; the scratch directory is made world-readable.
 
   python3 bench/bench_mixes.py --out DIR [--mixes mix3,mix4,...] [--arms serial,colocate,mps,nvshare]
-                               [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--smoke-cpu]
+                               [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--gpu-times]
+                               [--smoke-cpu]
                                [--hook-env NAME=VALUE ...] [--variant NAME=VALUE ...]
 
 DIR/results.json has every job's numbers; DIR/table.md the table; DIR/timeline_<mix>.svg which job ran
@@ -110,6 +111,8 @@ class Mixes:
             out += ["--poisson-ms", str(SERVE_MEAN_MS), "--seed", str(i + 1)]
         if kind == "mem":
             out += ["--mem-mib", str(int(self.args.mem_gib * 1024))]
+        if self.args.gpu_times:
+            out.append("--gpu-times")
         if self.args.uids:
             uid = self.args.uid_base + i
             out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *out]
@@ -242,8 +245,13 @@ def cell(e: dict | None) -> str:
     return f"{e['x_solo']:.3f}" if "x_solo" in e else f"{e['train_s']:.2f} s"
 
 
+def arm_names(arms: list[str], variants: list[str]) -> list[str]:
+    """The arms in ARMS' order, then one "nvshare NAME=VALUE" per --variant."""
+    return [a for a in ARMS if a in arms] + [f"nvshare {v}" for v in variants]
+
+
 def table(res: dict) -> str:
-    names = ARMS + [f"nvshare {v}" for v in res["args"].get("variant") or []]
+    names = arm_names(ARMS, res["args"].get("variant") or [])
     lines = ["| mix | job | kind | " + " | ".join(names) + " | nvshare target |",
              "|---|---|---|" + "---|" * len(names) + "---|"]
     for mix, arms in res["mixes"].items():
@@ -293,6 +301,9 @@ def main() -> int:
                     help="for the nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug, NVSHARE_SWAP_PREPIN=1)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
                     help="one more nvshare arm with this setting too, in the same table (an A/B in one run)")
+    ap.add_argument("--gpu-times", action="store_true",
+                    help="every job records its kernels' GPU start and end (burst --gpu-times) in its "
+                         "logs/*.out: whose kernels ran beside a slow request")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     args = ap.parse_args()
     bad = [m for m in args.mixes.split(",") if m not in MIXES] + \
@@ -313,8 +324,7 @@ def main() -> int:
         bench.calibrate()
         for mix in args.mixes.split(","):
             arms = bench.results["mixes"].setdefault(mix, {})
-            names = [a for a in ARMS if a in args.arms.split(",")] + [f"nvshare {v}" for v in args.variant]
-            for arm in names:
+            for arm in arm_names(args.arms.split(","), args.variant):
                 t = time.time()
                 arms[arm] = bench.run_arm(mix, arm)
                 log(f"{mix}/{arm}: {arms[arm]['status']} in {time.time() - t:.1f} s")
