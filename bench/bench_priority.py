@@ -2,11 +2,14 @@
 speed beside `low` ones, and do the `low` ones use the time it leaves?
 
 Scenarios: one compute-bound `high` training (W1 of bench/gpu_bench.py) beside one and beside two
-`low` trainings, the low ones compute-bound (W1) or bursty (W1's model, a host pause after every
-step so that the GPU is busy --busy-fraction of the time). W1 is calibrated once (25 steps alone):
-every training then runs for about --train-seconds alone. The references (each kind of job alone)
-run once; then per scenario these arms, the same jobs, the high one started --high-delay after the
-low ones (it arrives on a GPU they already use, as a production job on a node they soak up):
+`low` trainings, the low ones compute-bound (W1), bursty (W1's model, a host pause after every
+step so that the GPU is busy --busy-fraction of the time) or memory-heavy (mem: W1 holding a
+ballast of --low-mem of the GPU's memory, beside a high job holding --high-mem: they do not fit
+together, so the low jobs must be swapped out for it; its reference is that high job alone). W1 is
+calibrated once (25 steps alone): every training then runs for about --train-seconds alone. The
+references (each kind of job alone) run once; then per scenario these arms, the same jobs, the high
+one started --high-delay after the low ones (it arrives on a GPU they already use, as a production
+job on a node they soak up):
   colocate   no hook (not by default: it does not fit one 8-minute run)
   mps        under NVIDIA MPS (a private control daemon)
   mps-pct    MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=--low-pct on the low jobs only
@@ -26,7 +29,7 @@ Reported per scenario and arm:
                    nothing else. "Steady" leaves out each job's first WARMUP steps (its own
                    start-up: allocator, cuBLAS), alone and here alike.
 
-  python3 bench/bench_priority.py --out DIR [--lows 1,2] [--low-kinds compute,bursty]
+  python3 bench/bench_priority.py --out DIR [--lows 1,2] [--low-kinds compute,bursty,mem]
                                   [--arms nvshare,lows-only,mps-pct,mps[,colocate]]
                                   [--train-seconds 4] [--time-budget 420] [--high-delay 2]
   python3 bench/bench_priority.py --report DIR    (the docs/benchmarks.md section from DIR)
@@ -73,6 +76,8 @@ DEFAULT_ARMS = ("nvshare", "lows-only", "mps-pct", "mps")
 CALIBRATION_STEPS = 25
 WARMUP = 3
 NODE = "benchnode"
+LOW_KINDS = ("compute", "bursty", "mem")
+FAKE_GPU_BYTES = 16 << 30   # tests/c/fake_cuda.c's device size when FAKE_CUDA_DEVICES names none
 # The site's map in the nvshare arm, and the Slurm facts of the jobs it classifies.
 CLASS_MAP = {"qos": {"prod": "high"}, "partition": {"scavenge": "low"}, "default": "normal"}
 HIGH_JOB = {"qos": "prod", "partition": "gpu", "want": "high(qos prod)"}
@@ -98,10 +103,12 @@ def train_s(res: dict) -> float:
 
 
 def fake_job(argv: list[str]) -> int:
-    """--fake-job STEPS KERNEL_MS SLEEP_MS: train.py's output from nvtest on the fake driver, one
-    kernel per step, synchronised, then the host pause (a bursty job's think time)."""
+    """--fake-job STEPS KERNEL_MS SLEEP_MS [MEM_BYTES]: train.py's output from nvtest on the fake
+    driver, MEM_BYTES of device memory taken first (a ballast), then one kernel per step,
+    synchronised, then the host pause (a bursty job's think time)."""
     steps, kernel_ms, sleep_ms = int(argv[0]), float(argv[1]), float(argv[2])
-    actions = ["init", "ctx:0"]
+    mem = int(argv[3]) if len(argv) > 3 else 0
+    actions = ["init", "ctx:0"] + ([f"alloc:{mem}"] if mem else [])
     for _ in range(steps):
         actions += ["stamp", f"launch:{int(kernel_ms * 1000)}", "sync", "stamp"]
         if sleep_ms > 0:
@@ -124,11 +131,13 @@ class Jobs:
         self.smoke = smoke
         self.kernel_ms = smoke_kernel_ms
 
-    def cmd(self, steps: int, seed: int, sleep_ms: float = 0.0) -> list[str]:
+    def cmd(self, steps: int, seed: int, sleep_ms: float = 0.0, mem_bytes: int = 0) -> list[str]:
+        """mem_bytes: a ballast the job holds (and touches every step on a GPU) besides its model."""
         if self.smoke:
             return [sys.executable, str(Path(__file__).resolve()), "--fake-job", str(steps),
-                    str(self.kernel_ms), f"{sleep_ms:.2f}"]
+                    str(self.kernel_ms), f"{sleep_ms:.2f}", str(mem_bytes)]
         extra = ["--sleep-ms", f"{sleep_ms:.2f}"] if sleep_ms else []
+        extra += ["--mem-gb", f"{mem_bytes / (1 << 30):.2f}"] if mem_bytes else []
         return [sys.executable, str(TRAIN), *WORKLOADS["W1"].args, "--steps", str(steps),
                 "--seed", str(seed), *extra]
 
@@ -296,6 +305,7 @@ class Bench:
         self.jobs = Jobs(self.smoke, args.smoke_kernel_ms)
         # The high job starts this much after the low ones (their start-up is shorter in smoke).
         self.high_delay = args.high_delay if args.high_delay is not None else (0.3 if self.smoke else 2.0)
+        self.gpu_bytes = FAKE_GPU_BYTES if self.smoke else gpu_info(smoke=False)["memory"]
         self.t0 = time.time()
         self.results: dict = {
             "date": datetime.date.today().isoformat(), "smoke": self.smoke,
@@ -345,6 +355,11 @@ class Bench:
 
     def cmds(self, kind: str, n: int) -> tuple[list[str], list[list[str]]]:
         cal = self.results["calibration"]
+        if kind == "mem":   # the high job's ballast and a low one's do not fit together
+            high = self.jobs.cmd(cal["compute_steps"], 1, mem_bytes=self.mem_bytes("high"))
+            lows = [self.jobs.cmd(cal["compute_steps"], 2 + i, mem_bytes=self.mem_bytes("low"))
+                    for i in range(n)]
+            return high, lows
         high = self.jobs.cmd(cal["compute_steps"], 1)
         if kind == "bursty":
             lows = [self.jobs.cmd(cal["bursty_steps"], 2 + i, cal["bursty_sleep_ms"]) for i in range(n)]
@@ -352,14 +367,26 @@ class Bench:
             lows = [self.jobs.cmd(cal["compute_steps"], 2 + i) for i in range(n)]
         return high, lows
 
+    def mem_bytes(self, who: str) -> int:
+        """The mem scenario's ballast of the high job or of each low one."""
+        fraction = self.args.high_mem if who == "high" else self.args.low_mem
+        return int(fraction * self.gpu_bytes)
+
     def alone(self, kinds: list[str]) -> None:
         """Each kind of job alone, once: the references of every scenario. A compute-bound low
-        job is the high job's training with another seed: the same work, so the same reference."""
+        job is the high job's training with another seed: the same work, so the same reference.
+        The mem scenario's high job holds a ballast: "high-mem" is its own reference."""
         cal = self.results["calibration"]
-        for kind in ["high"] + [k for k in kinds if k != "compute"]:
+        refs = ["high"] + [k for k in kinds if k != "compute"] + (["high-mem"] if "mem" in kinds else [])
+        for kind in refs:
             if not self.fits(f"alone/{kind}", cal["startup_s"] + self.args.train_seconds + 3):
                 continue
-            cmd = self.cmds("compute", 0)[0] if kind in ("high", "compute") else self.cmds(kind, 1)[1][0]
+            if kind in ("high", "compute"):
+                cmd = self.cmds("compute", 0)[0]
+            elif kind == "high-mem":
+                cmd = self.cmds("mem", 0)[0]
+            else:
+                cmd = self.cmds(kind, 1)[1][0]
             res = run_jobs([Job(f"alone-{kind}", cmd, self.base, self.logs)], False, 300)[0]
             self.results["alone"][kind] = job_entry(res)
             if kind == "high":
@@ -374,7 +401,9 @@ class Bench:
         gpu_work = (0 if arm == "lows-only" else t) + n * t * busy
         span = max(t, gpu_work * 1.1)
         delay = 0.0 if arm == "lows-only" else self.high_delay
-        return cal["startup_s"] + delay + span + (3 if arm.startswith("mps") else 1)
+        # mem: each low job's ballast out and back in, at a few GB/s
+        swap = 2 * n * self.mem_bytes("low") / 5e9 if kind == "mem" and arm != "lows-only" else 0.0
+        return cal["startup_s"] + delay + span + swap + (3 if arm.startswith("mps") else 1)
 
     def arm(self, name: str, kind: str, n: int, arm: str) -> dict | None:
         unit = f"{name}/{arm}"
@@ -510,7 +539,7 @@ def arm_entry(high: dict | None, lows: list[dict]) -> dict:
 def summarise(results: dict, name: str) -> None:
     scenario = results["scenarios"][name]
     alone = results["alone"]
-    high_ref = alone.get("high", {}).get("step_s")
+    high_ref = alone.get("high-mem" if scenario["kind"] == "mem" else "high", {}).get("step_s")
     arms = scenario["arms"]
     lows_only = arms.get("lows-only", {})
     lows_span = lows_only["lows_end"] - lows_only["start"] if "start" in lows_only else None
@@ -520,7 +549,7 @@ def summarise(results: dict, name: str) -> None:
         if arm != "lows-only" and high_ref and e.get("high", {}).get("step_s"):
             row["high_vs_alone"] = high_ref / e["high"]["step_s"]
         # A low job's whole training phase, its waits for the high job included: what it got.
-        low_ref = alone.get(scenario["kind"], {}).get("train_s")
+        low_ref = alone.get(scenario["kind"], {}).get("train_s")   # mem: a low job with its ballast
         row["low_vs_alone"] = [low_ref / x["train_s"] if low_ref and x.get("train_s") else None
                                for x in e.get("lows", [])]
         if arm != "lows-only" and lows_span and "start" in e:
@@ -583,7 +612,10 @@ def markdown(results: dict) -> str:
             f"calibrated once ({cal.get('step_ms', 0):.1f} ms a step, start-up "
             f"{cal.get('startup_s', 0):.1f} s); each training runs ~{settings.get('train_seconds')} s "
             f"alone. Bursty low jobs pause {cal.get('bursty_sleep_ms', 0):.0f} ms on the host after "
-            f"every step (GPU busy {settings.get('busy_fraction')}). The nvshare arm's jobs got their "
+            f"every step (GPU busy {settings.get('busy_fraction')}). Memory-heavy (mem) low jobs "
+            f"hold a ballast of {settings.get('low_mem')} of the GPU's memory each, the high job one "
+            f"of {settings.get('high_mem')}: they do not fit together, so the low ones are swapped out "
+            "for it (its reference: that high job alone). The nvshare arm's jobs got their "
             "class as Slurm jobs do: nvshare-prolog classified them from their job record (QOS prod "
             "→ high, partition scavenge → low) and nvshare-taskprolog printed their environment; "
             "\"classes seen\" is what `nvshare-status show jobs` showed while they ran (the arm fails "
@@ -615,12 +647,18 @@ def main() -> int:
     ap.add_argument("--report", metavar="DIR",
                     help="write docs/benchmarks.md's priority section from DIR/priority.json")
     ap.add_argument("--lows", default="1,2", help="numbers of low jobs beside the high one")
-    ap.add_argument("--low-kinds", default="compute,bursty")
+    ap.add_argument("--low-kinds", default="compute,bursty",
+                    help=f"of {','.join(LOW_KINDS)} (mem: they do not fit beside the high job)")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                     help=f"of {','.join(ARMS)} (colocate is left out by default: it does not fit the "
                          "8 minutes, and the issue compares MPS)")
     ap.add_argument("--train-seconds", type=float, default=4.0, help="each training alone")
     ap.add_argument("--busy-fraction", type=float, default=0.3, help="bursty low jobs' GPU share")
+    ap.add_argument("--high-mem", type=float, default=0.72,
+                    help="mem: the high job's ballast, a fraction of the GPU's memory")
+    ap.add_argument("--low-mem", type=float, default=0.28,
+                    help="mem: each low job's ballast (default: two low jobs swapped out take 0.56 "
+                         "of the GPU's memory in host memory)")
     ap.add_argument("--low-pct", type=int, default=20,
                     help="mps-pct: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each low job")
     ap.add_argument("--time-budget", type=float, default=420.0,
@@ -642,11 +680,14 @@ def main() -> int:
     if not args.out:
         ap.error("--out DIR (or --report DIR)")
     bad = [a for a in args.arms.split(",") if a not in ARMS]
-    bad += [k for k in args.low_kinds.split(",") if k not in ("compute", "bursty")]
+    bad += [k for k in args.low_kinds.split(",") if k not in LOW_KINDS]
     if bad:
         ap.error(f"unknown arm or low kind: {', '.join(bad)}")
     if not 0 < args.busy_fraction < 1:
         ap.error("--busy-fraction must be between 0 and 1")
+    if not (0 < args.high_mem < 1 and 0 < args.low_mem < 1 and args.high_mem + args.low_mem >= 1):
+        ap.error("--high-mem and --low-mem: fractions of the GPU's memory that add up to 1 or more "
+                 "(the jobs must not fit together)")
     if not 1 <= args.low_pct <= 100:
         ap.error("--low-pct must be 1..100")
     bench = Bench(args)

@@ -85,3 +85,30 @@ def test_the_priority_benchmark_classes_its_jobs_as_slurm_does(hook_lib, tmp_pat
     assert nvshare["handovers"]["high_grants"] == 1, nvshare["handovers"]
     assert len(nvshare["handovers"]["low_drain_ms"]) == 1, nvshare["handovers"]
     assert "| high+1low-compute | nvshare |" in done.stdout
+
+
+def test_the_priority_benchmark_swaps_a_memory_heavy_low_job_out_for_the_high_one(hook_lib, tmp_path):
+    """bench/bench_priority.py --smoke-cpu --low-kinds mem: the high job's ballast and the low
+    job's do not fit together on the fake GPU, so the low job, already holding its memory, has it
+    moved to host memory when the high job arrives; the high job then trains, and the low one
+    only after it. The high job's reference is itself alone, ballast and all."""
+    out = tmp_path / "prio"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "bench_priority.py"), "--smoke-cpu",
+                           "--out", str(out), "--lows", "1", "--low-kinds", "mem", "--arms", "nvshare",
+                           "--high-mem", "0.9", "--low-mem", "0.15",
+                           "--train-seconds", "1.5", "--high-delay", "0.8"], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "priority.json").read_text())
+    assert {"high", "high-mem", "mem"} <= set(results["alone"]), results["alone"]
+    scenario = results["scenarios"]["high+1low-mem"]
+    nvshare = scenario["arms"]["nvshare"]
+    assert nvshare["classes"] == "ok" and nvshare["status"] == ["ok", "ok"], nvshare
+    assert nvshare["lows"][0]["end"] > nvshare["high"]["end"]
+    log = (out / "logs" / "high+1low-mem-nvshare-scheduler.log").read_text()
+    assert "to host memory" in log, log[-3000:]
+    assert scenario["summary"]["nvshare"]["high_vs_alone"] > 0
+    assert "| high+1low-mem | nvshare |" in done.stdout
