@@ -23,10 +23,11 @@
  * grant said YIELD) launches nothing new until that burst ends or that time passes: the request
  * then shares the GPU only with what the others had already queued, not with their next launches
  * too. Co-located beside a training, 3 ms requests took 18 ms at p99 on the H100 (6.5 ms alone).
- * A prompt job that finds another's prompt burst under way takes turns with it through the owner
- * word, as before. A job that writes prompt_until without end costs each yielding job at most
- * YIELD_BUDGET_NS of every second (then it ignores the page until that second ends), and no single
- * wait is longer than PROMPT_HOLD_MAX_NS: the most an honest prompt job could ask.
+ * A prompt job that finds another's prompt burst under way waits for that burst (at most its own
+ * wait bound), not for the owner word, which a bursty co-runner's long burst may hold. A job that
+ * writes prompt_until without end costs each yielding job at most YIELD_BUDGET_NS of every second
+ * (then it ignores the page until that second ends), and no single wait is longer than
+ * PROMPT_HOLD_MAX_NS: the most an honest prompt job could ask.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -147,6 +148,16 @@ void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned
     atomic_store_explicit(&g->burst.busy_ppm, busy_ppm, memory_order_relaxed);
 }
 
+/* How long a burst waits for another's: about its own mean burst. */
+static uint64_t wait_bound(struct nvshare_gpu *g)
+{
+    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
+    if (!mean)
+        return BURST_WAIT_UNKNOWN_NS;
+    uint64_t b = (uint64_t)(mean * BURST_WAIT_FACTOR);
+    return b < BURST_WAIT_MIN_NS ? BURST_WAIT_MIN_NS : b > BURST_WAIT_MAX_NS ? BURST_WAIT_MAX_NS : b;
+}
+
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
 static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
@@ -160,6 +171,44 @@ static uint64_t prompt_hold(struct nvshare_gpu *g)
         return 0;   /* not prompt (or not measured enough yet, or NVSHARE_PROMPT_BURSTS=off) */
     uint64_t h = mean * PROMPT_HOLD_FACTOR;
     return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > PROMPT_HOLD_MAX_NS ? PROMPT_HOLD_MAX_NS : h;
+}
+
+/* Another job's prompt burst runs: wait for it to end (its prompt_seq moves) or for the time it
+ * announced, at most our own wait bound, as bursts take turns; never for the owner word, which a
+ * bursty co-runner's long burst may hold: on the H200 a server's 3 ms request that found a probe's
+ * burst under way waited 7-15 ms so, behind a bursty job's 28 ms burst. Waited in vain
+ * BURST_TIMEOUTS_IN_ROW times in a row (a page that claims prompt bursts without end): the page is
+ * not looked at for BURST_IGNORE_NS, as for the owner word. */
+static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now)
+{
+    if (now < g->burst.ignore_until)
+        return;
+    uint64_t deadline = now + wait_bound(g);
+    atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
+    for (;;) {
+        uint32_t seq = atomic_load(&p->prompt_seq);
+        uint64_t until = atomic_load(&p->prompt_until);
+        if (!until || now >= until) {
+            g->burst.timeouts_row = 0;
+            break;
+        }
+        if (now >= deadline) {
+            if (++g->burst.timeouts_row >= BURST_TIMEOUTS_IN_ROW) {
+                g->burst.timeouts_row = 0;
+                g->burst.ignore_until = now + BURST_IGNORE_NS;
+                nvshare_debug("gpu %s: waited in vain for %d prompt bursts in a row; not waiting for "
+                              "them for %.0f s", g->uuid, BURST_TIMEOUTS_IN_ROW, BURST_IGNORE_NS / 1e9);
+            }
+            break;
+        }
+        uint64_t left = (until < deadline ? until : deadline) - now;
+        struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
+        atomic_fetch_add(&p->prompt_waiters, 1);
+        futex(&p->prompt_seq, FUTEX_WAIT, seq, &ts);
+        atomic_fetch_sub(&p->prompt_waiters, 1);
+        now = nvshare_now_ns();
+    }
+    atomic_fetch_sub(&g->burst.waiting, 1);
 }
 
 /* A prompt burst begins: announce it (the later of ours and one under way) and run at once. */
@@ -245,15 +294,6 @@ int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t now)
     return now - atomic_load_explicit(&g->burst.prompt_seen_ns, memory_order_relaxed) < PROMPTS_ABOUT_NS;
 }
 
-static uint64_t wait_bound(struct nvshare_gpu *g)
-{
-    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    if (!mean)
-        return BURST_WAIT_UNKNOWN_NS;
-    uint64_t b = (uint64_t)(mean * BURST_WAIT_FACTOR);
-    return b < BURST_WAIT_MIN_NS ? BURST_WAIT_MIN_NS : b > BURST_WAIT_MAX_NS ? BURST_WAIT_MAX_NS : b;
-}
-
 void nvshare_burst_begin(struct nvshare_gpu *g)
 {
     int expected = 0;
@@ -268,9 +308,11 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
                       hold ? "prompt: the others launch nothing new while one runs" : "not prompt",
                       atomic_load(&g->burst.mean_ns) / 1e6, atomic_load(&g->burst.busy_ppm) / 10000);
     }
-    /* Another prompt burst runs: take turns with it through the owner word as any burst does
-     * (two short-burst jobs would otherwise both run at once, as plain co-location). */
-    if (hold && atomic_load(&p->prompt_until) <= now) {
+    if (hold) {
+        /* Another prompt burst runs: take turns with it (two short-burst jobs would otherwise
+         * both run at once, as plain co-location). */
+        if (atomic_load(&p->prompt_until) > now)
+            prompt_take_turn(g, p, now);
         prompt_begin(g, p, hold);
         return;
     }

@@ -214,3 +214,75 @@ def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, sche
           f"{statistics.median(backlog):.1f} ms, max {max(backlog):.1f} ms")
     assert handovers >= 5 and len(backlog) >= 40, (handovers, len(backlog))
     assert statistics.median(backlog) <= 2.0 and max(backlog) <= 4.5, sorted(backlog)[-5:]
+
+
+
+def test_a_prompt_burst_that_finds_another_waits_for_it_not_for_a_bursty_owner(hook_lib, scheduler, tmp_path,
+                                                                            procs):
+    """A server (4 ms requests every 20 ms) beside a co-runner that stands for two others: a
+    bursty job that holds the page's owner word (through its whole burst, as bursts do) and a probe
+    whose 1 ms prompt bursts run every 5 ms. A request that finds the probe's burst under way waits
+    for that burst, about a millisecond. It waited for the owner word instead, up to 1.5 of its own
+    mean (on the H200 a server's slowest requests waited 7-15 ms so, behind a bursty job's 28 ms
+    bursts)."""
+    import struct
+    import time
+
+    from test_burst import squatted_page
+
+    def bursty_owner_and_probe(page):
+        page[:4] = struct.pack("I", 0xBAD0BAD)   # the owner word: a bursty job's burst runs
+        now = time.monotonic_ns()
+        cycle = now - now % 5_000_000
+        if now - cycle < 1_000_000:   # the probe's burst, announced as prompt_until
+            page[16:24] = struct.pack("Q", cycle + 1_000_000)
+        elif struct.unpack("Q", page[16:24])[0]:   # ended: cleared, prompt_seq bumped
+            page[16:24] = struct.pack("Q", 0)
+            page[24:28] = struct.pack("I", (struct.unpack("I", page[24:28])[0] + 1) & 0xFFFFFFFF)
+
+    trace = tmp_path / "trace"
+    with squatted_page(scheduler, 2, bursty_owner_and_probe) as squat:
+        squat()
+        server = start_nvtest(hook_lib, ["init", "ctx:0", "burst:4000:120:20"],
+                              dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
+        procs.append(server)
+        finish(server, timeout=60)
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-2000:]
+    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == server.pid and r[1] == GPU0)
+    start = rows[0][0] + 500_000_000   # its demand measured: prompt from here on
+    # Each request's wait in the hook: from the last one's end (plus its 20 ms pause) to its start.
+    waits = [(s - e) / 1e6 - 20 for (_, e), (s, _) in zip(rows, rows[1:], strict=False) if s > start]
+    late = [round(w, 1) for w in waits if w > 2.5]
+    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    assert len(waits) >= 80, len(waits)
+    assert len(late) <= 1, sorted(late)
+
+
+def test_a_page_that_claims_a_prompt_burst_forever_costs_a_prompt_job_a_few_waits_a_second(
+        hook_lib, scheduler, tmp_path, procs):
+    """A hostile co-runner announces a prompt burst a second ahead, every millisecond, and never
+    ends it. A prompt job (4 ms requests every 20 ms) waits for it at most its own bound (1.5 of its
+    mean burst) three times in a row, then does not look at the page for a second: a few slow
+    requests a second, not every one, and its log says why."""
+    import struct
+    import time
+
+    from test_burst import squatted_page
+
+    def claim_a_second(page):
+        page[16:24] = struct.pack("Q", time.monotonic_ns() + 1_000_000_000)   # prompt_until
+
+    trace = tmp_path / "trace"
+    with squatted_page(scheduler, 2, claim_a_second) as squat:
+        server = start_nvtest(hook_lib, ["init", "ctx:0", "burst:4000:120:20"],
+                              dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
+        procs.append(server)
+        time.sleep(0.5)   # its first requests: not prompt yet (they would wait for nothing)
+        squat()
+        finish(server, timeout=60)
+    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == server.pid and r[1] == GPU0)
+    waits = [(s - e) / 1e6 - 20 for (_, e), (s, _) in zip(rows, rows[1:], strict=False)]
+    late = [round(w, 1) for w in waits if w > 2.5]
+    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    assert "waited in vain for 3 prompt bursts in a row" in server.stderr_text, server.stderr_text[-2000:]
+    assert len(waits) >= 100 and 3 <= len(late) <= 12, sorted(late)
