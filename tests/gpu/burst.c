@@ -26,7 +26,8 @@
  * steps at offsets the caller chose, whatever their start-ups did (bursty jobs with fixed pauses keep
  * the phase they start in, so a comparison of arms must start them in the same one). A start-up
  * that ends past it starts at once and reports "start_at_late_ms".
- * Prints one JSON line: each step's start and end (epoch seconds, as time.time()), its burst's
+ * Prints one JSON line: each step's start, when its launches had returned ("issued": a launch the
+ * hook held shows there) and end (epoch seconds, as time.time()), its burst's
  * latency in ms (issue to synchronise, what an interactive user waits), and the start-up time.
  * --gpu-times adds "gpu_kernels": [[start_ns, end_ns], ...], each measured-step kernel's first block
  * start and last block end in %globaltimer, one clock for every context on the GPU, so two jobs'
@@ -352,7 +353,8 @@ int main(int argc, char **argv)
     long cap = steps > 0 ? steps : 10000000;
     double *starts = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
     double *ends = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
-    if (!starts || !ends)
+    double *issued = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
+    if (!starts || !ends || !issued)
         return 1;
     double t_end = now_mono() + seconds;
     long n = 0;
@@ -370,6 +372,7 @@ int main(int argc, char **argv)
         starts[n] = now_epoch();
         for (long j = 0; j < k; j++)
             launch(iters, n * k + j);
+        issued[n] = starts[n] + (now_mono() - m0);
         CHECK(cu.sync(), "cuCtxSynchronize");
         double wall = now_mono() - m0;
         ends[n] = starts[n] + wall;
@@ -390,6 +393,9 @@ int main(int argc, char **argv)
     printf("], \"times\": [");
     for (long i = 0; i < n; i++)
         printf("%s%.6f", i ? ", " : "", ends[i]);
+    printf("], \"issued\": [");
+    for (long i = 0; i < n; i++)
+        printf("%s%.6f", i ? ", " : "", issued[i]);
     printf("], \"latencies_ms\": [");
     for (long i = 0; i < n; i++)
         printf("%s%.3f", i ? ", " : "", lat[i] * 1000);
