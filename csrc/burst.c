@@ -158,6 +158,28 @@ static uint64_t wait_bound(struct nvshare_gpu *g)
     return b < BURST_WAIT_MIN_NS ? BURST_WAIT_MIN_NS : b > BURST_WAIT_MAX_NS ? BURST_WAIT_MAX_NS : b;
 }
 
+/* Sleeps on a page's futex word while it still reads seq, at most left_ns, counted in waiters (a
+ * hint for whoever bumps the word). */
+static void page_wait(_Atomic uint32_t *word, _Atomic uint32_t *waiters, uint32_t seq, uint64_t left_ns)
+{
+    struct timespec ts = {(time_t)(left_ns / 1000000000ull), (long)(left_ns % 1000000000ull)};
+    atomic_fetch_add(waiters, 1);
+    futex(word, FUTEX_WAIT, seq, &ts);
+    atomic_fetch_sub(waiters, 1);
+}
+
+/* A wait for another's burst ran out. The third in a row (a page that never frees: a dead or
+ * hostile co-runner) stops this job looking at the page for BURST_IGNORE_NS. */
+static void vain_wait(struct nvshare_gpu *g, uint64_t now, const char *whose)
+{
+    if (++g->burst.timeouts_row < BURST_TIMEOUTS_IN_ROW)
+        return;
+    g->burst.timeouts_row = 0;
+    g->burst.ignore_until = now + BURST_IGNORE_NS;
+    nvshare_debug("gpu %s: waited in vain for %d %s in a row; not waiting for them for %.0f s", g->uuid,
+                  BURST_TIMEOUTS_IN_ROW, whose, BURST_IGNORE_NS / 1e9);
+}
+
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
 static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
@@ -193,19 +215,10 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
             break;
         }
         if (now >= deadline) {
-            if (++g->burst.timeouts_row >= BURST_TIMEOUTS_IN_ROW) {
-                g->burst.timeouts_row = 0;
-                g->burst.ignore_until = now + BURST_IGNORE_NS;
-                nvshare_debug("gpu %s: waited in vain for %d prompt bursts in a row; not waiting for "
-                              "them for %.0f s", g->uuid, BURST_TIMEOUTS_IN_ROW, BURST_IGNORE_NS / 1e9);
-            }
+            vain_wait(g, now, "prompt bursts");
             break;
         }
-        uint64_t left = (until < deadline ? until : deadline) - now;
-        struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
-        atomic_fetch_add(&p->prompt_waiters, 1);
-        futex(&p->prompt_seq, FUTEX_WAIT, seq, &ts);
-        atomic_fetch_sub(&p->prompt_waiters, 1);
+        page_wait(&p->prompt_seq, &p->prompt_waiters, seq, (until < deadline ? until : deadline) - now);
         now = nvshare_now_ns();
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
@@ -266,11 +279,7 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
         }
         uint64_t end = until < cap ? until : cap;
         end = end < budget_end ? end : budget_end;
-        uint64_t left = end - now;
-        struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
-        atomic_fetch_add(&p->prompt_waiters, 1);
-        futex(&p->prompt_seq, FUTEX_WAIT, seq, &ts);
-        atomic_fetch_sub(&p->prompt_waiters, 1);
+        page_wait(&p->prompt_seq, &p->prompt_waiters, seq, end - now);
         now = nvshare_now_ns();
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
@@ -335,19 +344,10 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
              * holding it would otherwise cost every later burst of the others a whole wait. */
             if (atomic_compare_exchange_strong(&p->owner, &cur, me))
                 atomic_store(&g->burst.owner, 1);
-            if (++g->burst.timeouts_row >= BURST_TIMEOUTS_IN_ROW) {
-                g->burst.timeouts_row = 0;
-                g->burst.ignore_until = now + BURST_IGNORE_NS;
-                nvshare_debug("gpu %s: waited in vain for %d co-runner bursts in a row; co-running "
-                              "for %.0f s", g->uuid, BURST_TIMEOUTS_IN_ROW, BURST_IGNORE_NS / 1e9);
-            }
+            vain_wait(g, now, "co-runner bursts");
             break;
         }
-        uint64_t left = deadline - now;
-        struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
-        atomic_fetch_add(&p->waiters, 1);
-        futex(&p->seq, FUTEX_WAIT, seq, &ts);
-        atomic_fetch_sub(&p->waiters, 1);
+        page_wait(&p->seq, &p->waiters, seq, deadline - now);
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
 }
