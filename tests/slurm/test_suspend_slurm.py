@@ -204,8 +204,17 @@ def test_a_prod_job_preempts_a_scavenge_job_by_suspension_and_both_finish(site, 
     shown = nvshare_status(site, low)
     assert "State=suspended" in shown, shown
     if cgroup:
-        wait_until(lambda: gpu_status(site)["memory_swapped"] >= job_bytes, 15,
-                   "the low job's memory in host memory", diag)
+        log = site.nodes["s1"].log_path
+
+        def moved():
+            if gpu_status(site)["memory_swapped"] >= job_bytes:
+                return "all"
+            # Slurm's freeze came before the move ended (its early word, squeue, was late: a loaded
+            # machine): the daemon says what stays on the GPU, as suspend.py documents.
+            return "cut" if "before its memory was out" in log.read_text() else None
+        # Either way the high job's 600 MiB must find room (it completes, its data intact, below).
+        how = wait_until(moved, 15, "the low job's memory in host memory", diag)
+        print(f"[{site.proctrack}] the low job's memory moved out: {how}")
     else:           # SIGTSTP stopped it at once, before Slurm's word came
         assert job["suspended"]["reason"] == "stopped (state T)", job
     assert site.wait_job(high, 120) == "COMPLETED", output(workdir, "high") + diag()
