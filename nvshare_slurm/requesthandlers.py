@@ -96,6 +96,7 @@ class RequestHandlers:
         self.registry.add_job(job)
         self.core.add_gang(job)
         self.core.save()
+        self.core.suspends.job_started()
         self.logger.info(f"job {job_id}: registered for {log.escape(user)} (uid {job.uid}) on "
                          f"{', '.join(job.gpus)}, class {job.share_class} "
                          f"({log.escape(job.class_reason)})")

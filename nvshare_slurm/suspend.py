@@ -7,8 +7,9 @@ under proctrack/cgroup is a freeze of the job's cgroup. A CUDA process that a ba
 never sees the SIGTSTP; it is simply frozen, and a frozen process moves no memory. So the daemon
 looks from outside, two ways, and never touches the freezer itself:
 
-- every suspend_slurm_poll_sec (while jobs are registered here), one `squeue --states=SUSPENDED`
-  for this node (slurm.py): the early word. Each client of such a job that still runs is told
+- every suspend_slurm_poll_sec (while jobs are registered here), and at once when a job is
+  registered (a preemptor starts as its victim is suspended), one `squeue --states=SUSPENDED` for
+  this node (slurm.py): the early word. Each client of such a job that still runs is told
   DROP_LOCK(SUSPEND) (or PREPARE_SWAP_OUT when it holds nothing) with all its swappable memory, so
   the memory goes to host memory, within the job's memory cgroup, before the freeze;
 - every suspend_check_sec, each client's run state (procinfo.pause_reason): stopped (T), traced
@@ -77,6 +78,12 @@ class SuspendWatch:
             return False
         self.parked.setdefault(client.client_id, set()).add(uuid)
         return True
+
+    def job_started(self) -> None:
+        """A job was registered here: Slurm may have suspended another for it (preemption by
+        suspension starts the preemptor at once). Ask squeue at the next look, not at the next
+        poll: a suspended job's memory can move out only before its freeze (2 s after SIGTSTP)."""
+        self._slurm_next = 0.0
 
     def state_of(self, client_id: int) -> str | None:
         return "suspended" if client_id in self.paused else None

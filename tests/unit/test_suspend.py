@@ -256,6 +256,24 @@ def test_a_thawed_client_has_slurm_asked_at_once(scheduler_factory, clients, tmp
     assert job_status(sched, 61)["suspended"] is None
 
 
+def test_a_job_registered_has_slurm_asked_at_once(scheduler_factory, tmp_path):
+    """Preemption by suspension starts the preemptor as its victim is suspended, and the victim's
+    memory can move out only before Slurm freezes it (2 s after SIGTSTP): a job's registration has
+    squeue asked at the next look, not at the next suspend_slurm_poll_sec (30 s here). On a loaded
+    machine the freeze otherwise often came first (tests/slurm/test_suspend_slurm.py)."""
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, suspend_slurm_poll_sec=30)
+    calls = tmp_path / "suspended.calls"
+
+    def asked() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+    register(sched, 61)
+    wait_for(lambda: asked() == 1, what="the first poll")
+    time.sleep(0.5)
+    assert asked() == 1                               # no other poll before 30 s ...
+    register(sched, 62)
+    wait_for(lambda: asked() == 2, timeout=2, what="squeue asked for the new job")   # ... but this
+
+
 def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
                                                                          tmp_path):
     memory = Path("/sys/fs/cgroup/memory")
