@@ -180,6 +180,17 @@ static void vain_wait(struct nvshare_gpu *g, uint64_t now, const char *whose)
                   BURST_TIMEOUTS_IN_ROW, whose, BURST_IGNORE_NS / 1e9);
 }
 
+/* A wait for another's burst ended: a long one is said in the debug log (where a request's time
+ * went). */
+static void waited(struct nvshare_gpu *g, uint64_t start, const char *whose)
+{
+    if (!nvshare_cfg.debug)
+        return;
+    uint64_t ns = nvshare_now_ns() - start;
+    if (ns >= 1000000ull)
+        nvshare_debug("gpu %s: waited %.1f ms for %s", g->uuid, ns / 1e6, whose);
+}
+
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
 static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
@@ -205,7 +216,7 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
 {
     if (now < g->burst.ignore_until)
         return;
-    uint64_t deadline = now + wait_bound(g);
+    uint64_t start = now, deadline = now + wait_bound(g);
     atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
     for (;;) {
         uint32_t seq = atomic_load(&p->prompt_seq);
@@ -222,6 +233,7 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
         now = nvshare_now_ns();
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
+    waited(g, start, "another prompt burst");
 }
 
 /* A prompt burst begins: announce it (the later of ours and one under way) and run at once. */
@@ -328,7 +340,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
     if (!p || now < g->burst.ignore_until)
         return;
     uint32_t me = my_token();
-    uint64_t deadline = now + wait_bound(g);
+    uint64_t start = now, deadline = now + wait_bound(g);
     atomic_fetch_add(&g->burst.waiting, 1);
     for (;;) {
         uint32_t seq = atomic_load(&p->seq);
@@ -350,6 +362,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         page_wait(&p->seq, &p->waiters, seq, deadline - now);
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
+    waited(g, start, "a co-runner's burst (the owner word)");
 }
 
 void nvshare_burst_end(struct nvshare_gpu *g)
