@@ -298,11 +298,12 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
     atomic_fetch_add(&g->burst.yielded_ns, now - start);
 }
 
-int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t now)
+int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out)
 {
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
     if (!p || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || prompt_hold(g))
         return 0;
+    uint64_t now = *now_out = nvshare_now_ns();
     if (now < atomic_load_explicit(&g->burst.yield_ignore_until, memory_order_relaxed))
         return 0;   /* a squatter used this second's budget: its page is not heeded */
     uint32_t seq = atomic_load_explicit(&p->prompt_seq, memory_order_relaxed);

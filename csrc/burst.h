@@ -34,8 +34,9 @@ void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned
 void nvshare_burst_after_fork(void);
 
 /* Does this job yield to co-runners' prompt bursts, with one seen in the last PROMPTS_ABOUT_NS, while
- * its own bursts are not prompt? pace.c then keeps its queued work short. */
-int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t now);
+ * its own bursts are not prompt? pace.c then keeps its queued work short. *now_out: the clock it
+ * read, once past the cheap looks (then 1 or 0 by the page's word). */
+int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out);
 
 /* Called where work enters the gate: wait while a co-runner's prompt burst runs (bounded). */
 void nvshare_burst_yield(struct nvshare_gpu *g);

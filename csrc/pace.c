@@ -22,9 +22,10 @@
  * A wait spins on the oldest event (sched_yield between looks) for its first PACE_SPIN_NS, then
  * polls every PACE_POLL_NS: a sleeping wait woke ~0.1 ms late, the GPU idle meanwhile. It never
  * lasts longer than PACE_WAIT_MAX_NS: work queued behind something that waits for a later launch
- * would otherwise never be done, and pacing then stops for PACE_OFF_NS. The caller records nothing while a graph capture is open on
- * the GPU (the event would become part of the graph). A co-runner that claims prompt bursts without
- * end makes this job pace all the time, which costs it no GPU time, only the queue's depth.
+ * would otherwise never be done, and pacing then stops for PACE_OFF_NS. The caller records nothing
+ * while a graph capture is open on the GPU (the event would become part of the graph). A co-runner
+ * that claims prompt bursts without end makes this job pace all the time, which costs it no GPU
+ * time, only the queue's depth.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -88,9 +89,9 @@ static void forget_done(struct nvshare_pace_state *p)
 
 int nvshare_pace_wait(struct nvshare_gpu *g)
 {
-    uint64_t now = nvshare_now_ns();
+    uint64_t now = 0;
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
-        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, now))
+        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now))
         return 0;
     struct nvshare_pace_state *p = &g->pace;
     uint64_t cap = nvshare_cfg.prompt_queue_ns;
