@@ -216,6 +216,27 @@ def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, sche
     assert statistics.median(backlog) <= 2.0 and max(backlog) <= 4.5, sorted(backlog)[-5:]
 
 
+SERVER_GAP_MS = 20
+
+
+def start_server(scheduler, hook_lib, procs, trace):
+    """A prompt job as a server: 120 requests of one 4 ms kernel, SERVER_GAP_MS apart."""
+    server = start_nvtest(hook_lib, ["init", "ctx:0", f"burst:4000:120:{SERVER_GAP_MS}"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
+    procs.append(server)
+    return server
+
+
+def request_waits(trace, pid: int, after_ns: int = 0) -> tuple[list[float], list[float]]:
+    """Each request's wait in the hook (those starting after `after_ns`), from the last one's end
+    plus the gap to its start, in ms; and those over 2.5 ms, rounded."""
+    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
+    waits = [(s - e) / 1e6 - SERVER_GAP_MS for (_, e), (s, _) in zip(rows, rows[1:], strict=False)
+             if s > after_ns]
+    late = [round(w, 1) for w in waits if w > 2.5]
+    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    return waits, late
+
 
 def test_a_prompt_burst_that_finds_another_waits_for_it_not_for_a_bursty_owner(hook_lib, scheduler, tmp_path,
                                                                             procs):
@@ -243,17 +264,11 @@ def test_a_prompt_burst_that_finds_another_waits_for_it_not_for_a_bursty_owner(h
     trace = tmp_path / "trace"
     with squatted_page(scheduler, 2, bursty_owner_and_probe) as squat:
         squat()
-        server = start_nvtest(hook_lib, ["init", "ctx:0", "burst:4000:120:20"],
-                              dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
-        procs.append(server)
+        server = start_server(scheduler, hook_lib, procs, trace)
         finish(server, timeout=60)
     assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-2000:]
-    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == server.pid and r[1] == GPU0)
-    start = rows[0][0] + 500_000_000   # its demand measured: prompt from here on
-    # Each request's wait in the hook: from the last one's end (plus its 20 ms pause) to its start.
-    waits = [(s - e) / 1e6 - 20 for (_, e), (s, _) in zip(rows, rows[1:], strict=False) if s > start]
-    late = [round(w, 1) for w in waits if w > 2.5]
-    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    first = min(r[2] for r in read_trace(trace) if r[0] == server.pid)
+    waits, late = request_waits(trace, server.pid, first + 500_000_000)   # prompt from here on
     assert len(waits) >= 80, len(waits)
     assert len(late) <= 1, sorted(late)
 
@@ -274,15 +289,10 @@ def test_a_page_that_claims_a_prompt_burst_forever_costs_a_prompt_job_a_few_wait
 
     trace = tmp_path / "trace"
     with squatted_page(scheduler, 2, claim_a_second) as squat:
-        server = start_nvtest(hook_lib, ["init", "ctx:0", "burst:4000:120:20"],
-                              dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
-        procs.append(server)
+        server = start_server(scheduler, hook_lib, procs, trace)
         time.sleep(0.5)   # its first requests: not prompt yet (they would wait for nothing)
         squat()
         finish(server, timeout=60)
-    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == server.pid and r[1] == GPU0)
-    waits = [(s - e) / 1e6 - 20 for (_, e), (s, _) in zip(rows, rows[1:], strict=False)]
-    late = [round(w, 1) for w in waits if w > 2.5]
-    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    waits, late = request_waits(trace, server.pid)
     assert "waited in vain for 3 prompt bursts in a row" in server.stderr_text, server.stderr_text[-2000:]
     assert len(waits) >= 100 and 3 <= len(late) <= 12, sorted(late)
