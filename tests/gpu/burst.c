@@ -77,6 +77,7 @@ static const char PTX[] =
 #define BLOCK 256
 #define BLOCKS_PER_SM 4
 #define ATTR_SM_COUNT 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+#define MAX_STEPS 1000000           /* steps recorded (each one's start, issue, end, latency) */
 #define MAX_TIMED_LAUNCHES 65536   /* 1 MiB of slots; a 3 s compute-bound job launches ~3000 */
 
 static struct {
@@ -351,18 +352,14 @@ int main(int argc, char **argv)
             late_ms = -wait * 1000;
     }
     long cap = steps > 0 ? steps : 10000000;
-    double *starts = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
-    double *ends = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
-    double *issued = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
-    if (!starts || !ends || !issued)
+    size_t slots = sizeof(double) * (size_t)(cap < MAX_STEPS ? cap : MAX_STEPS);
+    double *starts = malloc(slots), *ends = malloc(slots), *issued = malloc(slots), *lat = malloc(slots);
+    if (!starts || !ends || !issued || !lat)
         return 1;
     double t_end = now_mono() + seconds;
     long n = 0;
-    double *lat = malloc(sizeof(double) * (size_t)(cap < 1000000 ? cap : 1000000));
     double arrival = now_mono();        /* --poisson-ms: the next request's arrival */
-    if (!lat)
-        return 1;
-    while (n < cap && n < 1000000 && (steps > 0 || now_mono() < t_end)) {
+    while (n < cap && n < MAX_STEPS && (steps > 0 || now_mono() < t_end)) {
         if (poisson_ms > 0) {
             arrival += -log(1.0 - drand48()) * poisson_ms / 1000;
             if (arrival > now_mono())
