@@ -40,7 +40,7 @@ struct nvshare_settings {
 };
 #define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
-#define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 2u
+#define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

@@ -5,7 +5,7 @@
  * training queues a whole step at once (20 ms of kernels in bench_mixes' serve2): on the H100, 3 ms
  * requests beside it took 14.6 ms at p99 with yielding alone, against 6.3 ms alone. So while
  * co-runners' prompt bursts are about (one seen in the last second: nvshare_burst_prompts_about), a
- * launch first waits until this job's work still queued is under NVSHARE_PROMPT_QUEUE_MS (2 ms), and
+ * launch first waits until this job's work still queued is under NVSHARE_PROMPT_QUEUE_MS (1 ms), and
  * a request then shares the GPU with at most that much.
  *
  * How much is queued: an event is recorded after a launch once the launches since the last event

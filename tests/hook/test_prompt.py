@@ -153,7 +153,7 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
         hook_lib, scheduler, tmp_path, procs, queue):
     """A training queues whole steps (10 kernels of 2 ms, then a synchronise). Yielding alone stops
     it launching during a prompt burst, but what it queued runs beside the request: about half a
-    step. Paced (NVSHARE_PROMPT_QUEUE_MS, 2 ms by default), it keeps under 2 ms queued while prompt
+    step. Paced (NVSHARE_PROMPT_QUEUE_MS, 1 ms by default), it keeps under 1 ms queued while prompt
     bursts are about, so a request shares the GPU with at most one of its kernels."""
     import statistics
 
