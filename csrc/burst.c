@@ -150,10 +150,8 @@ void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
     atomic_store(&g->burst.yields, (bursts || yields) && page);
 }
 
-void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts,
-                               uint64_t gap_ns)
+void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts)
 {
-    atomic_store_explicit(&g->burst.gap_ns, gap_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.bursts, bursts, memory_order_relaxed);
     atomic_store_explicit(&g->burst.mean_ns, mean_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.busy_ppm, busy_ppm, memory_order_relaxed);
@@ -203,17 +201,13 @@ static void waited(struct nvshare_gpu *g, uint64_t start, const char *whose)
 }
 
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
-/* Are this process's bursts short and rare: a mean burst of at most max_mean, and busy at most
- * max_ppm both by its busy share and by its mean burst over mean burst and gap? The busy share
- * follows the last second and reads low at first: on the fake driver two 67 %-busy jobs of 8 ms
- * bursts read light enough on their fourth burst, ran as prompt ones and overlapped. */
+/* Are this process's bursts short and rare: a mean burst of at most max_mean (one measured at
+ * least), busy at most max_ppm? Never with NVSHARE_PROMPT_BURSTS=off. */
 static int light(struct nvshare_gpu *g, uint64_t max_mean, unsigned max_ppm)
 {
     uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    uint64_t gap = atomic_load_explicit(&g->burst.gap_ns, memory_order_relaxed);
-    return nvshare_cfg.prompt_bursts && mean && gap && mean <= max_mean &&
-           atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_ppm &&
-           (double)mean <= ((double)mean + (double)gap) * (max_ppm / 1e6);
+    return nvshare_cfg.prompt_bursts && mean && mean <= max_mean &&
+           atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_ppm;
 }
 
 static uint64_t prompt_hold(struct nvshare_gpu *g)

@@ -28,10 +28,9 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
 void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields);
 void nvshare_burst_begin(struct nvshare_gpu *g);
 void nvshare_burst_end(struct nvshare_gpu *g);
-/* This process's mean burst on g, its busy share, how many bursts the mean is of, and its mean gap
- * (demand.c measures them): how long to wait for others, and whether its own bursts are prompt. */
-void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts,
-                               uint64_t gap_ns);
+/* This process's mean burst on g, its busy share, and how many bursts the mean is of (demand.c
+ * measures them): how long to wait for others, and whether its own bursts are prompt. */
+void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts);
 void nvshare_burst_after_fork(void);
 
 /* Does this job yield to co-runners' prompt bursts, with one seen in the last PROMPTS_ABOUT_NS, while

@@ -191,7 +191,7 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     d->busy += ((double)busy_ns / (double)since - d->busy) * weight;
     /* For the keeper: idle since at least the first idle sample of the stretch under way. */
     nvshare_gate_note_demand(g, d->busy_now ? 0 : d->run_start, (uint64_t)d->gap_ns, (unsigned)(d->busy * 1e6));
-    nvshare_burst_note_demand(g, (uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts, (uint64_t)d->gap_ns);
+    nvshare_burst_note_demand(g, (uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
     int idle_sample = !busy || (!d->busy_now && now - d->run_start >= DEMAND_SAMPLE_NS);
     if (idle_sample && atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))

@@ -90,7 +90,6 @@ struct nvshare_burst_state {
     _Atomic uint64_t mean_ns;     /* this process's mean burst (demand.c measures it) */
     atomic_uint busy_ppm;         /* ... and its busy share */
     atomic_uint bursts;           /* ... and how many bursts that mean is of */
-    _Atomic uint64_t gap_ns;      /* ... and its mean gap between bursts, 0: none ended yet */
     int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
     /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
