@@ -74,9 +74,8 @@ def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, sche
     through the GPU's page (a futex, no daemon round trip): after the first 150 ms (the grants
     before the first DEMAND reports: 1-4 overlaps there) at most 8 of their 160 kernels (5 %)
     overlap another's (a wait is bounded by 1.5 of the waiter's mean burst, which a loaded machine
-    passes at times: 0-5 such per run in 30 runs),
-    both finish within 15 % of each other, and the pair takes within 10 % of the GPU time it
-    needs."""
+    passes at times: 0-5 such per run in 30 runs), both finish within 15 % of each other, and the
+    pair takes within 10 % of the GPU time it needs."""
     rows, spans, makespan, needed = overlapping_pair(hook_lib, scheduler, tmp_path, procs)
     start = min(r[2] for r in rows)
     bad = overlaps(rows, GPU0)
