@@ -135,8 +135,7 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd)
     return 0;
 }
 
-static uint64_t prompt_hold(struct nvshare_gpu *g);
-static int provisional(struct nvshare_gpu *g);
+static int looks_prompt(struct nvshare_gpu *g);
 
 void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
 {
@@ -145,7 +144,7 @@ void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
     int was = atomic_exchange(&g->burst.armed, bursts && page);
     /* Co-running from now on, with bursts that are (or may be) prompt: the others pace from their
      * next launch, so that its first bursts beside them do not meet whole steps queued. */
-    if (bursts && page && !was && (prompt_hold(g) || provisional(g)))
+    if (bursts && page && !was && looks_prompt(g))
         atomic_fetch_add(&p->prompt_seq, 1);
     atomic_store(&g->burst.yields, (bursts || yields) && page);
 }
@@ -201,21 +200,22 @@ static void waited(struct nvshare_gpu *g, uint64_t start, const char *whose)
 }
 
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
-/* Are this process's bursts short and rare: a mean burst of at most max_mean (one measured at
- * least), busy at most max_ppm? Never with NVSHARE_PROMPT_BURSTS=off. */
-static int light(struct nvshare_gpu *g, uint64_t max_mean, unsigned max_ppm)
+/* Are this process's bursts short and rare: a mean burst measured, of at most PROMPT_BURST_MAX_NS
+ * and PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job that stays prompt? Never with
+ * NVSHARE_PROMPT_BURSTS=off. */
+static int light(struct nvshare_gpu *g, int stay)
 {
     uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
+    uint64_t max_mean = stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
+    unsigned max_busy = stay ? PROMPT_STAY_BUSY_MAX_PPM : PROMPT_BUSY_MAX_PPM;
     return nvshare_cfg.prompt_bursts && mean && mean <= max_mean &&
-           atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_ppm;
+           atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_busy;
 }
 
 static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
-    int stay = atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed);
     if (atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS ||
-        !light(g, stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS,
-               stay ? PROMPT_STAY_BUSY_MAX_PPM : PROMPT_BUSY_MAX_PPM))
+        !light(g, atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed)))
         return 0;   /* not prompt (or not measured enough yet, or NVSHARE_PROMPT_BURSTS=off) */
     uint64_t h = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed) * PROMPT_HOLD_FACTOR;
     return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > PROMPT_HOLD_MAX_NS ? PROMPT_HOLD_MAX_NS : h;
@@ -230,8 +230,14 @@ static uint64_t prompt_hold(struct nvshare_gpu *g)
  * against 16.8 without, in one call (mix8 12.9 against 11.9: within its spread). */
 static int provisional(struct nvshare_gpu *g)
 {
-    return atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS &&
-           light(g, PROMPT_BURST_MAX_NS, PROMPT_BUSY_MAX_PPM);
+    return atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS && light(g, 0);
+}
+
+/* prompt_hold(g) || provisional(g), in one look: the two differ in the burst count alone. */
+static int looks_prompt(struct nvshare_gpu *g)
+{
+    return light(g, atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) >= PROMPT_MIN_BURSTS &&
+                        atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed));
 }
 
 /* Another job's prompt burst runs: wait for it to end (its prompt_seq moves) or for the time it
@@ -329,8 +335,7 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
 int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out)
 {
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
-    if (!p || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || prompt_hold(g) ||
-        provisional(g))
+    if (!p || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || looks_prompt(g))
         return 0;
     uint64_t now = *now_out = nvshare_now_ns();
     if (now < atomic_load_explicit(&g->burst.yield_ignore_until, memory_order_relaxed))
