@@ -15,7 +15,7 @@ Mixes:
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
   mix8      3 compute, 2 bursty, serve, 2 probes
   swap2     two mem jobs that do not fit together (issue 27's swap pair: --mem-gib 45 on an 80 GB GPU,
-            76 on an H200);
+            76 on an H200, or 45 there with --memory-reserve-percent 46: an H100's usable memory);
             its completion (the arm's start to the last step of either) over the serial arm's is the
             swap-overlap figure (target <= 1.03). Measured from the start, not from the first step:
             a swap before any job's first step is part of what sharing costs
@@ -36,6 +36,7 @@ serves one uid at a time, as at a site. Needs root; the scratch directory is mad
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--gpu-times]
                                [--smoke-cpu]
                                [--hook-env NAME=VALUE ...] [--variant NAME=VALUE ...]
+                               [--memory-reserve-percent PERCENT]
 
 DIR/results.json has every job's numbers; DIR/table.md the table; DIR/timeline_<mix>.svg which job ran
 its steps when, one band per arm (bench_family's drawing). --smoke-cpu runs it on the fake driver of
@@ -156,7 +157,9 @@ class Mixes:
                 envs = [mps.client_env(base) for _ in cmds]
             else:
                 gpus = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
-                sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus)
+                reserve = self.args.memory_reserve_percent
+                sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus,
+                                  None if reserve is None else {"memory_reserve_percent": reserve})
                 if self.args.uids:
                     os.chmod(self.work / tag, 0o755)
                 hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
@@ -295,6 +298,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="steps of one job alone, in seconds")
     ap.add_argument("--mem-gib", type=float,
                     help="the mem jobs' extra memory (default half the GPU, smoke 8)")
+    ap.add_argument("--memory-reserve-percent", type=int, metavar="PERCENT",
+                    help="the nvshare arm's daemon keeps this share of the GPU's memory unused (config "
+                         "memory_reserve_percent, default 5): 46 on an H200 leaves an H100's 75.7 GiB")
     ap.add_argument("--uids", action="store_true", help="job i runs as uid --uid-base + i (root)")
     ap.add_argument("--uid-base", type=int, default=61000)
     ap.add_argument("--hook-env", action="append", default=[], metavar="NAME=VALUE",
