@@ -87,7 +87,8 @@ class Config:
     memory_reserve_percent: int = 5
     max_runtime_sec: int = 300             # serial: longest turn while others wait
     idle_release_ms: float = 5.0           # starting idle threshold for early release (adapts)
-    drop_grace_sec: float = 30.0           # a holder that ignores DROP_LOCK this long is unresponsive
+    drop_grace_sec: float = 30.0           # a holder that ignores DROP_LOCK this long (+1 s per GiB
+    #                                        it was asked to move out) is unresponsive
     unresponsive_holder: str = "warn"      # warn | kill
     socket: str = "/run/nvshare/scheduler.sock"
     state_dir: str = "/var/lib/nvshare"

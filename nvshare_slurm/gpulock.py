@@ -11,14 +11,15 @@ does not release within its drain grace after DROP_LOCK loses its place: its cli
 benched, granted nothing, for drop_grace_sec after its first miss, doubling with each further
 miss within MISS_MEMORY_SEC (at most PENALTY_MAX_SEC), and an owner with recent misses gets a
 shorter grace (halved per miss, at least MIN_GRACE_SEC). So a user's unresponsive clients cost the
-others one grace now and then, however many they are.
+others one grace now and then, however many they are. A holder asked to move memory out with its
+DROP_LOCK has longer, by what it moves (policytypes.move_grace).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policytypes import CONTENDED, DROP, UNRESPONSIVE, Action, ClientInfo, Holder, Turn
+from .policytypes import CONTENDED, DROP, UNRESPONSIVE, Action, ClientInfo, Holder, Turn, move_grace
 from .priority import RANK
 
 MISS_MEMORY_SEC = 3600.0        # misses older than this are forgotten
@@ -193,7 +194,7 @@ class GpuLock:
         for holder in self.holders.values():
             since = holder.grace_from()
             if since is not None and not holder.unresponsive_reported \
-                    and now >= since + self.grace_for(holder.client, grace):
+                    and now >= since + self.holder_grace(holder, grace):
                 holder.unresponsive_reported = True
                 self.penalize(holder.client, now, grace)
                 out.append(Action(UNRESPONSIVE, holder.client, 0, holder.drop_reason))
@@ -203,6 +204,11 @@ class GpuLock:
         (at least MIN_GRACE_SEC, never more than drop_grace_sec)."""
         missed = len(self.misses.get(owner(client), ()))
         return grace if not missed else min(grace, max(MIN_GRACE_SEC, grace / (1 << min(missed, 30))))
+
+    def holder_grace(self, holder: Holder, grace: float) -> float:
+        """How long a holder may take to release after its DROP_LOCK: its owner's grace, and
+        the time to move out what that DROP_LOCK asked (move_grace)."""
+        return self.grace_for(holder.client, grace) + move_grace(holder.drop_bytes)
 
     def penalize(self, client: ClientInfo, now: float, grace: float) -> float:
         """A missed drop of client's owner: bench its waiting clients for drop_grace_sec, doubled
@@ -249,7 +255,7 @@ class GpuLock:
     def deadlines(self, grace: float) -> list[float]:
         """When a holder's drain grace runs out, when a benched owner may wait in the queue
         again, and when gang.py next needs a pass."""
-        found = [since + self.grace_for(h.client, grace) for h in self.holders.values()
+        found = [since + self.holder_grace(h, grace) for h in self.holders.values()
                  if (since := h.grace_from()) is not None and not h.unresponsive_reported]
         if self.benched:
             found.extend(until for who, until in self.penalty_until.items()

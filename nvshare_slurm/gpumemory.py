@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .policytypes import (MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo,
-                          GpuSettings, Holder, MemDecision)
+                          GpuSettings, Holder, MemDecision, move_grace)
 from .proto import C
 
 # Requests below this are answered at once, never deferred nor held for room: cuMemGetInfo's
@@ -86,6 +86,10 @@ class _PendingAlloc:
 class _SwapAsk:
     bytes: int
     at: float
+
+    def due(self, grace: float) -> float:
+        """When it counts as unanswered: drop_grace_sec, longer by what it moves."""
+        return self.at + grace + move_grace(self.bytes)
 
 
 @dataclass
@@ -247,7 +251,7 @@ class GpuMemory:
         """When a held request, a PREPARE_SWAP_OUT or a promise runs out of drop_grace_sec."""
         grace = self.gpu.settings.drop_grace_sec
         return [p.since + grace for p in self.pending_allocs] + \
-            [ask.at + grace for ask in self.swap_asked.values()] + \
+            [ask.due(grace) for ask in self.swap_asked.values()] + \
             [at + grace for _, at in self.promised.values()] + \
             [offer.at + grace for offer in self.prefetching.values()] + \
             [at + SETTLE_SEC for at in self.settling.values()]
@@ -362,7 +366,7 @@ class GpuMemory:
     def expire(self, now: float, out: list[Action]) -> None:
         grace = self.gpu.settings.drop_grace_sec
         for cid, ask in list(self.swap_asked.items()):
-            if now >= ask.at + grace:   # count it as answered so that the grant is not stuck
+            if now >= ask.due(grace):   # count it as answered so that the grant is not stuck
                 del self.swap_asked[cid]
                 self.swap_answered.add(cid)
                 client = self.gpu.clients.get(cid)

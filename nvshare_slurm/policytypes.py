@@ -14,6 +14,17 @@ from .config import Config
 from .log import step_text
 from .priority import RANK
 
+# A client asked to move memory out (DROP_LOCK, PREPARE_SWAP_OUT) has this much longer than
+# drop_grace_sec: its first move out pins host memory as it goes (1.4-5.5 GB/s on the H100), and a
+# 70 GiB holder on an H200 took longer than the whole grace: its owner was benched, the GPU idle.
+MOVE_GRACE_SEC_PER_GIB = 1.0
+
+
+def move_grace(nbytes: int) -> float:
+    """The seconds of grace added for moving nbytes out (about 1 GB/s)."""
+    return nbytes / (1 << 30) * MOVE_GRACE_SEC_PER_GIB
+
+
 GRANT = "grant"
 CONTENDED = "contended"
 DROP = "drop"

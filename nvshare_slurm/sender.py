@@ -16,7 +16,7 @@ from .connection import Connection
 from .daemoncore import Core, mem_reply, size
 from .gpustate import GpuState
 from .policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED,
-                          UNRESPONSIVE, Action, ClientInfo)
+                          UNRESPONSIVE, Action, ClientInfo, move_grace)
 from .procinfo import ANY_START, ProcIdentity, signal_checked
 from .proto import C
 
@@ -90,7 +90,7 @@ class ActionSender:
             elif action.kind == SWAP_UNANSWERED:
                 self.logger.warning(f"{where}: did not answer PREPARE_SWAP_OUT "
                                     f"({size(action.bytes)}) within "
-                                    f"{self.core.cfg.drop_grace_sec:g}s")
+                                    f"{self.core.cfg.drop_grace_sec + move_grace(action.bytes):.1f}s")
             elif action.kind == MEM_REPLY and action.reply is not None:
                 if conn is not None:
                     mem_reply(conn, gpu.uuid, action.reply, action.token)
@@ -162,7 +162,9 @@ class ActionSender:
         """A holder that ignored DROP_LOCK for drop_grace_sec loses the lock here, whatever the
         policy, so one client can never keep a GPU from the others; kill also signals it (and
         cutting its connection off drops it). The Actions of a release for it come back."""
-        grace = gpu.lock.grace_for(info, self.core.cfg.drop_grace_sec)
+        holder = gpu.holders.get(info.client_id)
+        since = holder.grace_from() if holder is not None else None
+        grace = self.core.now() - since if since is not None else self.core.cfg.drop_grace_sec
         where = f"gpu {gpu.uuid}: {info.label()}"
         client = self.registry.clients.get(info.client_id)
         conn = client.connection if client is not None else None
@@ -171,7 +173,7 @@ class ActionSender:
                             f"there for {gpu.lock.penalty_left(info, self.core.now()):g}s: "
                             f"a holder of it did not release in time after DROP_LOCK")
         if self.core.cfg.unresponsive_holder == "kill":
-            self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK; "
+            self.logger.warning(f"{where}: has not released the lock {grace:.1f}s after DROP_LOCK; "
                                 f"killing it (unresponsive_holder=kill)")
             pidfd = conn.pidfd if conn is not None else None
             if pidfd is None or conn is None:
@@ -190,7 +192,7 @@ class ActionSender:
             return []
         # Revoked even when nobody waits now (its owner's own clients may wait benched): a holder
         # that keeps an unanswered DROP_LOCK would keep the GPU from whoever comes next.
-        self.logger.warning(f"{where}: has not released the lock {grace:g}s after DROP_LOCK "
+        self.logger.warning(f"{where}: has not released the lock {grace:.1f}s after DROP_LOCK "
                             f"(unresponsive; policy warn): lock revoked and handed on; what it "
                             f"still runs there is not gated")
         return gpu.release(info.client_id, self.core.now())

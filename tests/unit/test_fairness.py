@@ -95,6 +95,25 @@ def test_an_unresponsive_users_clients_lose_their_place_for_a_period_that_double
     assert statuses[1002]["penalty_sec"] == pytest.approx(8.0, abs=0.2)
 
 
+def test_a_holder_asked_to_move_memory_out_has_longer_by_what_it_moves():
+    """Its DROP_LOCK asks 4 GiB out (what the waiter lacks): a first move out pins host memory as
+    it goes (1.4-5.5 GB/s on the H100), and a 70 GiB holder on an H200 outlasted the whole grace,
+    which benched its owner and left the GPU idle. Its grace is drop_grace_sec and a second per
+    GiB it was asked to move."""
+    g = policy()
+    x, v = user_client(1, 100), user_client(9, 200)
+    g.mem_update(x, 0.0, 10 << 30, 0, 0)
+    g.mem_update(v, 0.0, 0, 0, 10 << 30)                # in host memory: it does not fit beside x
+    assert granted(g.request(x, 0.0)) == [1]
+    g.request(v, 0.0)
+    drops = [a for a in g.tick(1.0) if a.kind == DROP]
+    assert [(a.client.client_id, a.bytes) for a in drops] == [(1, 4 << 30)]
+    assert g.lock.deadlines(4.0) == [pytest.approx(1.0 + 4.0 + 4.0)]
+    assert [a.kind for a in g.tick(8.9)] == []          # past drop_grace_sec: still moving
+    assert [(a.kind, a.client.client_id) for a in g.tick(9.0)] == [(UNRESPONSIVE, 1)]
+    assert g.lock.penalty_left(x, 9.0) == pytest.approx(4.0)
+
+
 # --- the daemon: floods (item 1) ------------------------------------------------------------------
 
 def _pin_last_cpu() -> None:
