@@ -137,7 +137,7 @@ class GpuState:
                                bursts=holder.bursts, yields=holder.yields)]
             return []
         self.lock.enqueue(client, now)
-        self.demand.requested(cid)
+        self.demand.requested(cid, now)
         out: list[Action] = []
         loan = self.loans.lender_back(cid, now)
         if loan is not None and loan.lent:
@@ -198,8 +198,8 @@ class GpuState:
 
     def next_deadline(self) -> float | None:
         """When tick() next has something to do (switch timer, max runtime, drop grace)."""
-        grace = self.settings.drop_grace_sec
-        deadlines = self.lock.deadlines(grace)
+        s = self.settings
+        deadlines = self.lock.deadlines(s.drop_grace_sec)
         turn = self.lock.turn
         if turn is not None and self.lock.turn_here():      # turn_here() is False without a turn
             others = any(h.client.job_id != turn.job_id and h.drop_at is None
@@ -207,13 +207,15 @@ class GpuState:
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(self.memory.deadlines())
+        if s.mode == "auto" and s.auto_share == "adaptive" and not self.lock.turn_here():
+            deadlines.extend(self.demand.deadlines())   # the cost rule's silent waiters
         kept = self.loans.deadline()
         if kept is not None:
             deadlines.append(kept)
         if self.contention_since is not None and self.queue and not self.lock.turn_here():
-            if self.settings.mode == "serial":
+            if s.mode == "serial":
                 if not self.serial_expired:
-                    deadlines.append(self.contention_since + self.settings.max_runtime_sec)
+                    deadlines.append(self.contention_since + s.max_runtime_sec)
             elif self.holders and not self._shared_ok() \
                     and not any(h.drop_at is not None for h in self.holders.values()):
                 deadlines.append(self.contention_since + self.switch_interval())
@@ -299,6 +301,7 @@ class GpuState:
 
     def _schedule(self, now: float, admin: bool = False) -> list[Action]:
         out: list[Action] = []
+        self.demand.last_pass = now
         self.lock.unbench(now)          # penalties that are over: back in the queue (gpulock.py)
         self.memory.begin_pass()
         self.memory.expire(now, out)
@@ -415,7 +418,7 @@ class GpuState:
         light ones below CLASS_CORUN_BUSY, which co-run whatever their class."""
         bursty_busy = self.demand.update_group(self.settings.burst_turns, self.clients)
         wanting = set(self.queue) | set(self.holders)
-        takers = self.demand.takers(self.clients, self.switch_interval())
+        takers = self.demand.takers(self.clients, self.switch_interval(), now)
         ranked, best = self.demand.best_class(takers, wanting, self.clients, now)
         outranked = {cid for cid in wanting
                      if best is not None and cid in self.clients and self.clients[cid].rank > best
@@ -485,12 +488,15 @@ class GpuState:
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         holders = turn_holders(self, now, out)      # adaptive: who gains nothing by turns co-runs
         if len(holders) > 1:
-            # Co-runners no longer fit (or the mode changed): the oldest keeps it, the rest requeue.
+            # Co-runners no longer fit (or the mode changed): the turn holder keeps it, else the oldest;
+            # the rest requeue, beside a turn holder with their memory resident (make_room moves it).
+            holders.sort(key=lambda h: h.shared)
             memory = not admin and self.settings.mode == "auto"
             reason = C.NVSHARE_DROP_MEMORY if memory else C.NVSHARE_DROP_ADMIN
+            moves = memory and holders[0].shared
             for holder in holders[1:]:
                 if holder.drop_at is None:
-                    move = self.memory.use(holder.client.client_id).swappable if memory else 0
+                    move = self.memory.use(holder.client.client_id).swappable if moves else 0
                     self.lock.drop(holder, now, reason, out, move)
         head = None if holders else self.memory.first_to_run(lambda c: self._may_take_turn(c, now))
         if head is not None and self._may_take_turn(head.client_id, now) \
@@ -548,7 +554,7 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
     s, mem, clients = gpu.settings, gpu.memory, gpu.clients
     if s.mode != "auto" or s.auto_share != "adaptive":
         return list(gpu.holders.values())
-    takers = gpu.demand.takers(clients, gpu.switch_interval())
+    takers = gpu.demand.takers(clients, gpu.switch_interval(), now)
     wanting = set(gpu.queue) | set(gpu.holders)
     best = gpu.demand.best_class(takers, wanting, clients, now)[1]
     beside = {cid for cid in wanting - takers if cid in clients and not mem.use(cid).swapped

@@ -345,3 +345,44 @@ def test_co_runners_whose_memory_would_crowd_a_turn_take_turns_too():
     g.request(a, 0.0)
     g.request(b, 0.0)
     assert [y.kind for y in g.request(x, 0.01)] == [] and 3 in g.queue
+
+
+def test_a_co_runner_that_turns_busy_does_not_take_the_gpu_from_the_turn_holder():
+    """Issue 27's node on the H200: the bursty job co-ran beside turns with swap, then read busy.
+    Granted before the turn began, it was the oldest holder and kept the GPU, and the turn holder
+    was dropped and asked to move all its memory (70 GiB) out: longer than the drain grace, so its
+    owner was benched and the GPU sat idle. The turn holder keeps its turn; the co-runner waits,
+    its memory resident until a grant needs the room."""
+    g = gpu(76 * G)
+    a, b, x = client(1), client(2), client(3)
+    g.mem_update(a, 0.0, 40 * G, 0, 0)
+    g.mem_update(b, 0.0, 0, 0, 40 * G)
+    g.mem_update(x, 0.0, 2 * G, 0, 0)
+    for c, d in ((a, BUSY), (b, BUSY), (x, BURSTY)):
+        g.report_demand(c, d, 0.0)
+    assert [(y.kind, y.flags) for y in g.request(x, 0.0)] == [(GRANT, SHARED)]
+    assert [(y.kind, y.flags) for y in g.request(a, 0.01)] == [(GRANT, SWAP_AHEAD)]
+    g.request(b, 0.02)
+    actions = g.report_demand(x, BUSY, 0.05)
+    assert [(y.kind, y.client.client_id, y.bytes) for y in actions if y.kind == DROP] == [(DROP, 3, 0)]
+    assert g.holders[1].drop_at is None
+
+
+def test_a_waiter_that_never_reports_counts_as_a_whole_turn_after_a_second():
+    """A job whose memory waits in host memory for its turn reports nothing until it runs. While
+    a turn-taker has not reported, a bursty client keeps its turns (its wait is unknown); on the
+    H200 it took turns behind such a 70 GiB job for 12 s (1.7x slower than co-located). After
+    UNREPORTED_SEC the silent waiter counts as a whole turn, and the bursty client co-runs."""
+    g = gpu(76 * G)
+    a, b, x = client(1), client(2), client(3)
+    g.mem_update(a, 0.0, 40 * G, 0, 0)
+    g.mem_update(b, 0.0, 0, 0, 40 * G)
+    g.mem_update(x, 0.0, 2 * G, 0, 0)
+    for c, d in ((a, BUSY), (x, BURSTY)):
+        g.report_demand(c, d, 0.0)
+    assert [y.kind for y in g.request(a, 0.0)] == [GRANT]
+    g.request(b, 0.01)                                      # never reports
+    assert [y.kind for y in g.request(x, 0.02)] == [] and 3 in g.queue
+    assert g.next_deadline() == 1.01
+    assert [(y.kind, y.client.client_id, y.flags, y.bursts) for y in g.tick(1.01)
+            if y.kind == GRANT] == [(GRANT, 3, SHARED, True)]
