@@ -15,8 +15,9 @@ from .log import step_text
 from .priority import RANK
 
 # A client asked to move memory out (DROP_LOCK, PREPARE_SWAP_OUT) has this much longer than
-# drop_grace_sec: its first move out pins host memory as it goes (1.4-5.5 GB/s on the H100), and a
-# 70 GiB holder on an H200 took longer than the whole grace: its owner was benched, the GPU idle.
+# drop_grace_sec: its first move out pins host memory as it goes (1.4-5.5 GB/s on the H100, so 70
+# GiB may outlast the grace); in mix4-mem on the fake driver an 8 GiB move took 39 s, and its owner
+# (every job of the bench) was benched for 30 s with the GPU idle.
 MOVE_GRACE_SEC_PER_GIB = 1.0
 
 

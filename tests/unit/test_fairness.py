@@ -97,9 +97,9 @@ def test_an_unresponsive_users_clients_lose_their_place_for_a_period_that_double
 
 def test_a_holder_asked_to_move_memory_out_has_longer_by_what_it_moves():
     """Its DROP_LOCK asks 4 GiB out (what the waiter lacks): a first move out pins host memory as
-    it goes (1.4-5.5 GB/s on the H100), and a 70 GiB holder on an H200 outlasted the whole grace,
-    which benched its owner and left the GPU idle. Its grace is drop_grace_sec and a second per
-    GiB it was asked to move."""
+    it goes (1.4-5.5 GB/s on the H100), and in mix4-mem on the fake driver an 8 GiB move outlasted
+    the whole grace, which benched its owner and left the GPU idle. Its grace is drop_grace_sec and
+    a second per GiB it was asked to move."""
     g = policy()
     x, v = user_client(1, 100), user_client(9, 200)
     g.mem_update(x, 0.0, 10 << 30, 0, 0)
