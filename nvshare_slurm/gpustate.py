@@ -52,7 +52,7 @@ from .corunners import regrant, yields_beside
 from .demand import Demand, GpuDemand
 from .gpulock import GpuLock
 from .gpumemory import GpuMemory, MemUsage
-from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, SWAP_OUT, Action, ClientInfo, GpuSettings,
+from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, Action, ClientInfo, GpuSettings,
                           Holder, MemDecision)
 from .proto import C
 from .turnloan import TurnLoans, keep_for
@@ -587,34 +587,6 @@ def sharing_now(gpu: GpuState) -> tuple[str, str]:
     return "corun", "idle"
 
 
-def suspend_client(gpu: GpuState, client_id: int, now: float, stopped: bool,
-                   move: int) -> list[Action]:
-    """The client's job is suspended, or its process stopped or frozen (suspend.py): it waits in
-    no queue on `gpu`. A holder that still runs hears DROP_LOCK(SUSPEND) with `move` bytes to
-    move to host memory (a holder already dropping, PREPARE_SWAP_OUT) and releases as any holder
-    does; a stopped one cannot answer, so it holds nothing from now on (it reads its DROP_LOCK
-    when it runs again), and is asked to move no memory until resume_client (what it was asked
-    is no longer on its way out). Another client's turn starts at once either way."""
-    out: list[Action] = []
-    gpu.lock.withdraw(client_id)
-    gpu.loans.forget(client_id)
-    if stopped:
-        gpu.memory.freeze(client_id)
-    holder = gpu.holders.get(client_id)
-    client = gpu.clients.get(client_id)
-    if holder is None:
-        if move and client is not None:
-            out.append(Action(SWAP_OUT, client, 0, 0, move))
-        return out + gpu.tick(now)
-    if holder.drop_at is None:
-        gpu.lock.drop(holder, now, C.NVSHARE_DROP_SUSPEND, out, move)
-    elif move:
-        out.append(Action(SWAP_OUT, holder.client, 0, 0, move))
-    if not stopped:
-        return out + gpu.tick(now)
-    return out + gpu.release(client_id, now)
-
-
 def schedule_serial(gpu: GpuState, now: float, out: list[Action], admin: bool) -> None:
     """Mode serial: the lock belongs to one job at a time (see the module's docstring)."""
     job = gpu.serial_job
@@ -661,11 +633,6 @@ def schedule_serial(gpu: GpuState, now: float, out: list[Action], admin: bool) -
             # Attached, holding nothing: no release or deadline will hand the GPU on. Begin now.
             schedule_serial(gpu, now, out, admin)
 
-
-def resume_client(gpu: GpuState, client_id: int, now: float) -> list[Action]:
-    """The client runs again (thawed, or its job resumed): its memory may be asked to move."""
-    gpu.memory.thaw(client_id)
-    return gpu.tick(now)
 
 
 def lend_rest_of_turn(gpu: GpuState, holder: Holder, now: float) -> None:

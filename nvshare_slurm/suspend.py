@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import slurm
-from .gpustate import resume_client, suspend_client
+from .gpupause import resume_client, suspend_client
 from .procinfo import memory_headroom, pause_reason
 from .proto import C
 from .render import human_size

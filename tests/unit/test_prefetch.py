@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from test_policy import G, client, gpu, moves
 
-from nvshare_slurm.gpustate import suspend_client
+from nvshare_slurm.gpupause import suspend_client
 from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT
 from nvshare_slurm.proto import C
 

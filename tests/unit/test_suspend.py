@@ -383,7 +383,7 @@ def test_a_stopped_client_is_asked_to_move_no_memory_until_it_runs_again():
     once, told what did not fit), nothing more is asked of it, and once it runs it may be asked."""
     from test_policy import G, client, gpu, moves
 
-    from nvshare_slurm.gpustate import resume_client, suspend_client
+    from nvshare_slurm.gpupause import resume_client, suspend_client
     from nvshare_slurm.policytypes import GRANT, PREFETCH, SWAP_OUT
     g = gpu()                                                     # 16G
     head, stopped, later = client(1), client(2), client(3)
