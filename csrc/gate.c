@@ -61,14 +61,17 @@ static void signal_fd(int fd)
         ;
 }
 
-/* With g->gate.mu held: the GPU is free for the successor (the holder's work drained). */
+/* With g->gate.mu held: the GPU is free for the successor (the holder's work drained). Logged
+ * first: a process that ends while its drainer signals may be gone before a line written after,
+ * and its successor's "passed on" then had no "drained" to match (1 of 30 runs of
+ * tests/hook/test_hook_handoff.py on a loaded machine). */
 static void handoff_signal(struct nvshare_gpu *g)
 {
     if (g->gate.handoff_out_fd < 0)
         return;
+    nvshare_debug("gpu %s: drained; the next holder may start (hand-over)", g->uuid);
     signal_fd(g->gate.handoff_out_fd);
     close_fd(&g->gate.handoff_out_fd);
-    nvshare_debug("gpu %s: drained; the next holder may start (hand-over)", g->uuid);
 }
 
 /* With g->gate.mu held: forget the hand-over we wait for; a thread polling a copy of it wakes up. */
