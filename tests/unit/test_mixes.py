@@ -331,17 +331,25 @@ def test_a_swapped_out_light_client_takes_its_turn_to_bring_it_back():
     assert [(y.kind, y.flags, y.bursts) for y in actions] == [(GRANT, SHARED, True)]
 
 
+def turn_b_swapped(a_resident: int, x_resident: int, b_reports: bool = True):
+    """A 76 GiB GPU: a (busy) and x (bursty) with memory resident, b (busy) with 40 GiB in host
+    memory. Returns (GpuState, a, b, x)."""
+    g = gpu(76 * G)
+    a, b, x = client(1), client(2), client(3)
+    g.mem_update(a, 0.0, a_resident, 0, 0)
+    g.mem_update(b, 0.0, 0, 0, 40 * G)
+    g.mem_update(x, 0.0, x_resident, 0, 0)
+    for c, d in ((a, BUSY), (b, BUSY), (x, BURSTY)):
+        if b_reports or c is not b:
+            g.report_demand(c, d, 0.0)
+    return g, a, b, x
+
+
 def test_co_runners_whose_memory_would_crowd_a_turn_take_turns_too():
     """The largest turn-taker must fit beside every co-runner's resident memory, or the turns'
     swaps would need theirs: a bursty client with 40 GiB resident beside a 40 GiB job on 76 GiB
     waits for its turn."""
-    g = gpu(76 * G)
-    a, b, x = client(1), client(2), client(3)
-    g.mem_update(a, 0.0, 30 * G, 0, 0)
-    g.mem_update(b, 0.0, 0, 0, 40 * G)
-    g.mem_update(x, 0.0, 40 * G, 0, 0)
-    for c, d in ((a, BUSY), (b, BUSY), (x, BURSTY)):
-        g.report_demand(c, d, 0.0)
+    g, a, b, x = turn_b_swapped(30 * G, 40 * G)
     g.request(a, 0.0)
     g.request(b, 0.0)
     assert [y.kind for y in g.request(x, 0.01)] == [] and 3 in g.queue
@@ -353,13 +361,7 @@ def test_a_co_runner_that_turns_busy_does_not_take_the_gpu_from_the_turn_holder(
     was dropped and asked to move all its memory (70 GiB) out, about 24 s before the other 70 GiB
     job could start (all done in 1.81x serial). The turn holder keeps its turn; the co-runner
     waits, its memory resident until a grant needs the room."""
-    g = gpu(76 * G)
-    a, b, x = client(1), client(2), client(3)
-    g.mem_update(a, 0.0, 40 * G, 0, 0)
-    g.mem_update(b, 0.0, 0, 0, 40 * G)
-    g.mem_update(x, 0.0, 2 * G, 0, 0)
-    for c, d in ((a, BUSY), (b, BUSY), (x, BURSTY)):
-        g.report_demand(c, d, 0.0)
+    g, a, b, x = turn_b_swapped(40 * G, 2 * G)
     assert [(y.kind, y.flags) for y in g.request(x, 0.0)] == [(GRANT, SHARED)]
     assert [(y.kind, y.flags) for y in g.request(a, 0.01)] == [(GRANT, SWAP_AHEAD)]
     g.request(b, 0.02)
@@ -373,13 +375,7 @@ def test_a_waiter_that_never_reports_counts_as_a_whole_turn_after_a_second():
     a turn-taker has not reported, a bursty client keeps its turns (its wait is unknown); on the
     H200 it took turns behind such a 70 GiB job for 12 s (1.7x slower than co-located). After
     UNREPORTED_SEC the silent waiter counts as a whole turn, and the bursty client co-runs."""
-    g = gpu(76 * G)
-    a, b, x = client(1), client(2), client(3)
-    g.mem_update(a, 0.0, 40 * G, 0, 0)
-    g.mem_update(b, 0.0, 0, 0, 40 * G)
-    g.mem_update(x, 0.0, 2 * G, 0, 0)
-    for c, d in ((a, BUSY), (x, BURSTY)):
-        g.report_demand(c, d, 0.0)
+    g, a, b, x = turn_b_swapped(40 * G, 2 * G, b_reports=False)
     assert [y.kind for y in g.request(a, 0.0)] == [GRANT]
     g.request(b, 0.01)                                      # never reports
     assert [y.kind for y in g.request(x, 0.02)] == [] and 3 in g.queue
