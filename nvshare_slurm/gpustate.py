@@ -207,7 +207,7 @@ class GpuState:
             if others and self.contention_since is not None:
                 deadlines.append(self.contention_since + self.switch_interval())
         deadlines.extend(self.memory.deadlines())
-        if s.mode == "auto" and s.auto_share == "adaptive" and not self.lock.turn_here():
+        if s.adaptive and not self.lock.turn_here():
             deadlines.extend(self.demand.deadlines())   # the cost rule's silent waiters
         kept = self.loans.deadline()
         if kept is not None:
@@ -231,8 +231,7 @@ class GpuState:
             and self.memory.fits()
 
     def _adaptive_ok(self) -> bool:
-        return self.settings.mode == "auto" and self.settings.auto_share == "adaptive" \
-            and self.memory.fits()
+        return self.settings.adaptive and self.memory.fits()
 
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0, bursts: bool = False) -> None:
@@ -552,7 +551,7 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
     the largest turn-taker's memory fits beside all the co-runners' (no turn's swap ever needs
     theirs). Grants those that wait; returns the other holders, who take the turns."""
     s, mem, clients = gpu.settings, gpu.memory, gpu.clients
-    if s.mode != "auto" or s.auto_share != "adaptive":
+    if not s.adaptive:
         return list(gpu.holders.values())
     takers = gpu.demand.takers(clients, gpu.switch_interval(), now)
     wanting = set(gpu.queue) | set(gpu.holders)

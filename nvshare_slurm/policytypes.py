@@ -17,7 +17,8 @@ from .priority import RANK
 # A client asked to move memory out (DROP_LOCK, PREPARE_SWAP_OUT) has this much longer than
 # drop_grace_sec: its first move out pins host memory as it goes (1.4-5.5 GB/s on the H100, so 70
 # GiB may outlast the grace); in mix4-mem on the fake driver an 8 GiB move took 39 s, and its owner
-# (every job of the bench) was benched for 30 s with the GPU idle.
+# (every job of the bench) was benched for 30 s with the GPU idle. Not swap_bandwidth (20 GiB/s, what a
+# switch is expected to take): the grace must cover the slowest move that is still making progress.
 MOVE_GRACE_SEC_PER_GIB = 1.0
 
 
@@ -56,6 +57,11 @@ class GpuSettings:
 
     OVERRIDABLE = ("mode", "switch_time_mode", "switch_time_fixed", "memory_reserve_percent",
                    "max_runtime_sec")
+
+    @property
+    def adaptive(self) -> bool:
+        """auto with auto_share adaptive: turns for whoever gains by them, the rest co-run."""
+        return self.mode == "auto" and self.auto_share == "adaptive"
 
     @classmethod
     def from_config(cls, cfg: Any, overrides: dict[str, Any] | None = None) -> GpuSettings:
