@@ -27,6 +27,7 @@ from .connection import (Connection, Limits, Listener, Violation, listening_sock
                          prepare_socket_path, raise_fd_limit, remove_socket)
 from .daemoncore import Handler, RepeatedWarnings
 from .devices import GpuDevices
+from .driverwatch import DriverWatch
 from .gang import GangPolicy
 from .gpustate import GpuState
 from .hookwatch import HookWatch
@@ -73,6 +74,7 @@ class Daemon:
         self.gangs = GangPolicy()
         self.rogues = RogueTracker()
         self.rogue_watch = RogueWatch(self, self.inventory, self.rogues)
+        self.driver_watch = DriverWatch(self, self.inventory)
         self.hooks = HookWatch(self)
         self.suspends = SuspendWatch(self)
         self.ledger = UsageLedger()
@@ -306,12 +308,14 @@ class Daemon:
         self.loop.add_signal_handler(signal.SIGHUP, self.reload)
         rogue_task = asyncio.ensure_future(self._rogue_loop())
         suspend_task = asyncio.ensure_future(self.suspends.run())
+        driver_task = asyncio.ensure_future(self.driver_watch.run())
         modes = ", ".join(f"{g.uuid} ({g.settings.mode})" for g in self.gpus.values()) or "none"
         self.logger.info(f"listening on {path} (pid {os.getpid()}); GPUs: {modes}")
         await self._stop.wait()
         self.logger.info("stopping: SIGTERM; no more grants")
         rogue_task.cancel()
         suspend_task.cancel()
+        driver_task.cancel()
         if metrics is not None:
             metrics.close()
         self.listener.close()

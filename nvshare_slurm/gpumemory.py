@@ -13,6 +13,10 @@ most once while the room is short (one "episode"); when nothing more can move, t
 out anyway. A holder's allocation without room waits for its MEM_REPLY while room is made, at
 most drop_grace_sec.
 
+The driver's view (DriverAccount, drivermemory.py): memory the driver holds that no report counts
+(an ended process's until the driver has released it, contexts, unregistered processes) is taken
+off the room, so that no grant, swap-in or allocation counts on memory the driver does not have.
+
 Prefetch (protocol "Swap" 8): in turns, the next waiter with swapped memory is offered the room
 there is (PREFETCH), one offer at a time per GPU, and brings that much back before its turn. A
 holder moving memory out reports as it goes, so the next holder's copies in run beside its copies
@@ -24,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from .drivermemory import DriverAccount
 from .policytypes import (MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED, Action, ClientInfo,
                           GpuSettings, Holder, MemDecision, move_grace)
 from .proto import C
@@ -127,6 +132,7 @@ class GpuMemory:
     withheld: int | None = None            # per pass: the waiter whose grant waits for room
     grant_need: int = 0                    # per pass: room the withheld grant lacks
     alloc_need: int = 0                    # per pass: room waiting requests lack
+    driver: DriverAccount = field(default_factory=DriverAccount)   # what only the driver shows
 
     # --- figures -------------------------------------------------------------------------------
 
@@ -144,23 +150,26 @@ class GpuMemory:
 
     def fits(self) -> bool:
         """Do all clients' memory (resident, swapped out, about to be allocated) fit together?"""
-        return self.sum_allocated + self.sum_swapped + self.wanted() <= self.usable
+        return self.sum_allocated + self.sum_swapped + self.wanted() + self.driver.held() \
+            <= self.usable
 
     def overcommit(self, client_id: int) -> int:
         """What of this client's memory the GPU lacks room for beside everyone else's: the bytes its
         turn's end is likely to move out (a SWAP_AHEAD grant's, pinned ahead)."""
         u = self.use(client_id)
-        over = self.sum_allocated + self.sum_swapped + self.wanted() - self.usable
+        over = self.sum_allocated + self.sum_swapped + self.wanted() + self.driver.held() \
+            - self.usable
         return max(0, min(u.allocated + u.swapped, over))
 
     def room(self) -> int:
         """Usable memory that nobody holds resident or is about to: holders bring their swapped
-        memory back at their grant (unless dropped meanwhile), and waiting or promised
-        allocations are on their way."""
+        memory back at their grant (unless dropped meanwhile), waiting or promised allocations
+        are on their way, and the driver holds what no report counts (drivermemory.py)."""
         coming_in = sum(self.use(cid).swapped for cid, h in self.gpu.holders.items()
                         if h.drop_at is None)
         prefetched = sum(self.prefetch_outstanding(cid) for cid in self.prefetching)
-        return self.usable - self.sum_allocated - coming_in - self.wanted() - prefetched
+        return self.usable - self.sum_allocated - coming_in - self.wanted() - prefetched \
+            - self.driver.held()
 
     def prefetch_outstanding(self, client_id: int) -> int:
         """Bytes of a PREFETCH offer that have not come back yet."""
@@ -245,7 +254,8 @@ class GpuMemory:
         return {"memory_total": self.gpu.memory_total, "memory_usable": self.usable,
                 "memory_used": self.sum_allocated, "memory_fixed": self.sum_fixed,
                 "memory_swapped": self.sum_swapped,
-                "memory_reserved": self.gpu.memory_total - self.usable}
+                "memory_reserved": self.gpu.memory_total - self.usable,
+                **self.driver.status(self.sum_allocated)}
 
     def deadlines(self) -> list[float]:
         """When a held request, a PREPARE_SWAP_OUT or a promise runs out of drop_grace_sec."""
@@ -254,7 +264,7 @@ class GpuMemory:
             [ask.due(grace) for ask in self.swap_asked.values()] + \
             [at + grace for _, at in self.promised.values()] + \
             [offer.at + grace for offer in self.prefetching.values()] + \
-            [at + SETTLE_SEC for at in self.settling.values()]
+            [at + SETTLE_SEC for at in self.settling.values()] + self.driver.deadlines()
 
     # --- reports and requests ------------------------------------------------------------------
 
@@ -337,8 +347,9 @@ class GpuMemory:
                 f"GPU has {_size(self.usable)} usable ({_size(self.gpu.memory_total)} less "
                 f"memory_reserve_percent {self.gpu.settings.memory_reserve_percent})")
 
-    def forget(self, client_id: int, client: ClientInfo | None) -> None:
-        """The client is gone: its memory, held request, promise and swap ask with it."""
+    def forget(self, client_id: int, client: ClientInfo | None, now: float) -> None:
+        """The client is gone: its held request, promise and swap ask with it; its memory is
+        counted on until the driver shows it released (DriverAccount.client_gone)."""
         self.pending_allocs = [p for p in self.pending_allocs if p.client.client_id != client_id]
         self.promised.pop(client_id, None)
         self.swap_asked.pop(client_id, None)
@@ -347,6 +358,8 @@ class GpuMemory:
         self.settling.pop(client_id, None)
         self.granted(client_id)        # no offer stands for it any more
         use = self.usage.pop(client_id, None)
+        if client is not None:
+            self.driver.client_gone(client, use.allocated if use else 0, now)
         if client is not None and use:
             self.sum_allocated -= use.allocated
             self.sum_fixed -= use.fixed
@@ -363,7 +376,15 @@ class GpuMemory:
         """This pass withholds the waiter's grant: its swapped memory lacks `short` bytes."""
         self.withheld, self.grant_need = client_id, short
 
+    def driver_seen(self, used: int, processes: dict[int, int], now: float,
+                    out: list[Action]) -> None:
+        """A look at the driver (NVML): its used memory and each process's."""
+        counted = {c.pid: (cid, self.use(cid).allocated + self.promised.get(cid, (0, 0.0))[0])
+                   for cid, c in self.gpu.clients.items()}
+        self.driver.seen(used, processes, counted, now, out)
+
     def expire(self, now: float, out: list[Action]) -> None:
+        self.driver.expire(now, out)
         grace = self.gpu.settings.drop_grace_sec
         for cid, ask in list(self.swap_asked.items()):
             if now >= ask.due(grace):   # count it as answered so that the grant is not stuck
@@ -462,9 +483,10 @@ class GpuMemory:
         a holder's allocation: a co-running holder that can be dropped)? An allocation admitted
         resident and not yet reported counts: once made, its memory can be asked to move (a grant
         that went out meanwhile would take the room the allocation is being made in). So does a
-        PREFETCH on its way: once back, that memory can be asked to move again."""
+        PREFETCH on its way: once back, that memory can be asked to move again. And memory of
+        an ended process: the driver releases it."""
         if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude \
-                or set(self.prefetching) - exclude:
+                or set(self.prefetching) - exclude or self.driver.sum_ended:
             return True
         for cid, holder in self.gpu.holders.items():
             if holder.drop_at is not None and holder.drop_bytes > 0:
@@ -502,6 +524,7 @@ class GpuMemory:
             return []
         need -= sum(ask.bytes for ask in self.swap_asked.values())
         need -= sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
+        need -= self.driver.sum_ended    # on its way out: the driver releases it
         if need <= 0:
             return []
         requesters = self._requesters()

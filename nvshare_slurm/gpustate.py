@@ -167,12 +167,19 @@ class GpuState:
         held, client = self.lock.forget(client_id)
         self.demand.forget(client_id)
         self.loans.forget(client_id)
-        self.memory.forget(client_id, client)
+        self.memory.forget(client_id, client, now)
         if not self.holders:
             self.contention_since = None
         out = self._hand_over(client_id, now) if held else []
         if self.handoff is not None and client_id in self.handoff:
             self.handoff = None
+        return out + self._schedule(now)
+
+    def driver_seen(self, used: int, processes: dict[int, int], now: float) -> list[Action]:
+        """A look at the driver's memory (NVML): used bytes, and each process's (pid -> bytes).
+        Memory of an ended client counts until the driver releases it (drivermemory.py)."""
+        out: list[Action] = []
+        self.memory.driver_seen(used, processes, now, out)
         return out + self._schedule(now)
 
     def report_demand(self, client: ClientInfo, demand: Demand, now: float) -> list[Action]:

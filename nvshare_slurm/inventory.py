@@ -1,8 +1,9 @@
 """The node's GPUs: NVML (nvidia-ml-py) by default, or the `gpus:` list of the config.
 
 Also lists the compute processes on each GPU, which the daemon compares with its registered
-clients to find processes that bypassed the hook (rogue processes). NVML failures become
-InventoryError with a message that says what to check.
+clients to find processes that bypassed the hook (rogue processes), and the memory the driver
+holds for each (drivermemory.py: an ended process's memory counts until the driver released it).
+NVML failures become InventoryError with a message that says what to check.
 """
 from __future__ import annotations
 
@@ -30,9 +31,17 @@ class GpuProcess:
     memory: int
 
 
+@dataclass(frozen=True)
+class DriverMemory:
+    """What the driver holds on one GPU now: the device's used bytes, and each process's."""
+    used: int
+    processes: dict[int, int]      # pid -> bytes
+
+
 class Inventory(Protocol):
     def gpus(self) -> list[GpuInfo]: ...
     def processes(self, uuid: str) -> list[GpuProcess]: ...
+    def driver_memory(self, uuid: str) -> DriverMemory | None: ...
 
 
 class ConfiguredInventory:
@@ -47,6 +56,9 @@ class ConfiguredInventory:
 
     def processes(self, uuid: str) -> list[GpuProcess]:
         return []
+
+    def driver_memory(self, uuid: str) -> DriverMemory | None:
+        return None    # no driver to ask: a disconnected client's memory counts free at once
 
 
 def _nvml_error(exc: Exception, what: str) -> InventoryError:
@@ -103,6 +115,24 @@ class NvmlInventory:
             except nv.NVMLError as exc:
                 raise _nvml_error(exc, f"listing the processes of {uuid}") from None
         return [GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs]
+
+    def driver_memory(self, uuid: str) -> DriverMemory | None:
+        """The device's used memory and each compute process's (MPS and graphics processes are
+        not listed here: they are not jobs' CUDA processes)."""
+        nv = self._nvml
+        handle = self._handles.get(uuid)
+        if handle is None:
+            return None
+        with self._lock:
+            try:
+                used = int(nv.nvmlDeviceGetMemoryInfo(handle).used)
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nv.NVMLError as exc:
+                raise _nvml_error(exc, f"reading the memory of {uuid}") from None
+        per_pid: dict[int, int] = {}
+        for p in procs:
+            per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0) + int(p.usedGpuMemory or 0)
+        return DriverMemory(used, per_pid)
 
 
 def from_config(cfg: Any) -> Inventory:

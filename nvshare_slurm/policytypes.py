@@ -36,6 +36,8 @@ MEM_REPLY = "mem_reply"                 # a MEM_REPLY that waited for room
 SWAP_UNANSWERED = "swap_unanswered"     # PREPARE_SWAP_OUT not answered within drop_grace_sec
 PREFETCH = "prefetch"                   # PREFETCH: bring `bytes` of swapped memory back before a turn
 HANDOFF = "handoff"                     # HANDOFF: `source`'s turn passes to `client` by an eventfd
+ENDED_MEMORY = "ended_memory"           # an ended client's `bytes` count free: the driver released
+#                                         them (value 0) or the deadline passed (1); flags: ms after
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,12 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
         [("MemoryFixed", human_size(gpu.get("memory_fixed"))),
          ("MemorySwapped", human_size(gpu.get("memory_swapped"))),
          ("MemoryReservePercent", number(gpu.get("memory_reserve_percent")))],
+        # What only the driver holds (drivermemory.py): ended processes' memory not yet released,
+        # live clients' beyond their reports, unregistered processes'; and NVML's figure less all.
+        [("MemoryEnded", human_size(gpu.get("memory_ended"))),
+         ("MemoryOverhead", human_size(gpu.get("memory_overhead"))),
+         ("MemoryOther", human_size(gpu.get("memory_other"))),
+         ("DriverGap", _gap(gpu.get("memory_gap")))],
         [("Mode", safe(gpu.get("mode")) if gpu.get("mode") is not None else NULL),
          ("SwitchTime", "auto" if switch_time == "auto" else interval(switch_time)),
          ("SwitchInterval", interval(gpu.get("switch_interval_sec"))),
@@ -130,6 +136,13 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
         [("Waiting", _join(waiting))],
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
     ]
+
+
+def _gap(value: Any) -> str:
+    """NVML's used memory less what the scheduler counts, signed; (null) without a driver view."""
+    if not isinstance(value, int) or isinstance(value, bool) or value == -1:
+        return NULL
+    return human_size(value)
 
 
 def sharing_label(gpu: dict[str, Any]) -> str:

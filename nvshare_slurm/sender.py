@@ -15,8 +15,8 @@ from .burstpage import BurstPages
 from .connection import Connection
 from .daemoncore import Core, mem_reply, size
 from .gpustate import GpuState
-from .policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT, SWAP_UNANSWERED,
-                          UNRESPONSIVE, Action, ClientInfo, move_grace)
+from .policytypes import (CONTENDED, DROP, ENDED_MEMORY, GRANT, HANDOFF, MEM_REPLY, PREFETCH,
+                          SWAP_OUT, SWAP_UNANSWERED, UNRESPONSIVE, Action, ClientInfo, move_grace)
 from .procinfo import ANY_START, ProcIdentity, signal_checked
 from .proto import C
 
@@ -100,6 +100,15 @@ class ActionSender:
                                         f"{self.core.cfg.drop_grace_sec:g}s); the driver decides")
                 else:
                     self.logger.debug(f"{where}: allocation answered after waiting for room")
+            elif action.kind == ENDED_MEMORY:
+                after = f"{action.flags / 1000:.1f}s after its process ended"
+                if action.value == 0:
+                    self.logger.info(f"{where}: the driver released its {size(action.bytes)} "
+                                     f"{after}; counted free now")
+                else:
+                    self.logger.warning(f"{where}: the driver still shows {size(action.bytes)} "
+                                        f"of it {after}; counted free now, although the driver "
+                                        f"may not have it (a hung teardown or a zombie process?)")
             elif action.kind == HANDOFF and action.source is not None:
                 self._hand_over(gpu, action.source, action.client, conn)
             elif action.kind == UNRESPONSIVE:

@@ -56,11 +56,13 @@ class Scheduler:
         config.update(settings)
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
+        self.extra_env: dict[str, str] = {}   # the daemon's own (the fake NVML's, say)
 
     @property
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVSHARE_")}
         env["NVSHARE_CONFIG"] = str(self.config_path)
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 10.0, preexec_fn=None) -> Scheduler:

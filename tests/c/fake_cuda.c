@@ -10,7 +10,9 @@
  * sleeps until the stream is done, and every sleep kernel appends "pid uuid start_ns end_ns" to
  * FAKE_CUDA_TRACE, so tests can check who ran on which GPU when.
  * FAKE_CUDA_SHARED_MEMORY names a file that holds each device's used bytes for every process that
- * names it, so device memory runs out across processes as on a real GPU. FAKE_CUDA_NO_VMM=1 makes the
+ * names it, so device memory runs out across processes as on a real GPU, and what each process holds
+ * there: an ended process's memory is released FAKE_CUDA_EXIT_RELEASE_MS after it ends
+ * (fake_memory.h), and the fake NVML lists it (FAKE_NVML_FROM_CUDA=1). FAKE_CUDA_NO_VMM=1 makes the
  * devices report no virtual memory management. cuMemHostAlloc touches its pages, as pinning does,
  * so they count against the process's cgroup.
  * A kernel named "barrier" (parameters: unsigned long long microseconds, int ranks, int rank) is an
@@ -37,6 +39,7 @@
 #include <unistd.h>
 
 #include "cuda_subset.h"
+#include "fake_memory.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEV 8
@@ -79,6 +82,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct falloc *allocs;
 static struct falloc *host_allocs;
 static int trace_fd = -1;
+static struct fake_memory *shared_memory;   /* FAKE_CUDA_SHARED_MEMORY's file, mapped */
 static int trace_launch;   /* FAKE_CUDA_TRACE_LAUNCH=1: kernels' lines say when they were launched */
 static __thread struct fctx *ctx_stack[16];
 static __thread int ctx_depth;
@@ -196,39 +200,54 @@ static CUresult setup_devices(void)
         trace_fd = open(trace, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     const char *launch = getenv("FAKE_CUDA_TRACE_LAUNCH");
     trace_launch = launch && !strcmp(launch, "1");
-    uint64_t *shared = NULL;
     const char *state = getenv("FAKE_CUDA_SHARED_MEMORY");
     if (state && *state) {
         int fd = open(state, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-        size_t len = MAX_DEV * sizeof(uint64_t);
-        if (fd >= 0 && ftruncate(fd, (off_t)len) == 0) {
+        size_t len = sizeof(struct fake_memory);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= (off_t)len || ftruncate(fd, (off_t)len) == 0)) {
             void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (p != MAP_FAILED)
-                shared = p;
+                shared_memory = p;
         }
         if (fd >= 0)
             close(fd);
     }
     for (int i = 0; i < n_devs; i++)
-        devs[i].used = shared ? &shared[i] : &devs[i].own_used;
+        devs[i].used = shared_memory ? &shared_memory->used[i] : &devs[i].own_used;
     return named && !n_devs ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
 
-/* Takes size bytes of dev's memory, or fails when they are not free (on every process's count). */
+/* Takes size bytes of dev's memory, or fails when they are not free (on every process's count, the
+ * memory of ended processes not yet released included: fake_memory.h). */
 static int take_device_memory(int dev, uint64_t size)
 {
     uint64_t old = __atomic_load_n(devs[dev].used, __ATOMIC_SEQ_CST);
+    int reaped = 0;
     do {
-        if (old + size > devs[dev].total)
-            return -1;
+        if (old + size > devs[dev].total) {
+            if (!shared_memory || reaped++)
+                return -1;
+            fake_reap(shared_memory);
+            old = __atomic_load_n(devs[dev].used, __ATOMIC_SEQ_CST);
+            continue;
+        }
     } while (!__atomic_compare_exchange_n(devs[dev].used, &old, old + size, 0, __ATOMIC_SEQ_CST,
                                           __ATOMIC_SEQ_CST));
+    struct fake_slot *slot = shared_memory ? fake_own_slot(shared_memory, dev) : NULL;
+    if (slot)
+        __atomic_fetch_add(&slot->bytes, size, __ATOMIC_SEQ_CST);
     return 0;
 }
 
 static void give_device_memory(int dev, uint64_t size)
 {
     __atomic_fetch_sub(devs[dev].used, size, __ATOMIC_SEQ_CST);
+    struct fake_slot *slot = shared_memory ? fake_own_slot(shared_memory, dev) : NULL;
+    if (slot) {   /* a forked child frees what its parent took: never below zero */
+        uint64_t had = __atomic_load_n(&slot->bytes, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&slot->bytes, had > size ? had - size : 0, __ATOMIC_SEQ_CST);
+    }
 }
 
 static struct fctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
@@ -885,6 +904,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     NEED_CTX();
     struct fdev *d = &devs[current()->dev];
+    if (shared_memory)
+        fake_reap(shared_memory);
     uint64_t used = __atomic_load_n(d->used, __ATOMIC_SEQ_CST);
     *free_bytes = used < d->total ? d->total - used : 0;
     *total = d->total;

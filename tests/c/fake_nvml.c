@@ -5,11 +5,20 @@
  * running-process call lists for that GPU (compute; graphics lists are empty); PID "self" is the
  * calling process. Handles are pointers
  * to the device records. nvmlInit must come first, as with the real library.
+ * FAKE_NVML_FROM_CUDA=1: the devices are the fake CUDA driver's (FAKE_CUDA_DEVICES, "UUID:SIZE,...")
+ * and their used memory and processes are what its FAKE_CUDA_SHARED_MEMORY file holds
+ * (fake_memory.h): a process that ended is listed until the driver has released its memory, as
+ * nvidia-smi shows on a real GPU.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "fake_memory.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEV 8
@@ -25,6 +34,7 @@ struct proc { int dev; unsigned pid; unsigned long long used; };
 static struct dev devs[MAX_DEV];
 static struct proc procs[MAX_PROC];
 static int n_devs, n_procs, inited;
+static struct fake_memory *from_cuda;   /* FAKE_NVML_FROM_CUDA=1: the fake driver's shared memory */
 
 static unsigned long long size_of(const char *s)
 {
@@ -38,8 +48,70 @@ static unsigned long long size_of(const char *s)
     }
 }
 
+/* FAKE_NVML_FROM_CUDA=1: the fake driver's devices and its shared memory file. */
+static int parse_from_cuda(void)
+{
+    const char *on = getenv("FAKE_NVML_FROM_CUDA"), *path = getenv("FAKE_CUDA_SHARED_MEMORY");
+    if (!on || strcmp(on, "1") != 0 || !path || !*path)
+        return 0;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_size >= (off_t)sizeof *from_cuda
+                                || ftruncate(fd, sizeof *from_cuda) == 0)) {
+        void *p = mmap(NULL, sizeof *from_cuda, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED)
+            from_cuda = p;
+    }
+    close(fd);
+    if (!from_cuda)
+        return 0;
+    const char *spec = getenv("FAKE_CUDA_DEVICES");
+    if (!spec || !*spec)
+        spec = "GPU-fa4e0000-0000-0000-0000-000000000000:16G,GPU-fa4e0000-0000-0000-0000-000000000001:16G";
+    char *copy = strdup(spec), *save = NULL;
+    for (char *e = strtok_r(copy, ",", &save); e && n_devs < MAX_DEV; e = strtok_r(NULL, ",", &save)) {
+        char *c1 = strchr(e, ':');
+        if (c1)
+            *c1 = '\0';
+        char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;   /* a device file: not NVML's business */
+        if (c2)
+            *c2 = '\0';
+        struct dev *d = &devs[n_devs];
+        snprintf(d->uuid, sizeof d->uuid, "%s", e);
+        d->total = c1 && c1[1] ? size_of(c1 + 1) : 16ULL << 30;
+        d->index = (unsigned)n_devs++;
+    }
+    free(copy);
+    return 1;
+}
+
+/* With FAKE_NVML_FROM_CUDA: the processes holding memory on each device now, from the shared file. */
+static void load_from_cuda(void)
+{
+    fake_reap(from_cuda);
+    uint64_t now = fake_now_ns();
+    n_procs = 0;
+    for (int i = 0; i < FAKE_SLOTS && n_procs < MAX_PROC; i++) {
+        struct fake_slot *s = &from_cuda->slots[i];
+        if (!fake_slot_held(s, now) || s->dev < 0 || s->dev >= n_devs)
+            continue;
+        procs[n_procs].dev = s->dev;
+        procs[n_procs].pid = (unsigned)s->pid;
+        procs[n_procs].used = __atomic_load_n(&s->bytes, __ATOMIC_SEQ_CST);
+        n_procs++;
+    }
+    for (int d = 0; d < n_devs; d++) {
+        uint64_t used = __atomic_load_n(&from_cuda->used[d], __ATOMIC_SEQ_CST);
+        devs[d].free = used < devs[d].total ? devs[d].total - used : 0;
+    }
+}
+
 static void parse(void)
 {
+    if (parse_from_cuda())
+        return;
     const char *spec = getenv("FAKE_NVML_DEVICES");
     if (!spec || !*spec)
         spec = "GPU-fa4e0000-0000-0000-0000-000000000000:16G:12G,"
@@ -136,6 +208,8 @@ struct mem_v2 { unsigned version; unsigned long long total, reserved, free, used
 EXPORT int nvmlDeviceGetMemoryInfo(struct dev *dev, struct mem_v1 *m)
 {
     if (!dev || !m) return E_INVALID;
+    if (from_cuda)
+        load_from_cuda();
     m->total = dev->total;
     m->free = dev->free;
     m->used = dev->total - dev->free;
@@ -145,6 +219,8 @@ EXPORT int nvmlDeviceGetMemoryInfo(struct dev *dev, struct mem_v1 *m)
 EXPORT int nvmlDeviceGetMemoryInfo_v2(struct dev *dev, struct mem_v2 *m)
 {
     if (!dev || !m) return E_INVALID;
+    if (from_cuda)
+        load_from_cuda();
     m->reserved = 512ULL << 20;
     m->total = dev->total;
     m->free = dev->free;
@@ -158,6 +234,8 @@ struct proc_v2 { unsigned pid; unsigned long long used; unsigned gi, ci; };
 static int list(struct dev *dev, unsigned *count, void *infos, int v1)
 {
     if (!dev || !count) return E_INVALID;
+    if (from_cuda)
+        load_from_cuda();
     unsigned n = 0;
     for (int i = 0; i < n_procs; i++)
         n += &devs[procs[i].dev] == dev;
@@ -242,5 +320,12 @@ EXPORT int nvmlDeviceGetName(struct dev *dev, char *buf, unsigned len)
 {
     if (!dev || !buf || len < 16) return E_INVALID;
     snprintf(buf, len, "Fake GPU %u", dev->index);
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetMinorNumber(struct dev *dev, unsigned *minor)
+{
+    if (!dev || !minor) return E_INVALID;
+    *minor = dev->index;
     return OK;
 }

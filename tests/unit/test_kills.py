@@ -84,6 +84,9 @@ class FakeInventory:
     def processes(self, uuid):
         return [GpuProcess(pid, 1 << 20) for pid in self.pids]
 
+    def driver_memory(self, uuid):
+        return None
+
 
 def _spawn_with_pid(pid: int, uid: int) -> subprocess.Popen | None:
     """A process of uid that gets exactly `pid` (the kernel's next pid set through ns_last_pid);

@@ -67,6 +67,9 @@ class FakeInventory:
     def processes(self, uuid):
         return list(self.procs.get(uuid, []))
 
+    def driver_memory(self, uuid):
+        return None
+
 
 def _daemon(tmp_path, procs, policy):
     cfg = config.Config(state_dir=str(tmp_path), socket=str(tmp_path / "s"),
