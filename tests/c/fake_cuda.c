@@ -224,16 +224,18 @@ static int take_device_memory(int dev, uint64_t size)
 {
     uint64_t old = __atomic_load_n(devs[dev].used, __ATOMIC_SEQ_CST);
     int reaped = 0;
-    do {
+    for (;;) {
         if (old + size > devs[dev].total) {
             if (!shared_memory || reaped++)
                 return -1;
-            fake_reap(shared_memory);
+            fake_reap(shared_memory);    /* ended processes whose release is due */
             old = __atomic_load_n(devs[dev].used, __ATOMIC_SEQ_CST);
             continue;
         }
-    } while (!__atomic_compare_exchange_n(devs[dev].used, &old, old + size, 0, __ATOMIC_SEQ_CST,
-                                          __ATOMIC_SEQ_CST));
+        if (__atomic_compare_exchange_n(devs[dev].used, &old, old + size, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            break;
+    }
     struct fake_slot *slot = shared_memory ? fake_own_slot(shared_memory, dev) : NULL;
     if (slot)
         __atomic_fetch_add(&slot->bytes, size, __ATOMIC_SEQ_CST);
