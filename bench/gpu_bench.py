@@ -282,8 +282,9 @@ class Scheduler(SchedulerProcess):
     """A real nvshare-scheduler with its own socket, state and debug log."""
 
     def __init__(self, mode: str, workdir: Path, log_path: Path, gpus_yaml: list | None,
-                 extra: dict | None = None):
-        """extra: more settings for nvshare.yaml (bench_family.py's corun arm sets auto_share)."""
+                 extra: dict | None = None, daemon_env: dict | None = None):
+        """extra: more settings for nvshare.yaml (bench_family.py's corun arm sets auto_share);
+        daemon_env: the daemon's own environment beside ours (bench_soak.py's fake NVML)."""
         import yaml
         workdir.mkdir(parents=True, exist_ok=True)
         self.socket = str(workdir / "s.sock")
@@ -295,6 +296,7 @@ class Scheduler(SchedulerProcess):
         (workdir / "nvshare.yaml").write_text(yaml.safe_dump(self.settings))
         env = clean_env()
         env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")
+        env.update(daemon_env or {})
         self.start([sys.executable, str(Path(__file__).resolve()), "--run-daemon"], env, log_path)
         from nvshare_slurm.client import Client
         self.client = Client(self.socket)

@@ -20,7 +20,10 @@
  * --poisson-ms: a serving member (bench/bench_mixes.py): requests arrive open-loop at exponential
  * intervals of MEAN ms (seeded), each one step (--host-ms is then 0); a request that arrives while
  * the last one runs waits for it, and its latency is from its arrival to its synchronise. --mem-mib
- * allocates that much more device memory at start (a memory-heavy member) and keeps it.
+ * allocates that much more device memory at start (a memory-heavy member) and keeps it; a 1 MiB
+ * sample every 64 MiB of it is written with a pattern of the seed at start and read back after the
+ * last step ("mem_check": "ok", or "bad N" samples that differ): memory swapped out and back while
+ * the job shares the GPU must come back as it was, as a training's losses must stay bit-identical.
  *
  * --start-at holds the first step until that wall-clock time: jobs started together begin their
  * steps at offsets the caller chose, whatever their start-ups did (bursty jobs with fixed pauses keep
@@ -40,6 +43,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +282,30 @@ static double arg_num(int argc, char **argv, int *i)
     return v;
 }
 
+/* --mem-mib's check: a 1 MiB sample every 64 MiB of the ballast, written (check 0) with a pattern of
+ * the seed and the offset, or read back and compared (check 1): the samples that differ. */
+#define SAMPLE_BYTES (1u << 20)
+#define SAMPLE_EVERY (64ull << 20)
+static long mem_samples(CUdeviceptr base, size_t bytes, unsigned seed, int check)
+{
+    static uint32_t want[SAMPLE_BYTES / 4], got[SAMPLE_BYTES / 4];
+    long bad = 0;
+    for (size_t off = 0; off + SAMPLE_BYTES <= bytes; off += SAMPLE_EVERY) {
+        uint32_t x = seed * 2654435761u ^ (uint32_t)(off >> 20);
+        for (size_t i = 0; i < SAMPLE_BYTES / 4; i++) {
+            x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+            want[i] = x;
+        }
+        if (!check) {
+            CHECK(cu.copy_in(base + off, want, SAMPLE_BYTES), "cuMemcpyHtoD (--mem-mib sample)");
+            continue;
+        }
+        CHECK(cu.copy_out(got, base + off, SAMPLE_BYTES), "cuMemcpyDtoH (--mem-mib sample)");
+        bad += memcmp(want, got, SAMPLE_BYTES) != 0;
+    }
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
@@ -332,9 +360,11 @@ int main(int argc, char **argv)
         iters = 1;
     if (gpu_times)
         setup_kernel_times(steps > 0 ? steps * k : MAX_TIMED_LAUNCHES);
+    CUdeviceptr ballast = 0;
+    size_t ballast_bytes = (size_t)(mem_mib * 1048576.0);
     if (mem_mib > 0) {
-        CUdeviceptr ballast;
-        CHECK(cu.alloc(&ballast, (size_t)(mem_mib * 1048576.0)), "cuMemAlloc (--mem-mib)");
+        CHECK(cu.alloc(&ballast, ballast_bytes), "cuMemAlloc (--mem-mib)");
+        mem_samples(ballast, ballast_bytes, (unsigned)seed, 0);
     }
     srand48((long)seed);
     phase_end[4] = now_epoch();
@@ -397,6 +427,13 @@ int main(int argc, char **argv)
     for (long i = 0; i < n; i++)
         printf("%s%.3f", i ? ", " : "", lat[i] * 1000);
     printf("]");
+    if (ballast) {
+        long bad = mem_samples(ballast, ballast_bytes, (unsigned)seed, 1);
+        if (bad)
+            printf(", \"mem_check\": \"bad %ld\"", bad);
+        else
+            printf(", \"mem_check\": \"ok\"");
+    }
     if (gpu_times)
         print_kernel_times(n * k);
     printf("}\n");
