@@ -14,11 +14,15 @@ back different (mem_check), overlapping kernels of two jobs (--smoke-cpu: the fa
 trace; on a GPU with --gpu-times: burst's %globaltimer kernel times), and each job's slowdown over
 its solo time, and over its slowdown co-located where co-location finished it (target <= 1.05).
 
---smoke-cpu: the fake driver of tests/c: one 16 GiB GPU whose memory the jobs' processes share
+--smoke-cpu: the fake driver of tests/c: one 4 GiB GPU whose memory the jobs' processes share
 (FAKE_CUDA_SHARED_MEMORY), each process's memory released FAKE_CUDA_EXIT_RELEASE_MS (0-2000, drawn
 per process) after it ends, as the real driver frees an ended process's memory some time after; the
 daemon reads the GPU's memory through the fake NVML (FAKE_NVML_FROM_CUDA), as it reads NVML on a
-GPU. Its speeds mean nothing (the fake's kernels do not slow each other); what is lost does.
+GPU (the serial arm, the solo reference, waits for nothing: its delay is 0). Its speeds mean nothing
+(the fake's kernels do not slow each other); what is lost does.
+Overlapping kernels count every pair of jobs' kernels that ran at once; under the default
+auto_share (adaptive) a job the daemon finds bursty co-runs beside the turns by design, so the
+count that must be 0 is with --auto-share turns (every job takes turns).
 --host-budget-gib caps what the mix's memory may exceed the usable memory by (it is swapped to
 pinned host memory: the GPU machine has 128 GiB).
 
@@ -46,7 +50,7 @@ from gpu_bench import REPO, Job, Scheduler, gpu_info, run_jobs, sigterm_interrup
 
 GPU_MS = 20.0
 MiB = 1 << 20
-SMOKE_MEMORY = 16 << 30
+SMOKE_MEMORY = 4 << 30    # the fake copies at about 1 GB/s: a small GPU keeps swaps short
 MAX_SHARE = 0.85          # of the usable memory, for one job: each job fits alone
 OVERLAP_TOLERANCE_NS = 200_000   # the fake's trace stamps a kernel from its launch: 0.2 ms of slack
 
@@ -133,7 +137,7 @@ class Soak:
             out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *out]
         return out
 
-    def shared_files(self, tag: str) -> dict:
+    def shared_files(self, tag: str, arm: str) -> dict:
         """The fake driver's shared memory and trace for one arm, writable by every uid."""
         env = {}
         if self.smoke:
@@ -142,13 +146,13 @@ class Soak:
                 path.touch()
                 os.chmod(path, 0o666)
                 env[var] = str(path)
-            env["FAKE_CUDA_EXIT_RELEASE_MS"] = self.args.exit_release_ms
+            env["FAKE_CUDA_EXIT_RELEASE_MS"] = "0" if arm == "serial" else self.args.exit_release_ms
             env["FAKE_CUDA_DEVICES"] = f"{SMOKE_UUID}:{SMOKE_MEMORY >> 30}G"
         return env
 
     def run_arm(self, n: int, mix: dict, arm: str, ipm: float) -> dict:
         tag = f"m{n}-{arm}"
-        fake = self.shared_files(tag)
+        fake = self.shared_files(tag, arm)
         base = dict(burst_env(self.smoke, self.gpu), **fake)
         cmds = [self.cmd(j, i, ipm) for i, j in enumerate(mix["jobs"])]
         alone = sum(j["seconds"] for j in mix["jobs"])
@@ -165,9 +169,11 @@ class Soak:
                     daemon_env = {"LD_LIBRARY_PATH": str(REPO / "tests" / "c" / "build"),
                                   "FAKE_NVML_FROM_CUDA": "1", **fake} if self.smoke else None
                     reserve = self.args.memory_reserve_percent
+                    settings = {"auto_share": self.args.auto_share}
+                    if reserve is not None:
+                        settings["memory_reserve_percent"] = reserve
                     sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus,
-                                      None if reserve is None else {"memory_reserve_percent": reserve},
-                                      daemon_env=daemon_env)
+                                      settings, daemon_env=daemon_env)
                     os.chmod(self.work / tag, 0o755)
                     envs = self.nvshare_envs(sched, base, len(cmds))
                 jobs = [Job(f"{tag}-{i}", c, e, self.logs)
@@ -249,7 +255,8 @@ def table(res: dict) -> str:
         totals["overlaps"] += nv.get("overlaps") or 0
         totals["co_lost"] += co["lost"] if co else 0
         totals["missed"] += int(worst is not None and worst > 1.05)
-    lines.append(f"\n{len(res['mixes'])} mixes, {totals['jobs']} jobs: nvshare lost {totals['lost']}, "
+    lines.append(f"\nauto_share {res['args']['auto_share']}. "
+                 f"{len(res['mixes'])} mixes, {totals['jobs']} jobs: nvshare lost {totals['lost']}, "
                  f"memory not intact {totals['mem_bad']}, overlapping kernels {totals['overlaps']}; "
                  f"co-location lost {totals['co_lost']}; mixes whose worst job was slowed more than "
                  f"1.05x its co-located slowdown: {totals['missed']}.")
@@ -273,6 +280,8 @@ def main() -> int:
     ap.add_argument("--uids", action="store_true", help="every other job as a uid of its own (root)")
     ap.add_argument("--uid-base", type=int, default=62000)
     ap.add_argument("--gpu-times", action="store_true", help="kernel times for the overlap count (GPU)")
+    ap.add_argument("--auto-share", default="adaptive", choices=["adaptive", "turns"],
+                    help="the nvshare arm's auto_share (turns: every job takes turns, no overlap allowed)")
     ap.add_argument("--smoke-cpu", action="store_true")
     args = ap.parse_args()
     extra = [a for a in args.arms.split(",") if a]
