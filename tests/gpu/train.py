@@ -5,14 +5,16 @@ only launches work, so a compute-bound job keeps the GPU saturated and a bursty 
 is set by its sleep, not by the CPU making data. --data cpu makes each batch on the host and copies
 it over, as a CPU data loader would (and as the tier-4 tests were timed). Same seed and arguments,
 same losses, bit for bit (deterministic algorithms, no TF32, a fixed cuBLAS workspace). A ballast
-(--mem-gb) is rewritten every step, so the job really uses that memory.
+(--mem-gb) is rewritten every step, so the job really uses that memory. --grow-gb G --grow-steps K
+adds G GiB more in K pieces, one at each of the first K steps, as a caching allocator's memory grows
+while a training warms up (issue 39: a holder's allocations must not wait for a waiter's prefetch).
 
 Prints one JSON document: the loss of every step as a float.hex() string (bit-exact comparison),
 each step's start and end time (time.time()), and what the run measured of itself.
 
   python train.py --steps 200 --width 1024 [--model mlp|transformer] [--depth 4] [--batch 256]
                   [--sleep-ms 0 | --busy-fraction F] [--mem-gb 0] [--seed 1234] [--out FILE]
-                  [--data gpu|cpu] [--max-seconds S] [--progress FILE]
+                  [--data gpu|cpu] [--max-seconds S] [--progress FILE] [--grow-gb G --grow-steps K]
 
 --busy-fraction F runs the first steps without sleeping, takes their median time as the GPU time of
 a step, then sleeps after every step so that the GPU is busy about F of the time; the JSON says
@@ -81,12 +83,17 @@ def build_model(args) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
 
 
-def ballast_intact(ballast) -> bool | None:
-    """Whether the ballast still holds its 1.0s (it may have been swapped out and back)."""
-    if ballast is None:
+def ballast_intact(ballast, grown=()) -> bool | None:
+    """Whether the ballast (and what grew) still holds its 1.0s (it may have been swapped out and
+    back)."""
+    pieces = ([ballast] if ballast is not None else []) + list(grown)
+    if not pieces:
         return None
-    lo, hi = torch.aminmax(ballast)  # no ballast-sized temporary, unlike ballast == 1.0
-    return bool(lo.item() == 1.0 and hi.item() == 1.0)
+    for piece in pieces:
+        lo, hi = torch.aminmax(piece)  # no ballast-sized temporary, unlike ballast == 1.0
+        if not (lo.item() == 1.0 and hi.item() == 1.0):
+            return False
+    return True
 
 
 def main() -> int:
@@ -102,6 +109,8 @@ def main() -> int:
     ap.add_argument("--busy-fraction", type=float, default=0.0,
                     help="sleep so that the GPU is busy this fraction of the time (0 < F < 1)")
     ap.add_argument("--mem-gb", type=float, default=0.0, help="extra device memory to hold (ballast)")
+    ap.add_argument("--grow-gb", type=float, default=0.0, help="more memory, grown over --grow-steps")
+    ap.add_argument("--grow-steps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--data", choices=("gpu", "cpu"), default="gpu",
                     help="where batches are drawn: on the GPU, or on the host and copied over")
@@ -140,9 +149,13 @@ def main() -> int:
     calib = warm + min(max(3, args.steps // 10), 10) if args.busy_fraction else 0
     sleep_s = args.sleep_ms / 1000.0
     losses, starts, times, durations = [], [], [], []
+    grown: list = []
+    piece = int(args.grow_gb * (1 << 30)) // max(1, args.grow_steps) // 4
     start = time.time()
     for step in range(args.steps):
         t0 = time.time()
+        if piece and step < args.grow_steps:
+            grown.append(torch.full((piece,), 1.0, dtype=torch.float32, device=dev))
         x = torch.randn(shape, generator=gen, device=data_dev).to(dev)
         y = torch.randint(0, 10, (args.batch,), generator=gen, device=data_dev).to(dev)
         loss = F.cross_entropy(model(x), y)
@@ -151,6 +164,8 @@ def main() -> int:
         opt.step()
         if ballast is not None:
             ballast.mul_(1.0)  # the job keeps using its memory, so it must be resident
+        for g in grown:
+            g.mul_(1.0)
         losses.append(float(loss.item()).hex())  # .item() waits for the step's GPU work
         t1 = time.time()
         starts.append(t0)
@@ -176,7 +191,7 @@ def main() -> int:
               "sleep_ms": sleep_s * 1000.0,
               "step_ms_median": statistics.median(durations) * 1000.0 if durations else 0.0,
               "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0,
-              "ballast_ok": ballast_intact(ballast)}
+              "ballast_ok": ballast_intact(ballast, grown)}
     text = json.dumps(result)
     if args.out == "-":
         print(text)
