@@ -5,7 +5,8 @@ Every job is tests/gpu/burst.c (bench_family.py's program): compute-bound steps 
 back, so every job takes turns) with --mem-mib of device memory, whose samples it writes at start and
 checks after its last step (mem_check). Each mix is drawn from --seed and its number: the job count,
 the memory factor, each job's share of it (at most 85 % of the usable memory: each job fits alone) and
-its length (--min-seconds to --max-seconds alone). Arms per mix: nvshare (libnvshare.so and a real
+its length (--min-seconds to --max-seconds alone), and when it starts (the first at once, each other
+within half of --max-seconds: some allocate while others end). Arms per mix: nvshare (libnvshare.so and a real
 nvshare-scheduler, defaults), and those --arms adds: serial (each job alone: its solo time) and
 colocate (no hook: the driver decides, and out-of-memory ends a job).
 
@@ -69,8 +70,11 @@ def draw_mix(rng: random.Random, usable: int, host_budget: int, min_s: float, ma
     scale = total / sum(weights)
     mems = [max(256 * MiB, min(int(w * scale), int(MAX_SHARE * usable))) for w in weights]
     seconds = [round(rng.uniform(min_s, max_s), 2) for _ in range(n)]
+    # Jobs start at random times (the first at once), so that some allocate while others end.
+    delays = [0.0] + [round(rng.uniform(0, max_s / 2), 2) for _ in range(n - 1)]
     return {"factor": round(sum(mems) / usable, 3),
-            "jobs": [{"mem": m, "seconds": s} for m, s in zip(mems, seconds, strict=True)]}
+            "jobs": [{"mem": m, "seconds": s, "delay": d}
+                     for m, s, d in zip(mems, seconds, delays, strict=True)]}
 
 
 def overlaps(trace: Path) -> int:
@@ -126,7 +130,7 @@ class Soak:
             raise RuntimeError(f"calibration failed: {res.get('error', '')[-800:]}")
         return float(res["ipm"])
 
-    def cmd(self, job: dict, i: int, ipm: float) -> list[str]:
+    def cmd(self, job: dict, i: int, ipm: float, delayed: bool) -> list[str]:
         out = [str(BURST), "--ipm", f"{ipm:.3f}", "--gpu-ms", str(GPU_MS), "--host-ms", "0",
                "--steps", str(max(5, round(job["seconds"] * 1000 / GPU_MS))),
                "--mem-mib", str(job["mem"] // MiB), "--seed", str(i + 1)]
@@ -135,6 +139,8 @@ class Soak:
         if self.args.uids and i % 2:     # every other job as a user of its own
             uid = self.args.uid_base + i
             out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *out]
+        if delayed and job.get("delay"):
+            out = ["sh", "-c", f'sleep {job["delay"]}; exec "$@"', "sh", *out]
         return out
 
     def shared_files(self, tag: str, arm: str) -> dict:
@@ -154,9 +160,9 @@ class Soak:
         tag = f"m{n}-{arm}"
         fake = self.shared_files(tag, arm)
         base = dict(burst_env(self.smoke, self.gpu), **fake)
-        cmds = [self.cmd(j, i, ipm) for i, j in enumerate(mix["jobs"])]
+        cmds = [self.cmd(j, i, ipm, delayed=arm != "serial") for i, j in enumerate(mix["jobs"])]
         alone = sum(j["seconds"] for j in mix["jobs"])
-        timeout = 60 + 4 * alone + 3 * len(cmds)
+        timeout = 60 + 4 * alone + 3 * len(cmds) + max(j.get("delay", 0) for j in mix["jobs"])
         sched = None
         try:
             if arm == "serial":
