@@ -226,6 +226,15 @@ void nvshare_read_settings(void)
 
     nvshare_cfg.drain_timeout_ms = read_ms("NVSHARE_DRAIN_TIMEOUT_MS", NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT);
     nvshare_cfg.daemon_timeout_ms = read_ms("NVSHARE_DAEMON_TIMEOUT_MS", NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT);
+    /* The driver frees an ended process's memory some time after it ended, while the daemon counts
+     * it free at once: an allocation meeting that gap waits for it (docs/design-hook.md "Memory"). */
+    const char *oom_wait = getenv("NVSHARE_OOM_WAIT_SEC");
+    nvshare_cfg.oom_wait_sec = NVSHARE_OOM_WAIT_SEC_DEFAULT;
+    if (oom_wait && *oom_wait && parse_u32(oom_wait, &nvshare_cfg.oom_wait_sec) != 0) {
+        nvshare_log("NVSHARE_OOM_WAIT_SEC=%s is not a number of seconds; using %u", oom_wait,
+                    NVSHARE_OOM_WAIT_SEC_DEFAULT);
+        nvshare_cfg.oom_wait_sec = NVSHARE_OOM_WAIT_SEC_DEFAULT;
+    }
 
     const char *limit = getenv("NVSHARE_MEM_LIMIT");
     if (limit && *limit && nvshare_parse_size(limit, &nvshare_cfg.mem_limit) != 0) {

@@ -35,11 +35,14 @@ struct nvshare_settings {
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
     uint32_t drain_timeout_ms;   /* NVSHARE_DRAIN_TIMEOUT_MS: then DRAIN_STUCK, and keep waiting */
     uint32_t daemon_timeout_ms;  /* NVSHARE_DAEMON_TIMEOUT_MS: an unanswered daemon counts as lost */
+    uint32_t oom_wait_sec;       /* NVSHARE_OOM_WAIT_SEC: an allocation nvshare admitted and the driver
+                                  * refused for lack of memory is tried again this long (memory.c); 0: never */
     int debug;
     int log_time;                /* NVSHARE_LOG_TIME=1: each line carries its wall-clock time */
 };
 #define NVSHARE_DRAIN_TIMEOUT_MS_DEFAULT 5000u
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
+#define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);

@@ -28,6 +28,9 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
 }
 
 /* ---- allocations ---------------------------------------------------------------------------- */
+/* Every admitted allocation goes to the driver in a loop: the driver's out-of-memory on what nvshare
+ * admitted is tried again while nvshare_memory_driver_oom says so (memory.c: the daemon hears of it,
+ * then a back-off, until NVSHARE_OOM_WAIT_SEC). */
 #define ALLOC_WRAPPER(name, params, call, ptr_expr, size_expr, request_expr)                     \
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
@@ -36,9 +39,12 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
         CUresult rc = admit(g, (request_expr), 0, NULL);                                         \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
-        nvshare_in_hook++;                                                                       \
-        rc = nvshare_real.name call;                                                             \
-        nvshare_in_hook--;                                                                       \
+        struct nvshare_oom_wait oom_wait = {0};                                                  \
+        do {                                                                                     \
+            nvshare_in_hook++;                                                                   \
+            rc = nvshare_real.name call;                                                         \
+            nvshare_in_hook--;                                                                   \
+        } while (nvshare_memory_driver_oom(g, (request_expr), rc, &oom_wait));                   \
         if (rc == CUDA_SUCCESS)                                                                  \
             nvshare_memory_record(g, (uint64_t)(ptr_expr), KIND_PTR, (size_expr));               \
         return rc;                                                                               \
@@ -64,7 +70,11 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (swappable && dptr) {
-        rc = nvshare_swap_alloc(g, dptr, swappable, deferred);
+        /* The backing's cuMemCreate failing for room is tried again here, outside swap.c's lock. */
+        struct nvshare_oom_wait oom_wait = {.flags = NVSHARE_MEM_CAN_DEFER, .deferred = deferred};
+        do
+            rc = nvshare_swap_alloc(g, dptr, swappable, oom_wait.deferred);
+        while (nvshare_memory_driver_oom(g, swappable, rc, &oom_wait));
         if (rc == CUDA_SUCCESS) {
             /* Recorded even if the GPU went pass-through while admit() waited (a refused client):
              * only through the table does cuMemFree find swap.c's memory. */
@@ -74,9 +84,12 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         if (rc != CUDA_ERROR_NOT_SUPPORTED)
             return rc;
     }
-    nvshare_in_hook++;
-    rc = nvshare_real.cuMemAlloc_v2(dptr, bytesize);
-    nvshare_in_hook--;
+    struct nvshare_oom_wait oom_wait = {0};
+    do {
+        nvshare_in_hook++;
+        rc = nvshare_real.cuMemAlloc_v2(dptr, bytesize);
+        nvshare_in_hook--;
+    } while (nvshare_memory_driver_oom(g, bytesize, rc, &oom_wait));
     if (rc == CUDA_SUCCESS)
         nvshare_memory_record(g, (uint64_t)*dptr, KIND_PTR, bytesize);
     return rc;
@@ -92,9 +105,12 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     CUresult rc = admit(g, size, 0, NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    nvshare_in_hook++;
-    rc = nvshare_real.cuMemCreate(handle, size, prop, flags);
-    nvshare_in_hook--;
+    struct nvshare_oom_wait oom_wait = {0};
+    do {
+        nvshare_in_hook++;
+        rc = nvshare_real.cuMemCreate(handle, size, prop, flags);
+        nvshare_in_hook--;
+    } while (nvshare_memory_driver_oom(g, size, rc, &oom_wait));
     if (rc == CUDA_SUCCESS)
         nvshare_memory_record(g, *handle, KIND_HANDLE, size);
     return rc;
@@ -234,14 +250,20 @@ NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     {                                                                                            \
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *g = nvshare_gpu_for_current();                                       \
+        uint64_t asked = 0;                                                                      \
         if (nvshare_memory_accounted(g) && !nvshare_in_hook) {                                   \
-            CUresult admitted = admit(g, nvshare_memory_pool_shortfall(g, (pool), bytesize), 0, NULL);          \
+            asked = nvshare_memory_pool_shortfall(g, (pool), bytesize);                          \
+            CUresult admitted = admit(g, asked, 0, NULL);                                        \
             if (admitted != CUDA_SUCCESS)                                                        \
                 return admitted;                                                                 \
         }                                                                                        \
-        nvshare_in_hook++;                                                                       \
-        CUresult rc = nvshare_real.name call;                                                    \
-        nvshare_in_hook--;                                                                       \
+        struct nvshare_oom_wait oom_wait = {0};                                                  \
+        CUresult rc;                                                                             \
+        do {                                                                                     \
+            nvshare_in_hook++;                                                                   \
+            rc = nvshare_real.name call;                                                         \
+            nvshare_in_hook--;                                                                   \
+        } while (nvshare_memory_driver_oom(g, asked ? asked : bytesize, rc, &oom_wait));         \
         if (rc == CUDA_SUCCESS && !nvshare_in_hook)                                              \
             nvshare_memory_pools_changed(g);                                                     \
         return rc;                                                                               \
@@ -460,9 +482,12 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned i
         CUresult rc = admit(g, bytes, 0, NULL);                                                  \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
-        nvshare_in_hook++;                                                                       \
-        rc = nvshare_real.name call;                                                             \
-        nvshare_in_hook--;                                                                       \
+        struct nvshare_oom_wait oom_wait = {0};                                                  \
+        do {                                                                                     \
+            nvshare_in_hook++;                                                                   \
+            rc = nvshare_real.name call;                                                         \
+            nvshare_in_hook--;                                                                   \
+        } while (nvshare_memory_driver_oom(g, bytes, rc, &oom_wait));                            \
         if (rc == CUDA_SUCCESS && array)                                                         \
             nvshare_memory_record(g, (uint64_t)(uintptr_t)*array, KIND_ARRAY, bytes);            \
         return rc;                                                                               \

@@ -5,11 +5,15 @@
  * reports the new numbers (request = 0): resident bytes, the fixed part of them, and swapped bytes.
  * cuMemAlloc_v2 (what cudaMalloc becomes) is backed by swap.c when it can be, so that it can move to
  * host memory; everything else is fixed. cuMemGetInfo shows the job's view: the smaller of what the
- * driver says and what the daemon allows.
+ * driver says and what the daemon allows. When the driver has no room for what was admitted, the
+ * hook tells the daemon and tries again until NVSHARE_OOM_WAIT_SEC (nvshare_memory_driver_oom).
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client.h"
 #include "driver.h"
@@ -249,6 +253,127 @@ CUresult nvshare_memory_admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t fl
     if (deferred)
         *deferred = answered && (reply.flags & NVSHARE_MEM_DEFERRED);
     return CUDA_SUCCESS;
+}
+
+/* ---- the driver's out-of-memory after admission ------------------------------------------------
+ * The daemon admitted an allocation and the driver had no room: memory the daemon does not count is
+ * held (an ended process's, which the driver frees some time after the process ended; a process
+ * outside nvshare). Out-of-memory is the policy's to decide, so the hook tells the daemon what the
+ * driver said, waits for its answer (it may hold it until it sees room) and a back-off, and asks
+ * the driver again, until NVSHARE_OOM_WAIT_SEC. Without a connection it only backs off. */
+#define OOM_PAUSE_FIRST_NS 10000000ull    /* 10 ms, doubling */
+#define OOM_PAUSE_MAX_NS 250000000ull
+
+/* The driver's free memory on g now (the real cuMemGetInfo, in a context of g), or UINT64_MAX. */
+static uint64_t driver_free(struct nvshare_gpu *g)
+{
+    if (!nvshare_real.cuMemGetInfo_v2)
+        return UINT64_MAX;
+    int current = nvshare_gpu_for_current() == g;
+    CUcontext ctx = current ? NULL : nvshare_ctx_for_gpu(g);
+    if (!current && !ctx)
+        return UINT64_MAX;
+    nvshare_in_hook++;
+    size_t free_bytes = 0, total = 0;
+    CUresult rc = CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx || nvshare_real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+        rc = nvshare_real.cuMemGetInfo_v2(&free_bytes, &total);
+        CUcontext popped;
+        if (ctx)
+            nvshare_real.cuCtxPopCurrent_v2(&popped);
+    }
+    nvshare_in_hook--;
+    return rc == CUDA_SUCCESS ? free_bytes : UINT64_MAX;
+}
+
+static void mib_text(char *out, size_t size, uint64_t bytes)
+{
+    if (bytes == UINT64_MAX)
+        snprintf(out, size, "an unknown amount");
+    else
+        snprintf(out, size, "%.1f MiB", bytes / 1048576.0);
+}
+
+static void sleep_until(uint64_t at_ns)
+{
+    uint64_t now = nvshare_now_ns();
+    if (at_ns <= now)
+        return;
+    uint64_t ns = at_ns - now;
+    struct timespec left = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR)
+        ;
+}
+
+/* The one line the job's output gets when the app is handed the driver's out-of-memory after all. */
+static void gave_up(struct nvshare_gpu *g, uint64_t bytes, const struct nvshare_oom_wait *w,
+                    uint64_t free_now, const char *why)
+{
+    char available[48], free_text[48];
+    if (w->answered)
+        mib_text(available, sizeof available, w->available);
+    else
+        snprintf(available, sizeof available, "no answer");
+    mib_text(free_text, sizeof free_text, free_now);
+    nvshare_log("gpu %s: out of memory: asked for %.1f MiB; nvshare-scheduler counted %s available to this "
+                "job; the driver had %s free; %s after %.1f s (NVSHARE_OOM_WAIT_SEC=%u): "
+                "CUDA_ERROR_OUT_OF_MEMORY", g->uuid, bytes / 1048576.0, available, free_text, why,
+                (nvshare_now_ns() - w->started_ns) / 1e9, nvshare_cfg.oom_wait_sec);
+}
+
+int nvshare_memory_driver_oom(struct nvshare_gpu *g, uint64_t bytes, CUresult rc,
+                              struct nvshare_oom_wait *w)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY) {
+        if (rc == CUDA_SUCCESS && w->started_ns)
+            nvshare_log("gpu %s: the driver found room for the %.1f MiB after %.1f s (%u tries)", g->uuid,
+                        bytes / 1048576.0, (nvshare_now_ns() - w->started_ns) / 1e9, w->tries + 1);
+        return 0;
+    }
+    if (!nvshare_memory_accounted(g) || nvshare_in_hook || !bytes || !nvshare_cfg.oom_wait_sec)
+        return 0;
+    uint64_t now = nvshare_now_ns();
+    uint64_t free_now = driver_free(g);
+    if (!w->started_ns) {
+        w->started_ns = now;
+        w->pause_ns = OOM_PAUSE_FIRST_NS;
+        /* The budget was cut from a view of memory the driver has just contradicted. */
+        atomic_store(&g->mem.small_budget, 0);
+        char free_text[48];
+        mib_text(free_text, sizeof free_text, free_now);
+        nvshare_log("gpu %s: the driver has no room for %.1f MiB (it has %s free) although nvshare admitted "
+                    "it; waiting up to %u s for memory to be freed (NVSHARE_OOM_WAIT_SEC)", g->uuid,
+                    bytes / 1048576.0, free_text, nvshare_cfg.oom_wait_sec);
+    }
+    uint64_t give_up = w->started_ns + (uint64_t)nvshare_cfg.oom_wait_sec * 1000000000ull;
+    if (now >= give_up) {
+        gave_up(g, bytes, w, free_now, "gave up");
+        return 0;
+    }
+    if (nvshare_outbox_connected() && atomic_load(&g->mode) != GPU_PASS) {
+        struct nvshare_mem_update question;
+        fill_mem_update(&question, g, bytes, w->flags | NVSHARE_MEM_DRIVER_OOM);
+        uint64_t mib = free_now == UINT64_MAX ? 0 : free_now >> 20;
+        question.driver_free_mib = mib < UINT32_MAX ? (uint32_t)mib : UINT32_MAX;
+        int32_t status = NVSHARE_OK;
+        struct nvshare_mem_reply reply;
+        if (nvshare_outbox_ask_until(&question, &status, &reply, give_up) == NVSHARE_ASK_ANSWERED) {
+            if (status == NVSHARE_ERR_NOGPU)
+                return 0;   /* not gated for this job after all: the driver's answer is the answer */
+            w->answered = 1;
+            w->available = reply.available;
+            w->deferred = (reply.flags & NVSHARE_MEM_DEFERRED) != 0;
+            if (status == NVSHARE_ERR_NOMEM) {
+                gave_up(g, bytes, w, free_now, "refused by nvshare-scheduler");
+                return 0;
+            }
+        }
+    }
+    /* What is left of the back-off after the answer: a held answer was the wait. */
+    sleep_until(now + w->pause_ns < give_up ? now + w->pause_ns : give_up);
+    w->pause_ns = w->pause_ns * 2 < OOM_PAUSE_MAX_NS ? w->pause_ns * 2 : OOM_PAUSE_MAX_NS;
+    w->tries++;
+    return 1;
 }
 
 static void record(struct nvshare_gpu *g, uint64_t key, int kind, uint64_t size)

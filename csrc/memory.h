@@ -23,6 +23,26 @@ int nvshare_memory_accounted(struct nvshare_gpu *g);
  * (NOGPU): the caller opens its gate for good. */
 CUresult nvshare_memory_admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int *deferred,
                               int *not_managed);
+/* The driver answered an allocation that nvshare_memory_admit let through (`bytes` of it, or of
+ * what the daemon was asked) with `rc`. The driver can disagree with the daemon's count: an ended
+ * process's memory is freed some time after it ended, and processes outside nvshare hold memory.
+ * On CUDA_ERROR_OUT_OF_MEMORY this tells the daemon (MEM_UPDATE with NVSHARE_MEM_DRIVER_OOM), waits
+ * for its answer and a back-off, and returns 1: call the driver again. 0: return rc to the app (any
+ * other rc, not accounted, NVSHARE_OOM_WAIT_SEC=0, the deadline passed, or the daemon refused);
+ * giving up after waiting writes one line with the figures. The caller keeps one wait per
+ * allocation, zeroed but for `flags` (those it was admitted with) and `deferred` (the admission's
+ * answer), which each answer then sets. Never called with a lock of the hook held. */
+struct nvshare_oom_wait {
+    uint32_t flags;               /* the caller's: the admission's NVSHARE_MEM_* flags */
+    int deferred;                 /* make it without GPU memory (NVSHARE_MEM_DEFERRED, with CAN_DEFER) */
+    uint64_t started_ns;          /* the first refusal; 0: none yet */
+    uint64_t pause_ns;            /* the next back-off */
+    uint64_t available;           /* MEM_REPLY's available, last answered */
+    int answered;                 /* ... when the daemon answered at all */
+    unsigned tries;
+};
+int nvshare_memory_driver_oom(struct nvshare_gpu *g, uint64_t bytes, CUresult rc,
+                              struct nvshare_oom_wait *w);
 /* After the driver allocated / freed: counted and reported. Swappable memory (swap.c's) is
  * recorded even on a GPU gone pass-through meanwhile: its free is found through the table. */
 void nvshare_memory_record_swappable(struct nvshare_gpu *g, uint64_t key, uint64_t size);

@@ -123,6 +123,11 @@ enum nvshare_status {
                                        cannot bring memory back): offer no more before its next grant */
 #define NVSHARE_MEM_MOVING 8        /* a report (request 0) in the middle of a swap-out: more is moving out, so it is
                                        not yet the answer to a PREPARE_SWAP_OUT */
+#define NVSHARE_MEM_DRIVER_OOM 16   /* a question (request: the bytes) after the driver refused an allocation that
+                                       nvshare admitted with CUDA_ERROR_OUT_OF_MEMORY (memory the daemon does not
+                                       count, e.g. an ended process's the driver has not freed yet), with
+                                       driver_free_mib; the hook tries the driver again after the MEM_REPLY, which
+                                       the daemon may hold until it sees room (docs/protocol.md "Memory") */
 
 /* nvshare_job_register.flags */
 #define NVSHARE_JOB_GPUS_GIVEN 1    /* gpu_index[] is Slurm's choice (typed GRES or gpu/shard GRES) */
@@ -184,7 +189,7 @@ struct nvshare_mem_update {
     uint64_t swapped;           /* bytes of this process now held in host memory */
     uint64_t request;           /* an allocation about to be made; 0 = report only, no reply */
     uint32_t flags;             /* NVSHARE_MEM_* (with request) */
-    uint32_t reserved;          /* 0 */
+    uint32_t driver_free_mib;   /* with NVSHARE_MEM_DRIVER_OOM: the driver's free memory, MiB; else 0 */
 };
 
 struct nvshare_demand {

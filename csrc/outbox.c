@@ -11,7 +11,6 @@
  * reads slowly never fills the queue.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
@@ -238,8 +237,30 @@ static void deadline_in(struct timespec *ts, uint64_t ns)
     ts->tv_nsec = (long)(ns % 1000000000ull);
 }
 
-int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
-                       struct nvshare_mem_reply *reply)
+static void deadline_at(struct timespec *ts, uint64_t at_ns)
+{
+    ts->tv_sec = (time_t)(at_ns / 1000000000ull);
+    ts->tv_nsec = (long)(at_ns % 1000000000ull);
+}
+
+/* With out_mu held: waits on reply_cv, until give_up_ns (CLOCK_MONOTONIC) when it is not 0;
+ * 1 once that has passed. */
+static int wait_reply(uint64_t give_up_ns)
+{
+    if (!give_up_ns) {
+        pthread_cond_wait(&reply_cv, &out_mu);
+        return 0;
+    }
+    if (nvshare_now_ns() >= give_up_ns)
+        return 1;
+    struct timespec until;
+    deadline_at(&until, give_up_ns);
+    pthread_cond_timedwait(&reply_cv, &out_mu, &until);
+    return nvshare_now_ns() >= give_up_ns;
+}
+
+int nvshare_outbox_ask_until(const struct nvshare_mem_update *question, int32_t *status,
+                             struct nvshare_mem_reply *reply, uint64_t give_up_ns)
 {
     lock_outbox();
     for (;;) {
@@ -252,7 +273,10 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
                 pthread_mutex_unlock(&out_mu);
                 return NVSHARE_ASK_NO_DAEMON;
             }
-            pthread_cond_wait(&reply_cv, &out_mu);  /* until a connection answers, or it is gone */
+            if (wait_reply(give_up_ns)) {  /* until a connection answers, or it is gone */
+                pthread_mutex_unlock(&out_mu);
+                return NVSHARE_ASK_LATE;
+            }
             continue;
         }
         struct pending *p = NULL;
@@ -260,7 +284,10 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
             if (!pending[i].used)
                 p = &pending[i];
         if (!p) {
-            pthread_cond_wait(&reply_cv, &out_mu);
+            if (wait_reply(give_up_ns)) {
+                pthread_mutex_unlock(&out_mu);
+                return NVSHARE_ASK_LATE;
+            }
             continue;
         }
         memset(p, 0, sizeof *p);
@@ -268,30 +295,46 @@ int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *statu
         p->epoch = epoch;
         p->seq = enqueue(NVSHARE_MSG_MEM_UPDATE, question, sizeof *question);
         /* As long as the connection is open: past the deadline the daemon is busy, not lost. */
-        struct timespec deadline;
-        deadline_in(&deadline, (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull);
-        int late = 0;
+        uint64_t stall_ns = nvshare_now_ns() + (uint64_t)nvshare_cfg.daemon_timeout_ms * 1000000ull;
+        int late = 0, given_up = 0;
         while (p->seq && !p->done && p->epoch == epoch && atomic_load(&link_up)) {
-            if (late) {
-                pthread_cond_wait(&reply_cv, &out_mu);
-            } else if (pthread_cond_timedwait(&reply_cv, &out_mu, &deadline) == ETIMEDOUT) {
+            uint64_t now = nvshare_now_ns();
+            if (give_up_ns && now >= give_up_ns) {
+                given_up = 1;
+                break;
+            }
+            if (!late && now >= stall_ns) {
                 late = 1;
                 nvshare_outbox_note_stall("a memory question", nvshare_cfg.daemon_timeout_ms);
+            }
+            uint64_t wake = late || (give_up_ns && give_up_ns < stall_ns) ? give_up_ns : stall_ns;
+            if (!wake) {
+                pthread_cond_wait(&reply_cv, &out_mu);
+            } else {
+                struct timespec until;
+                deadline_at(&until, wake);
+                pthread_cond_timedwait(&reply_cv, &out_mu, &until);
             }
         }
         int done = p->done;
         *status = p->status;
         if (done)
             *reply = p->reply;
-        p->used = 0;
+        p->used = 0;   /* an answer after this finds no question and is dropped */
         pthread_cond_broadcast(&reply_cv);
-        if (done) {
+        if (done || given_up) {
             pthread_mutex_unlock(&out_mu);
-            return NVSHARE_ASK_ANSWERED;
+            return done ? NVSHARE_ASK_ANSWERED : NVSHARE_ASK_LATE;
         }
         /* The connection ended, or the question could not be queued: ask again on the next
          * connection (or pass, with 'run', once the daemon is gone). */
     }
+}
+
+int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
+                       struct nvshare_mem_reply *reply)
+{
+    return nvshare_outbox_ask_until(question, status, reply, 0);
 }
 
 void nvshare_outbox_answer(uint32_t seq, int32_t status, const struct nvshare_mem_reply *reply)

@@ -18,9 +18,13 @@ int nvshare_outbox_heartbeat(void);
 /* DEMAND: what this process asks of a GPU lately (demand.c measures it). */
 int nvshare_outbox_demand(const struct nvshare_demand *demand);
 /* A question (MEM_UPDATE with a request) and its answer, with the daemon's deadline. */
-enum { NVSHARE_ASK_ANSWERED = 0, NVSHARE_ASK_NO_DAEMON = 1 };
+enum { NVSHARE_ASK_ANSWERED = 0, NVSHARE_ASK_NO_DAEMON = 1, NVSHARE_ASK_LATE = 2 };
 int nvshare_outbox_ask(const struct nvshare_mem_update *question, int32_t *status,
                        struct nvshare_mem_reply *reply);
+/* The same, but the asker stops waiting at give_up_ns (nvshare_now_ns's clock; 0: never):
+ * NVSHARE_ASK_LATE, and an answer that comes after is dropped. */
+int nvshare_outbox_ask_until(const struct nvshare_mem_update *question, int32_t *status,
+                             struct nvshare_mem_reply *reply, uint64_t give_up_ns);
 int nvshare_outbox_connected(void);
 int nvshare_outbox_refused(void);
 int nvshare_outbox_silent(void);

@@ -814,6 +814,11 @@ static int swap_in_upto(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved_o
         moved += e->size;
         counted(g, (int64_t)e->size, -(int64_t)e->size);
     }
+    /* What the driver had free when it refused: the daemon's count and the driver's can differ
+     * for a while (an ended process's memory is freed some time after it ended). */
+    size_t driver_free = 0, driver_total = 0;
+    int free_known = rc == CUDA_ERROR_OUT_OF_MEMORY && r->cuMemGetInfo_v2 &&
+                     r->cuMemGetInfo_v2(&driver_free, &driver_total) == CUDA_SUCCESS;
     pop_context();
     nvshare_in_hook--;
     *moved_out = moved;
@@ -826,14 +831,20 @@ static int swap_in_upto(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved_o
     if (rc == CUDA_SUCCESS) {
         g->swap.blocked = 0;
         free_pinned_if_short(g);
-    }
-    if (rc != CUDA_SUCCESS)
-        nvshare_log("gpu %s: bringing its memory back stopped after %.1f MiB (CUDA error %d%s); it waits "
-                    "for room", g->uuid, moved / 1048576.0, rc, rc == CUDA_ERROR_OUT_OF_MEMORY ? ": GPU full" : "");
-    else
         nvshare_debug("gpu %s: swapped in %.1f MiB in %.1f ms (%.1f GB/s)", g->uuid, moved / 1048576.0, ms,
                       ms > 0 ? moved / ms / 1e6 : 0.0);
-    return rc == CUDA_SUCCESS ? 0 : -1;
+        return 0;
+    }
+    /* No deadline here: gate.c gives the lock back (NO_ROOM) and asks again after a pause, for as
+     * long as it takes; the app's work waits at the gate and sees no error. */
+    char why[96] = "";
+    if (free_known)
+        snprintf(why, sizeof why, ": GPU full, the driver has %.1f MiB free", driver_free / 1048576.0);
+    else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+        snprintf(why, sizeof why, ": GPU full");
+    nvshare_log("gpu %s: bringing its memory back stopped after %.1f MiB (CUDA error %d%s); it waits "
+                "for room", g->uuid, moved / 1048576.0, rc, why);
+    return -1;
 }
 
 int nvshare_swap_in(struct nvshare_gpu *g)

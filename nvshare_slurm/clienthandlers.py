@@ -166,10 +166,18 @@ class ClientHandlers:
                                                     "status": C.NVSHARE_ERR_NOGPU}, frame.seq)
             return
         request = int(body.request)
+        where = f"gpu {gpu.uuid}: {conn.who()}"
+        driver_free = int(body.driver_free_mib) << 20
+        if request and body.flags & C.NVSHARE_MEM_DRIVER_OOM:
+            self.core.warnings.warn(
+                (gpu.uuid, _info(conn).client_id, "driver oom"),
+                f"{where}: the driver refused an allocation of {size(request)} that nvshare "
+                f"admitted: it had {size(driver_free)} free where nvshare counted "
+                f"{size(max(0, gpu.memory.room()))} (memory nobody reports: an ended process's "
+                f"not yet released, or a process outside nvshare); the hook waits and tries again")
         actions, decision = gpu.mem_update(_info(conn), self.core.now(), int(body.allocated),
                                            int(body.fixed), int(body.swapped), request,
-                                           int(body.flags), frame.seq)
-        where = f"gpu {gpu.uuid}: {conn.who()}"
+                                           int(body.flags), frame.seq, driver_free)
         if decision is not None:
             if decision.status != C.NVSHARE_OK:
                 self.logger.info(f"{where}: allocation of {size(request)} refused: "

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 
 from .policytypes import ENDED_MEMORY, Action, ClientInfo
 
+# The driver refused an allocation nvshare admitted (the hook's NVSHARE_MEM_DRIVER_OOM): what it
+# lacked beyond nvshare's count is held off the room this long, or until a look at the driver.
+REFUSED_HOLD_SEC = 1.0
 # An ended process whose memory the driver still shows after this long is counted free anyway,
 # with a warning: a process that NVML lists for ever (a zombie, a hung teardown) must not shrink
 # the GPU for good.
@@ -44,10 +47,21 @@ class DriverAccount:
     driver_used: int | None = None         # the device's used memory, NVML's last figure
     sum_ended: int = 0
     sum_overhead: int = 0
+    refused: int = 0                       # what a driver's refusal showed missing, held for now
+    refused_until: float = 0.0
 
     def held(self) -> int:
         """Bytes the driver holds that no client's report counts."""
-        return self.sum_ended + self.sum_overhead + self.other
+        return self.sum_ended + self.sum_overhead + self.other + self.refused
+
+    def driver_refused(self, room: int, driver_free: int, now: float) -> int:
+        """A hook's NVSHARE_MEM_DRIVER_OOM: the driver had `driver_free` where nvshare counted
+        `room`. The difference is held off the room for REFUSED_HOLD_SEC (a look at the driver
+        replaces it sooner); returns it."""
+        missing = max(0, room - driver_free)
+        self.refused = max(self.refused if now < self.refused_until else 0, missing)
+        self.refused_until = now + REFUSED_HOLD_SEC
+        return missing
 
     def client_gone(self, client: ClientInfo, resident: int, now: float) -> None:
         """The client disconnected: its resident memory (and context) stays counted until the
@@ -75,6 +89,7 @@ class DriverAccount:
         self.watching = True
         self.driver_used = used
         before = self.held()
+        self.refused = 0                       # the driver's own figures say it now
         for pid in list(self.ended):
             if pid in counted:                 # alive after all (it reconnected): counted again
                 self._release(pid)
@@ -106,6 +121,8 @@ class DriverAccount:
         return self.held() < before
 
     def expire(self, now: float, out: list[Action]) -> None:
+        if self.refused and now >= self.refused_until:
+            self.refused = 0
         for pid, entry in list(self.ended.items()):
             if now >= entry.since + ENDED_RELEASE_SEC:
                 self._release(pid)
@@ -113,7 +130,8 @@ class DriverAccount:
                                   flags=int((now - entry.since) * 1000)))
 
     def deadlines(self) -> list[float]:
-        return [e.since + ENDED_RELEASE_SEC for e in self.ended.values()]
+        return [e.since + ENDED_RELEASE_SEC for e in self.ended.values()] + \
+            ([self.refused_until] if self.refused else [])
 
     def status(self, counted: int) -> dict[str, int]:
         """memory_ended: held by processes that have ended; memory_overhead: by live clients

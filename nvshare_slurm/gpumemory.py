@@ -40,8 +40,15 @@ SMALL_REQUEST = 2 << 20
 # than this are not made. An offer that brought nothing back (every chunk was larger) is not made
 # again to that client until the room grows past it.
 PREFETCH_MIN = 32 << 20
-# While a holder runs, a prefetch leaves this much of the usable memory free for its allocations.
+# While a holder runs, a prefetch leaves this much of the usable memory free for its allocations,
+# or twice the largest allocation a running holder asked for in the last HOLDER_GROWTH_SEC if more.
 PREFETCH_HEADROOM_PERCENT = 2
+HOLDER_GROWTH_SEC = 30.0
+# The holder's own allocations come first (issue 39): no offer while a running holder has asked for
+# memory within this long. On the H200 a PyTorch job's caching allocator grew in 11 steps of 32-256
+# MiB in its first 3 s, each waiting ~90 ms while the waiter was asked to move its prefetched memory
+# back out; the job ran 1.27x its solo time.
+PREFETCH_QUIET_SEC = 2.0
 # A client that was just given room for an allocation is about to use it: it is not asked to move
 # that memory out for a waiter until this long after, unless it is waiting itself. On the H100 a
 # 45 GiB job was asked to move 14 GiB out 20 ms after its allocation, before its first kernel,
@@ -127,6 +134,8 @@ class GpuMemory:
     prefetching: dict[int, _Prefetch] = field(default_factory=dict)
     prefetch_stalled: set[int] = field(default_factory=set)
     prefetch_fruitless: dict[int, int] = field(default_factory=dict)   # client -> the offer
+    holder_asked: list[tuple[float, int]] = field(default_factory=list)  # (when, bytes), recent
+    pass_at: float = 0.0                   # the latest pass (expire): deadlines are after it
     skipped_head: int | None = None        # the queue head a waiter whose memory is here went before
     settling: dict[int, float] = field(default_factory=dict)   # client -> its allocation admitted at
     withheld: int | None = None            # per pass: the waiter whose grant waits for room
@@ -264,7 +273,8 @@ class GpuMemory:
             [ask.due(grace) for ask in self.swap_asked.values()] + \
             [at + grace for _, at in self.promised.values()] + \
             [offer.at + grace for offer in self.prefetching.values()] + \
-            [at + SETTLE_SEC for at in self.settling.values()] + self.driver.deadlines()
+            [at + SETTLE_SEC for at in self.settling.values()] + self.driver.deadlines() + \
+            self._quiet_until()
 
     # --- reports and requests ------------------------------------------------------------------
 
@@ -278,9 +288,11 @@ class GpuMemory:
         use.allocated, use.fixed, use.swapped = allocated, fixed, swapped
 
     def update(self, client: ClientInfo, now: float, allocated: int, fixed: int, swapped: int,
-               request: int, flags: int, token: int) -> MemDecision | None:
+               request: int, flags: int, token: int, driver_free: int = 0) -> MemDecision | None:
         """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation (None for
-        a report, and for a holder's request that waits for room)."""
+        a report, and for a holder's request that waits for room). With NVSHARE_MEM_DRIVER_OOM
+        the driver refused it with `driver_free` bytes free: what it lacked is held off the room
+        for a while, so the request waits (a holder's), is deferred, or is tried again."""
         cid = client.client_id
         fixed = min(fixed, allocated)
         old = self.use(cid)
@@ -293,6 +305,8 @@ class GpuMemory:
             self.swap_answered.add(cid)
         self.promised.pop(cid, None)   # what it was promised is in `allocated` now (or failed)
         self._set_usage(client, allocated, fixed, swapped)
+        if request and flags & C.NVSHARE_MEM_DRIVER_OOM:
+            self.driver.driver_refused(self.room(), driver_free, now)
         offer = self.prefetching.get(cid)
         if request == 0 and flags & C.NVSHARE_MEM_PREFETCH_DONE and offer is not None:
             del self.prefetching[cid]
@@ -303,6 +317,9 @@ class GpuMemory:
         decision = self.admit(client, request) if request > 0 else None
         if decision is None or decision.status != C.NVSHARE_OK or request < SMALL_REQUEST:
             return decision
+        if cid in self.gpu.holders:
+            self.holder_asked = [(at, n) for at, n in self.holder_asked
+                                 if at > now - HOLDER_GROWTH_SEC] + [(now, request)]
         if request > self.room():
             if cid in self.gpu.holders:
                 if self.room_can_grow(self._requesters() | {cid}, other_holders=True):
@@ -384,6 +401,7 @@ class GpuMemory:
         self.driver.seen(used, processes, counted, now, out)
 
     def expire(self, now: float, out: list[Action]) -> None:
+        self.pass_at = now
         self.driver.expire(now, out)
         grace = self.gpu.settings.drop_grace_sec
         for cid, ask in list(self.swap_asked.items()):
@@ -445,10 +463,23 @@ class GpuMemory:
         self.prefetch_stalled.discard(client_id)
         self.prefetch_fruitless.pop(client_id, None)
 
+    def _quiet_until(self) -> list[float]:
+        """When the running holder's last request stops holding offers back (a pass is due)."""
+        if not self.holder_asked or not self.prefetch_wanted():
+            return []
+        end = self.holder_asked[-1][0] + PREFETCH_QUIET_SEC
+        return [end] if end > self.pass_at else []
+
+    def prefetch_wanted(self) -> bool:
+        head = self._head()
+        return head is not None and self.use(head.client_id).swapped > 0 and head.prefetch \
+            and head.client_id not in self.prefetch_stalled
+
     def prefetch(self, now: float, out: list[Action]) -> None:
         """In turns: offer the next waiter (the queue head) the room there is for its swapped
         memory, so that it comes back before its turn (PREFETCH). Not while a holder's allocation
-        waits for room, nor to a client asked to move memory out, stopped, or stalled."""
+        waits for room or a running holder grows (PREFETCH_QUIET_SEC), nor to a client asked to
+        move memory out, stopped, or stalled; the offer leaves the running holder headroom."""
         head = self._head()
         if head is None or self.prefetching or self.alloc_need > 0:
             return
@@ -458,7 +489,11 @@ class GpuMemory:
                 cid in self.prefetch_stalled or cid in self.swap_asked:
             return
         running = any(h.drop_at is None for h in self.gpu.holders.values())
-        headroom = self.usable * PREFETCH_HEADROOM_PERCENT // 100 if running else 0
+        recent = [n for at, n in self.holder_asked if at > now - HOLDER_GROWTH_SEC]
+        if running and recent and now < self.holder_asked[-1][0] + PREFETCH_QUIET_SEC:
+            return
+        headroom = max(self.usable * PREFETCH_HEADROOM_PERCENT // 100,
+                       2 * max(recent, default=0)) if running else 0
         offer = min(swapped, self.room() - headroom)
         if offer < min(swapped, PREFETCH_MIN) or offer <= self.prefetch_fruitless.get(cid, 0):
             return
@@ -486,7 +521,8 @@ class GpuMemory:
         PREFETCH on its way: once back, that memory can be asked to move again. And memory of
         an ended process: the driver releases it."""
         if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude \
-                or set(self.prefetching) - exclude or self.driver.sum_ended:
+                or set(self.prefetching) - exclude or self.driver.sum_ended \
+                or self.driver.refused:
             return True
         for cid, holder in self.gpu.holders.items():
             if holder.drop_at is not None and holder.drop_bytes > 0:
@@ -533,6 +569,8 @@ class GpuMemory:
             self.swap_asked[client.client_id] = _SwapAsk(move, now)
             out.append(Action(SWAP_OUT, client, 0, 0, move))
             need -= move
+            if client.client_id in self.gpu.queue:   # its prefetch came too early: no more
+                self.prefetch_stalled.add(client.client_id)
         if need <= 0 or self.alloc_need <= 0:
             return []
         # A running holder's allocation: other co-running holders make the rest, lower classes

@@ -115,13 +115,14 @@ class GpuState:
         return max(s.switch_time_min, s.switch_time_multiplier * moved / s.swap_bandwidth)
 
     def mem_update(self, client: ClientInfo, now: float, allocated: int, fixed: int,
-                   swapped: int, request: int = 0, flags: int = 0,
-                   token: int = 0) -> tuple[list[Action], MemDecision | None]:
+                   swapped: int, request: int = 0, flags: int = 0, token: int = 0,
+                   driver_free: int = 0) -> tuple[list[Action], MemDecision | None]:
         """A MEM_UPDATE: record the usage; with request > 0 also decide the allocation. The
         decision is None for a report, and for a holder's request that waits for room: its
         answer comes later as a MEM_REPLY action carrying `token`."""
         self.lock.attach(client)
-        decision = self.memory.update(client, now, allocated, fixed, swapped, request, flags, token)
+        decision = self.memory.update(client, now, allocated, fixed, swapped, request, flags, token,
+                                      driver_free)
         return self._schedule(now), decision
 
     # --- lock events ---------------------------------------------------------------------------

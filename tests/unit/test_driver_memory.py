@@ -5,7 +5,7 @@ room. Fake clock, no sockets; tests/hook/test_exit_release.py has the same race 
 daemon and the fake driver's release delay."""
 from __future__ import annotations
 
-from nvshare_slurm.drivermemory import ENDED_RELEASE_SEC
+from nvshare_slurm.drivermemory import ENDED_RELEASE_SEC, REFUSED_HOLD_SEC
 from nvshare_slurm.gpustate import GpuState
 from nvshare_slurm.policytypes import ENDED_MEMORY, GRANT, MEM_REPLY, ClientInfo, GpuSettings
 from nvshare_slurm.proto import C
@@ -135,3 +135,33 @@ def test_a_client_that_reconnects_is_not_counted_twice():
     g.mem_update(again, 0.3, 4 * G, 0, 0)
     g.driver_seen(4 * G, {1001: 4 * G}, 0.4)
     assert g.memory.driver.sum_ended == 0 and g.memory.room() == 12 * G
+
+
+def test_a_drivers_refusal_holds_a_holders_request_until_the_missing_memory_is_explained_or_gone():
+    """The hook's NVSHARE_MEM_DRIVER_OOM (the driver refused what nvshare admitted): what the driver
+    lacked is held off the room for REFUSED_HOLD_SEC, so the holder's request waits instead of
+    being admitted into room the driver does not have, and a waiter's allocation is deferred."""
+    g = gpu()
+    a, b = client(1), client(2)
+    g.mem_update(a, 0, 4 * G, 0, 0)
+    g.request(a, 0)
+    _, decision = g.mem_update(a, 1.0, 4 * G, 0, 0, 6 * G, C.NVSHARE_MEM_DRIVER_OOM,
+                               driver_free=2 * G)
+    assert decision is None                       # 12 GiB counted, 2 GiB the driver's: it waits
+    assert g.memory.driver.refused == 10 * G
+    _, decision = g.mem_update(b, 1.1, 0, 0, 0, 4 * G, C.NVSHARE_MEM_CAN_DEFER)
+    assert decision.flags == C.NVSHARE_MEM_DEFERRED   # no room now: made in host memory
+    assert g.next_deadline() <= 1.0 + REFUSED_HOLD_SEC
+    actions = g.tick(1.0 + REFUSED_HOLD_SEC)
+    assert kinds(actions) == [(MEM_REPLY, 1)] and actions[0].reply.status == C.NVSHARE_OK
+    assert g.memory.driver.refused == 0
+
+
+def test_a_look_at_the_driver_replaces_what_a_refusal_held():
+    g = gpu()
+    a = client(1)
+    g.mem_update(a, 0, 4 * G, 0, 0)
+    g.request(a, 0)
+    g.mem_update(a, 1.0, 4 * G, 0, 0, 6 * G, C.NVSHARE_MEM_DRIVER_OOM, driver_free=2 * G)
+    actions = g.driver_seen(4 * G, {1001: 4 * G}, 1.1)   # the driver's own figures: all free
+    assert kinds(actions) == [(MEM_REPLY, 1)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from test_policy import G, client, gpu, moves
 
+from nvshare_slurm.gpumemory import PREFETCH_QUIET_SEC
 from nvshare_slurm.gpupause import suspend_client
 from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT
 from nvshare_slurm.proto import C
@@ -189,3 +190,37 @@ def test_a_report_in_the_middle_of_a_swap_out_is_not_its_answer():
     actions, _ = g.mem_update(idle, 1.5, 6 * G, 2 * G, 6 * G)    # the last chunk: its answer
     assert moves(actions) == [(GRANT, 1, 0)]
     assert g.memory.swap_asked == {}
+
+
+def test_no_offer_while_the_running_holder_grows_and_then_headroom_for_its_growth():
+    """The holder's own allocations come first (issue 39): on the H200 a PyTorch job's caching
+    allocator grew in 11 steps of 32-256 MiB in its first 3 s while the waiter's memory came back
+    ahead of its turn, and each step waited ~90 ms for the waiter to move it back out (1.27x its
+    solo time). Now no offer goes out until the holder has asked for nothing for
+    PREFETCH_QUIET_SEC, and the offer leaves twice its largest recent request free."""
+    g, a, b = holder_and_swapped_waiter(resident=6 * G, swapped=8 * G)
+    _, decision = g.mem_update(a, 0.5, 6 * G, 0, 0, 512 * MiB)
+    assert decision.status == C.NVSHARE_OK
+    assert PREFETCH not in [x.kind for x in g.request(b, 1)]     # it grew 0.5 s ago
+    g.mem_update(a, 1.2, 6 * G + 512 * MiB, 0, 0)
+    assert 0.5 + PREFETCH_QUIET_SEC in g.memory.deadlines()    # a pass when it is quiet
+    assert PREFETCH not in [x.kind for x in g.tick(2.4)]
+    actions = g.tick(0.5 + PREFETCH_QUIET_SEC)
+    room = 16 * G - 6 * G - 512 * MiB
+    headroom = max(HEADROOM, 2 * 512 * MiB)
+    assert moves(actions) == [(PREFETCH, 2, min(8 * G, room - headroom))]
+
+
+def test_a_waiter_asked_to_give_its_prefetch_back_is_offered_nothing_more_before_its_turn():
+    """The H200's 40 s swap pair: in the 5 s before a switch the waiter was offered 220-450 MiB
+    about 60 times while the holder's allocations took it back each time."""
+    g, a, b = holder_and_swapped_waiter(resident=10 * G, swapped=10 * G)
+    assert moves(g.request(b, 1)) == [(PREFETCH, 2, 6 * G - HEADROOM)]
+    g.mem_update(b, 1.2, 6 * G - HEADROOM, 0, 4 * G + HEADROOM, flags=DONE)
+    _, decision = g.mem_update(a, 5, 10 * G, 0, 0, 2 * G)
+    assert decision is None
+    g.mem_update(b, 5.1, 4 * G, 0, 6 * G)                      # moved back out: room for a
+    g.mem_update(a, 5.2, 12 * G, 0, 0)
+    g.mem_update(a, 8, 10 * G, 0, 0)                           # a freed 2 GiB again: room grows
+    assert PREFETCH not in [x.kind for x in g.tick(9)]
+    assert g.memory.prefetch_stalled == {2}
