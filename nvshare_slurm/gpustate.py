@@ -55,6 +55,7 @@ from .gpumemory import GpuMemory, MemUsage
 from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, Action, ClientInfo, GpuSettings,
                           Holder, MemDecision)
 from .proto import C
+from .stoppedroom import StoppedRoom
 from .turnloan import TurnLoans, keep_for
 
 
@@ -76,6 +77,7 @@ class GpuState:
     # soon as the holder is drained, before the daemon hears of it; so it is granted next.
     handoff: tuple[int, int] | None = None
     loans: TurnLoans = field(default_factory=TurnLoans)   # the rest of a turn given back idle
+    stopped: StoppedRoom = field(default_factory=StoppedRoom)   # stopped clients' memory (issue 39)
     memory: GpuMemory = field(init=False, repr=False)    # reads this GpuState as its LockView
 
     def __post_init__(self) -> None:
@@ -152,8 +154,8 @@ class GpuState:
         `idle`: the hook gave it back idle (its IDLE flag): the rest of an exclusive turn is lent."""
         self.loans.released(client_id, now)
         holder = self.holders.pop(client_id, None)
-        if holder is None:
-            return []
+        if holder is None:      # late (taken back); a stopped holder let run may now be asked
+            return self._schedule(now) if self.stopped.released(client_id, self.memory) else []
         if idle:
             lend_rest_of_turn(self, holder, now)
         if holder.drop_at is not None and not holder.drop_bytes:   # a drain, not a swap
@@ -169,6 +171,7 @@ class GpuState:
         self.demand.forget(client_id)
         self.loans.forget(client_id)
         self.memory.forget(client_id, client, now)
+        self.stopped.forget(client_id)
         if not self.holders:
             self.contention_since = None
         out = self._hand_over(client_id, now) if held else []
@@ -257,10 +260,12 @@ class GpuState:
 
     def _try_grant(self, client: ClientInfo, now: float, shared: bool,
                    out: list[Action]) -> bool:
-        """Grant when the client's swapped memory fits the room, or when nothing more can move.
-        Otherwise withhold it (the rest of the pass makes room) and return False."""
+        """Grant when the client's swapped memory fits the room, or when nothing more can move
+        (stopped clients' memory counts as movable: stoppedroom.py). Otherwise withhold it (the
+        rest of the pass makes room) and return False."""
         short = self.memory.short_of_room(client.client_id)
-        if short > 0 and self.memory.room_can_grow({client.client_id}):
+        if short > 0 and (self.memory.room_can_grow({client.client_id})
+                          or self.stopped.blocks(self.memory, self.clients, client, short)):
             self.memory.withhold(client.client_id, short)
             return False
         self._grant(client, now, shared, out, max(0, short))
@@ -311,6 +316,7 @@ class GpuState:
         self.demand.last_pass = now
         self.lock.unbench(now)          # penalties that are over: back in the queue (gpulock.py)
         self.memory.begin_pass()
+        self.stopped.begin_pass()
         self.memory.expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
         self.memory.answer_allocations(now, out)
@@ -336,6 +342,7 @@ class GpuState:
                 self._share("turns", "mode concurrent")
         for holder, move in self.memory.make_room(now, out):
             self.lock.drop(holder, now, C.NVSHARE_DROP_MEMORY, out, move)
+        self.stopped.end_pass(self.memory, self.clients)
         self.lock.report_unresponsive(now, self.settings.drop_grace_sec, out)
         return out
 
@@ -546,7 +553,7 @@ class GpuState:
             "memory_reserve_percent": int(s.memory_reserve_percent),
             "co_running": sum(1 for h in self.holders.values() if h.drop_at is None) > 1,
             "sharing": sharing_now(self)[0], "sharing_reason": sharing_now(self)[1],
-            **self.lock.status(now), "jobs": jobs, "rogue": rogue,
+            **self.lock.status(now), "jobs": jobs, "rogue": rogue, **self.stopped.status(),
         }
 
 

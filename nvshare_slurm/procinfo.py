@@ -5,8 +5,10 @@ signal_checked(), which holds the target through a pidfd (pidfd_open, Linux 5.3;
 took when the process registered), reads the process's uid, start time, Slurm job (its cgroup
 `job_<id>`) and run state from /proc, and signals through that pidfd only when all of them are what
 the caller saw before: a pid reused by another process, of another uid, or moved into another job,
-is never signalled, and neither is a stopped (suspended) process. A signal through the pidfd of a
-process that has exited since fails instead of reaching a stranger.
+is never signalled, and neither is a stopped (suspended) process, except by the one caller that
+continues a process stopped by a signal for its GPU memory's move-out and stops it again (issue 39:
+moveout.py). A signal through the pidfd of a process that has exited since fails instead of reaching
+a stranger.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from dataclasses import dataclass
 from .devices import slurm_jobs_of_cgroup
 
 ANY_START = -1
+STOPPED = "stopped (state T)"       # pause_reason of a process a signal stopped (SIGSTOP, SIGTSTP)
+# At most this many processes stopped beside one are kept as its witnesses (stopped_relatives).
+MAX_WITNESSES = 64
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class ProcIdentity:
     job_id: int | None        # the Slurm job of its cgroup (job_<id>), None outside any job
     stopped: bool = False     # state T or t (stopped by a signal, or traced), or its cgroup is
     #                           frozen or freezing (Slurm's suspend under proctrack/cgroup)
+    state: str = ""           # its run state (/proc/<pid>/stat field 3): R, S, D, T, t, ...
+    frozen: bool = False      # its cgroup is frozen or freezing
 
     def same_process(self, other: ProcIdentity) -> bool:
         """Whether other is this very process, still of the same uid and job."""
@@ -61,8 +68,9 @@ def read_identity(pid: int) -> ProcIdentity | None:
         uid, gid = int(lines["Uid"][0]), int(lines["Gid"][0])
     except (OSError, ValueError, IndexError, KeyError):
         return None
+    frozen = bool(cgroup_frozen(cgroup))
     return ProcIdentity(pid, uid, gid, start, job_of_cgroup(cgroup),
-                        state in ("T", "t") or bool(cgroup_frozen(cgroup)))
+                        state in ("T", "t") or frozen, state, frozen)
 
 
 def cgroup_frozen(cgroup_text: str, root: str = "/sys/fs/cgroup") -> str:
@@ -103,7 +111,7 @@ def pause_reason(pid: int, root: str = "/sys/fs/cgroup") -> str:
     except (OSError, ValueError, IndexError):
         return ""
     if state == "T":
-        return "stopped (state T)"
+        return STOPPED
     if state == "t":
         return "stopped by a debugger (state t)"
     return cgroup_frozen(cgroup, root)
@@ -134,11 +142,13 @@ def mapped_libraries(pid: int) -> set[str] | None:
 
 
 def signal_checked(expected: ProcIdentity, sig: int = signal.SIGKILL,
-                   pidfd: int | None = None) -> str:
+                   pidfd: int | None = None, stopped_only: bool = False) -> str:
     """Signal the process `expected` names, through a pidfd, after checking that it still is that
-    process (uid, start time, the job of its cgroup where it is in one) and is not stopped.
-    Returns "" when signalled, else why not (one phrase, for the caller's log line). pidfd: one
-    the caller holds for it (kept open); otherwise one is opened (and closed) here."""
+    process (uid, start time, the job of its cgroup where it is in one) and is not stopped; with
+    `stopped_only`, that it is stopped by a signal (state T; not traced, not in a frozen cgroup):
+    the SIGCONT of a move-out. Returns "" when signalled, else why not (one phrase, for the
+    caller's log line). pidfd: one the caller holds for it (kept open); otherwise one is opened
+    (and closed) here."""
     own = pidfd is None
     if own:
         try:
@@ -170,7 +180,10 @@ def signal_checked(expected: ProcIdentity, sig: int = signal.SIGKILL,
         if now.job_id is not None and now.job_id != expected.job_id:
             return (f"it is in job {now.job_id if now.job_id is not None else '(none)'}, "
                     f"not {expected.job_id if expected.job_id is not None else '(none)'}")
-        if now.stopped:
+        if stopped_only and (now.state != "T" or now.frozen):
+            return (f"it is not stopped by a signal now (state {now.state or '?'}"
+                    f"{', its cgroup frozen' if now.frozen else ''})")
+        if now.stopped and not stopped_only:
             return "it is stopped (suspended); a stopped process is never killed for this"
         try:
             signal.pidfd_send_signal(pidfd, sig)
@@ -182,6 +195,39 @@ def signal_checked(expected: ProcIdentity, sig: int = signal.SIGKILL,
     finally:
         if own:
             os.close(pidfd)
+
+
+def stopped_relatives(pid: int) -> list[ProcIdentity]:
+    """The processes stopped by a signal (state T) beside this one: its parent and the others of
+    its process group (a batch script that Slurm stopped with its children under proctrack/
+    linuxproc, a shell pipeline stopped by Ctrl-Z). Whoever resumes them (Slurm's resume, a
+    shell's fg, kill -CONT -PGID) resumes this one too, so one of them running again later says
+    this one was resumed as well (moveout.py). Reads every /proc/<pid>/stat once."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        parent, group = int(fields[1]), int(fields[2])
+        names = os.listdir("/proc")
+    except (OSError, ValueError, IndexError):
+        return []
+    found: list[ProcIdentity] = []
+    for name in names:
+        if not name.isdigit() or int(name) == pid:
+            continue
+        other = int(name)
+        try:
+            with open(f"/proc/{other}/stat", "rb") as fh:
+                other_fields = fh.read().rsplit(b")", 1)[1].split()
+            if other_fields[0] != b"T" or (other != parent and int(other_fields[2]) != group):
+                continue
+        except (OSError, ValueError, IndexError):
+            continue
+        seen = read_identity(other)
+        if seen is not None and seen.state == "T" and not seen.frozen:
+            found.append(seen)
+            if len(found) >= MAX_WITNESSES:
+                break
+    return found
 
 
 def memory_headroom(pid: int, root: str = "/sys/fs/cgroup") -> int | None:

@@ -107,6 +107,12 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
                        f"waiting={duration(w.get('waiting_sec'))}{_class_note(w)})")
     rogue = [f"{safe(r.get('pid'))}({human_size(r.get('memory'))})" for r in gpu.get("rogue") or []]
     switch_time = gpu.get("switch_time")
+    # A waiter whose grant waits for room that stopped clients' memory holds (issue 39).
+    room_wait = gpu.get("waits_for_room")
+    waits = [[("WaitsForRoom", f"{step_name(room_wait.get('job_id'), room_wait.get('step_id'))}"
+                               f"(pid={safe(room_wait.get('pid'))}): "
+                               f"{safe(room_wait.get('reason'), 400)}")]] \
+        if isinstance(room_wait, dict) else []
     first = [("Index", number(gpu.get("index"))), ("UUID", safe(gpu.get("uuid"), None))]
     if node is not None:
         first.append(("Node", safe(node)))
@@ -134,6 +140,7 @@ def gpu_record(gpu: dict[str, Any], node: Any = None) -> Record:
         [("Sharing", sharing_label(gpu))],
         [("Holders", _join(holders)), ("Turn", turn_label(gpu.get("turn")))],
         [("Waiting", _join(waiting))],
+        *waits,
         [("Jobs", _join(safe(j) for j in gpu.get("jobs") or [])), ("Rogue", _join(rogue))],
     ]
 

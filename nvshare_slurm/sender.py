@@ -117,6 +117,9 @@ class ActionSender:
                     follow_ups.append((gpu, released))
         self.ledger.observe(gpu, self.core.now())
         self._log_sharing(gpu)
+        # A stopped client whose memory a waiter needs runs for its move-out (moveout.py); what
+        # that brings about joins the core's work list (after_event), like a dropped client's.
+        self.core.suspends.after_send(gpu)
         return follow_ups
 
     def _hand_over(self, gpu: GpuState, holder: ClientInfo, successor: ClientInfo,

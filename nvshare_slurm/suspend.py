@@ -18,6 +18,9 @@ looks from outside, two ways, and never touches the freezer itself:
   unresponsive (nor killed: procinfo.signal_checked refuses it). This covers SIGSTOP alone and a
   debugger too, and a Slurm suspend whose early word came too late.
 
+A process stopped by a signal whose memory a waiter needs is let run for its move-out and
+stopped again (moveout.py, issue 39); frozen and traced ones are left as they are.
+
 A suspended client's lock requests wait here (park), not in a GPU's queue, until its job runs
 again: then they are made as if they had just come, and the grant brings its memory back before its
 gate opens (the hook's swap-in). A client that was asked to move memory out for the suspension is
@@ -35,12 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import slurm
 from .gpupause import resume_client, suspend_client
-from .procinfo import memory_headroom, pause_reason
+from .moveout import MoveOuts
+from .procinfo import STOPPED, memory_headroom, pause_reason
 from .proto import C
 from .render import human_size
 
 if TYPE_CHECKING:
     from .daemoncore import Core
+    from .gpustate import GpuState
     from .registry import RegisteredClient
 
 SLURM_REASON = "its job is suspended by Slurm"
@@ -68,7 +73,9 @@ class SuspendWatch:
         self.slurm_suspended: set[int] = set()
         self._slurm_error = ""
         self._slurm_next = 0.0
+        self._slurm_asked_at = 0.0
         self._slurm_task: asyncio.Future[Any] | None = None
+        self.moves = MoveOuts(core)       # stopped processes let run for a move-out
 
     # --- what the handlers and status ask ------------------------------------------------------
 
@@ -85,6 +92,12 @@ class SuspendWatch:
         poll: a suspended job's memory can move out only before its freeze (2 s after SIGTSTP)."""
         self._slurm_next = 0.0
 
+    def after_send(self, gpu: GpuState) -> None:
+        """A GPU's Actions went out (sender.py): let run the stopped clients its pass wants for a
+        move-out, stop again those whose move-out is over."""
+        if gpu.stopped.wanted or gpu.stopped.done:
+            self.moves.follow(gpu, self.slurm_suspended)
+
     def state_of(self, client_id: int) -> str | None:
         return "suspended" if client_id in self.paused else None
 
@@ -100,11 +113,18 @@ class SuspendWatch:
     # --- the watch -----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._watch()
+        finally:                    # the daemon stops: nobody is left running for a move-out
+            self.moves.shutdown()
+
+    async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.core.cfg.suspend_check_sec)
             try:
                 self._maybe_ask_slurm()
                 self.check()
+                self.moves.tick(self.slurm_suspended)
             except Exception as exc:  # noqa: BLE001 - a failed look must never stop the daemon
                 self.logger.error(f"suspend check failed: {exc!r}")
 
@@ -118,6 +138,7 @@ class SuspendWatch:
             self.slurm_suspended = set()
             return
         self._slurm_next = now + every
+        self._slurm_asked_at = now
         node = self.core.cfg.node_name if self.core.cfg.node_name != "-" \
             else socket.gethostname().split(".")[0]
         self._slurm_task = asyncio.ensure_future(asyncio.to_thread(
@@ -139,6 +160,7 @@ class SuspendWatch:
             self.logger.info("suspend: Slurm answers again")
             self._slurm_error = ""
         self.slurm_suspended = jobs & set(self.core.registry.jobs)
+        self.moves.slurm_answer(self._slurm_asked_at, self.slurm_suspended)
         self.check()
 
     def check(self) -> None:
@@ -148,8 +170,12 @@ class SuspendWatch:
         for cid in [c for c in self.paused if c not in clients]:
             self._forget(cid, now)
         for client in list(clients.values()):
+            if client.client_id in self.moves.active:
+                continue                    # let run for a move-out: it is still stopped to us
             why = pause_reason(client.pid)
             stopped = bool(why)
+            if not stopped:
+                self.moves.runs(client.client_id)
             if not why and client.job_id in self.slurm_suspended:
                 why = SLURM_REASON
             pause = self.paused.get(client.client_id)
@@ -194,7 +220,8 @@ class SuspendWatch:
                 f"{where}: suspended ({why}): holds no lock until it runs again"
                 f"{'; its lock goes to others now' if held else ''}"
                 f"{f'; {human_size(move)} to host memory' if move else ''}")
-            self.core.after_event(gpu, suspend_client(gpu, client.client_id, now, stopped, move))
+            self.core.after_event(gpu, suspend_client(gpu, client.client_id, now, stopped, move,
+                                                      _state_words(why), why == STOPPED))
 
     def _movable(self, client: RegisteredClient, where: str, resident: int) -> int:
         """The swappable bytes to move out, or 0 when the job's memory cgroup cannot hold them
@@ -238,5 +265,15 @@ class SuspendWatch:
     def _forget(self, client_id: int, now: float) -> None:
         pause = self.paused.pop(client_id)
         self.parked.pop(client_id, None)
+        self.moves.forget(client_id)
         if not any(p.job_id == pause.job_id for p in self.paused.values()):
             self.core.ledger.resume(pause.job_id, now)
+
+
+def _state_words(why: str) -> str:
+    """A stopped or frozen client's state, as a waiter's reason says it (status)."""
+    if why == STOPPED:
+        return "its process is stopped"
+    if why.startswith("stopped"):
+        return "its process is stopped by a debugger"
+    return "its cgroup is frozen (nvshare never thaws it)"

@@ -176,6 +176,63 @@ def test_a_suspend_that_ends_while_the_holder_drains_moves_nothing(hook_lib, sma
     assert "no more memory moves out for its suspend" in proc.stderr_text
 
 
+STOPPED_BYTES = 768 * MiB      # most of the 1 GiB GPU (972.8 MiB usable)
+WAITER_BYTES = 512 * MiB       # made in host memory beside it: its grant lacks ~300 MiB of room
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def test_a_stopped_holder_moves_its_memory_out_for_a_waiter_and_stays_stopped(
+        hook_lib, small_gpu, tmp_path, procs):
+    """Issue 39, as measured with Slurm 22.05 under proctrack/linuxproc (scontrol suspend stops the
+    job's processes at once) or with kill -STOP: before, the waiter was granted and gave the grant
+    back NO_ROOM 161 times in 40 s and ran nothing until the stopped job resumed. Now the daemon
+    lets the stopped process run (SIGCONT) only for its move-out and stops it again: the waiter
+    runs within seconds, the stopped job is stopped (T) again without the test continuing it, and
+    after the test's SIGCONT it finds its data where it was."""
+    sched = small_gpu(suspend_check_sec=0.1)
+    trace = tmp_path / "trace"
+    first = Job(sched, 501, trace, gpu_index=[0], **sched.fake_env)
+    second = Job(sched, 502, trace, gpu_index=[0], **sched.fake_env)
+    hold = tmp_path / "resume-check"
+    stopped = start_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{STOPPED_BYTES}:1:1000:{hold}"],
+                           first.env)
+    procs.append(stopped)
+    wait_for(lambda: gpu_status(sched)["memory_used"] >= STOPPED_BYTES, what="the first job's memory")
+    os.kill(stopped.pid, signal.SIGSTOP)
+    wait_for(lambda: "suspended (stopped (state T))" in sched.log(), what="the daemon sees it stopped")
+
+    started = time.monotonic_ns()
+    waiter = start_nvtest(hook_lib, ["init", "ctx:0", f"pattern:{WAITER_BYTES}:2:1000", "freeall"],
+                          second.env)
+    procs.append(waiter)
+    try:
+        out = finish(waiter, timeout=30)
+    finally:
+        log = sched.log()
+    assert "pattern ok rounds=2" in out, out
+    kernels = [r for r in read_trace(trace) if r[0] == waiter.pid]
+    # Target: within 10 s plus the copies (about 1 GB/s on the fake driver).
+    assert kernels and min(r[2] for r in kernels) - started < 12e9, (kernels, log[-3000:])
+    assert "is let run (SIGCONT) to move it to host memory" in log, log[-3000:]
+    assert "stopped again (SIGSTOP)" in log, log[-3000:]
+    # Not a grant after grant given back: before, "no room on the GPU to bring its swapped
+    # memory back" every 250 ms.
+    assert "no room on the GPU" not in log, log[-3000:]
+    # Stopped again by the daemon; the test has not continued it.
+    wait_for(lambda: proc_state(stopped.pid) == "T", timeout=5, what="the first job stopped again")
+    time.sleep(0.5)
+    assert proc_state(stopped.pid) == "T"
+    assert gpu_status(sched)["memory_swapped"] > 0            # its memory out of the way
+    os.kill(stopped.pid, signal.SIGCONT)
+    hold.write_text("")
+    out = finish(stopped, timeout=60)
+    assert "pattern held ok" in out and "pattern ok rounds=1" in out, out
+
+
 SIGTSTP_PROGRAM = """
 import ctypes, os, signal
 cuda = ctypes.CDLL("libcuda.so.1")

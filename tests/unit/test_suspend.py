@@ -379,21 +379,285 @@ def test_suspend_settings_are_checked(tmp_path, monkeypatch):
 def test_a_stopped_client_is_asked_to_move_no_memory_until_it_runs_again():
     """A frozen job cannot answer PREPARE_SWAP_OUT. On the H100 a frozen 63 GiB job was asked
     twice, and the allocation of the job that preempted it waited 30 s each time for room that
-    could not come. Now its ask stops counting as memory on the way out (the head is granted at
-    once, told what did not fit), nothing more is asked of it, and once it runs it may be asked."""
+    could not come. Now its ask stops counting as memory on the way out and nothing more is asked
+    of it; the head, whose memory needs that room, waits for it (before issue 39 it was granted at
+    once, and its hook gave the grant back NO_ROOM every 250 ms); once it runs it may be asked."""
     from test_policy import G, client, gpu, moves
 
     from nvshare_slurm.gpupause import resume_client, suspend_client
-    from nvshare_slurm.policytypes import GRANT, PREFETCH, SWAP_OUT
+    from nvshare_slurm.policytypes import PREFETCH, SWAP_OUT
     g = gpu()                                                     # 16G
-    head, stopped, later = client(1), client(2), client(3)
+    head, stopped = client(1), client(2)
     g.mem_update(stopped, 0, 12 * G, 2 * G, 0)                   # 10G of it can move
     g.mem_update(head, 0, 0, 0, 10 * G)
     assert moves(g.request(head, 1)) == [(PREFETCH, 1, 4 * G), (SWAP_OUT, 2, 6 * G)]  # asked while it runs
-    assert moves(suspend_client(g, 2, 2, stopped=True, move=0)) == [(GRANT, 1, 6 * G)]
-    g.release(1, 3)
-    g.mem_update(later, 3, 0, 0, 10 * G)
-    assert moves(g.request(later, 4)) == [(GRANT, 3, 6 * G)]     # nothing asked of the frozen one
-    g.release(3, 5)
-    assert resume_client(g, 2, 6) == []
-    assert moves(g.request(later, 7)) == [(PREFETCH, 3, 4 * G), (SWAP_OUT, 2, 6 * G)]  # running: asked
+    assert moves(suspend_client(g, 2, 2, stopped=True, move=0,
+                                why="its cgroup is frozen (nvshare never thaws it)")) == []
+    assert g.memory.swap_asked == {}
+    assert moves(g.tick(30)) == []                   # long past drop_grace_sec: nothing asked
+    assert moves(resume_client(g, 2, 31)) == [(SWAP_OUT, 2, 6 * G)]  # running: asked
+
+
+# --- a stopped holder holds nothing hostage (issue 39) -------------------------------------------
+
+def stopped_holder_and_waiter():
+    """16G GPU: client 1 held it with 12G resident and was stopped by SIGSTOP (may be let run);
+    client 2's 10G are in host memory, so its grant lacks 6G that only client 1 can make."""
+    from test_policy import G, client, gpu
+
+    from nvshare_slurm.gpupause import suspend_client
+    g = gpu()
+    stopped, waiter = client(1), client(2)
+    g.request(stopped, 0)
+    g.mem_update(stopped, 0, 12 * G, 0, 0)
+    suspend_client(g, 1, 1, stopped=True, move=0, may_run=True)
+    g.mem_update(waiter, 2, 0, 0, 10 * G)
+    return g, stopped, waiter
+
+
+def test_a_waiter_that_needs_a_stopped_holders_memory_is_not_granted_in_a_loop():
+    """Before: granted at once "nothing more can move", given back NO_ROOM by its hook, asked
+    again every 250 ms (161 times in 40 s on a 1 GiB GPU). Now it waits, the stopped client is
+    wanted for the 6G, and status says why."""
+    from test_policy import G, moves
+
+    from nvshare_slurm.policytypes import GRANT
+    g, _, _ = stopped_holder_and_waiter()
+    assert GRANT not in [kind for kind, _, _ in moves(g.request(g.clients[2], 3))]
+    assert g.stopped.wanted == {1: 6 * G}
+    for t in (3.25, 3.5, 10.0):                           # the hook asks again: still nothing
+        assert GRANT not in [kind for kind, _, _ in moves(g.tick(t))]
+    wait = g.status(10.0, [], [])["waits_for_room"]
+    assert wait["job_id"] == 2 and wait["reason"] == (
+        "waits for room: job 1's 12.0 GiB is on the GPU and its process is stopped; moving it out")
+    text = render.render_gpus({"gpus": [g.status(10.0, [], [])]})
+    assert "WaitsForRoom=2.0(pid=1002): waits for room: job 1's 12.0 GiB" in text, text
+
+
+def test_a_stopped_holder_is_let_run_asked_once_released_and_stopped_again_after_its_answer():
+    from test_policy import G, moves
+
+    from nvshare_slurm.gpupause import let_run, stopped_again
+    from nvshare_slurm.policytypes import GRANT, SWAP_OUT
+    g, stopped, waiter = stopped_holder_and_waiter()
+    g.request(waiter, 3)
+    # SIGCONT: its hook still holds (the DROP_LOCK(SUSPEND) waits for it), so nothing is asked
+    # yet: a PREPARE_SWAP_OUT read while it releases would be lost in that release.
+    assert SWAP_OUT not in [kind for kind, _, _ in moves(let_run(g, 1, 4))]
+    assert g.stopped.wanted == {}                        # let run once for this shortfall
+    assert "moving it out" in g.status(4, [], [])["waits_for_room"]["reason"]
+    # Its late LOCK_RELEASED: now the pass asks it for what the waiter lacks.
+    assert (SWAP_OUT, 1, 6 * G) in moves(g.release(1, 4.1))
+    assert g.stopped.done == set()
+    actions, _ = g.mem_update(stopped, 4.5, 9 * G, 0, 3 * G, flags=C.NVSHARE_MEM_MOVING)
+    assert GRANT not in [kind for kind, _, _ in moves(actions)]
+    actions, _ = g.mem_update(stopped, 5.0, 6 * G, 0, 6 * G)        # the answer
+    assert moves(actions)[-1] == (GRANT, 2, 0)           # with all its memory's room
+    assert g.stopped.done == {1}                         # the watch stops it again ...
+    assert stopped_again(g, 1, 5.1) == []
+    assert 1 in g.memory.frozen and g.stopped.done == set()   # ... and nothing is asked of it
+    assert g.status(5.1, [], [])["waits_for_room"] is None
+
+
+def test_a_stopped_client_that_cannot_be_let_run_keeps_the_waiter_waiting_until_it_runs():
+    """A debugger's stop, a frozen cgroup, a --mem limit: its memory stays, and the waiter is not
+    granted to give it back NO_ROOM; once the client runs it is asked like any other."""
+    from test_policy import G, client, gpu, moves
+
+    from nvshare_slurm.gpupause import cannot_run, resume_client, suspend_client
+    from nvshare_slurm.policytypes import GRANT, SWAP_OUT
+    g = gpu()
+    frozen, waiter = client(1), client(2)
+    g.mem_update(frozen, 0, 12 * G, 0, 0)
+    suspend_client(g, 1, 1, stopped=True, move=0, why="its cgroup is frozen (nvshare never thaws it)")
+    g.mem_update(waiter, 2, 0, 0, 10 * G)
+    assert GRANT not in [kind for kind, _, _ in moves(g.request(waiter, 3))]
+    assert g.stopped.wanted == {}                        # not one that may be let run
+    assert g.status(3, [], [])["waits_for_room"]["reason"].endswith(
+        "its cgroup is frozen (nvshare never thaws it); it stays there until it runs again")
+    # One that may run but is refused (moveout.py says why): the same, once per shortfall.
+    g2, _, waiter2 = stopped_holder_and_waiter()
+    g2.request(waiter2, 3)
+    assert GRANT not in [kind for kind, _, _ in moves(cannot_run(g2, 1, 3.5))]
+    assert g2.stopped.wanted == {} and GRANT not in [k for k, _, _ in moves(g2.tick(4))]
+    assert moves(resume_client(g, 1, 5)) == [(SWAP_OUT, 1, 6 * G)]  # running: asked
+
+
+def test_what_stopped_memory_cannot_make_is_granted_anyway_as_before():
+    """A shortfall beyond all the stopped clients' memory (others' fixed memory) cannot be made
+    by letting them run: the grant goes out with what did not fit, as it did."""
+    from test_policy import G, client, gpu, moves
+
+    from nvshare_slurm.gpupause import suspend_client
+    from nvshare_slurm.policytypes import GRANT
+    g = gpu()
+    stopped, fixed, waiter = client(1), client(3), client(2)
+    g.mem_update(stopped, 0, 2 * G, 0, 0)
+    g.mem_update(fixed, 0, 12 * G, 12 * G, 0)
+    suspend_client(g, 1, 1, stopped=True, move=0, may_run=True)
+    g.mem_update(waiter, 2, 0, 0, 10 * G)
+    assert moves(g.request(waiter, 3)) == [(GRANT, 2, 8 * G)]
+    assert g.stopped.wanted == {}
+
+
+class MoveOutCore:
+    """What MoveOuts asks of the daemon core: its clients, GPUs, clock and after_event (whose
+    Actions are kept), with one GPU whose stopped holder (a real stopped process) is wanted."""
+
+    def __init__(self, proc: subprocess.Popen, job_id: int = 1):
+        from test_policy import G, client, gpu
+
+        from nvshare_slurm.gpupause import suspend_client
+        from nvshare_slurm.registry import RegisteredClient
+        self.logger = __import__("logging").getLogger("test_suspend")
+        self.clock = 10.0
+        self.sent: list = []
+        pidfd = os.pidfd_open(proc.pid)
+        __import__("weakref").finalize(self, os.close, pidfd)
+        conn = type("Conn", (), {"pidfd": pidfd, "pid": proc.pid, "uid": os.getuid()})()
+        self.stopped = RegisteredClient(1, job_id, 0, proc.pid, uid=os.getuid(), connection=conn)
+        self.registry = type("Registry", (), {"clients": {1: self.stopped}})()
+        g = self.gpu = gpu()
+        self.gpus = {g.uuid: g}
+        g.request(self.stopped, 0)
+        g.mem_update(self.stopped, 0, 12 * G, 0, 0)
+        suspend_client(g, 1, 1, stopped=True, move=0, may_run=True)
+        waiter = client(2)
+        g.mem_update(waiter, 2, 0, 0, 10 * G)
+        g.request(waiter, 3)
+        assert g.stopped.wanted == {1: 6 * G}
+
+    def now(self) -> float:
+        return self.clock
+
+    def after_event(self, gpu, actions) -> None:
+        self.sent.extend(actions)
+
+    def answer(self) -> None:
+        """Its hook's late release, then its report after moving 6G out: the waiter is granted."""
+        from test_policy import G
+
+        from nvshare_slurm.policytypes import GRANT
+        g = self.gpu
+        self.sent.extend(g.release(1, self.clock))
+        actions, _ = g.mem_update(self.stopped, self.clock + 0.5, 6 * G, 0, 6 * G)
+        assert GRANT in [a.kind for a in actions]
+        assert g.stopped.done == {1}
+
+
+def state(pid: int) -> str:
+    identity = read_identity(pid)
+    return identity.state if identity is not None else "gone"
+
+
+@pytest.fixture
+def stopped_sleep():
+    """A `sleep` stopped by SIGSTOP, in a session of its own (no stopped relatives)."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: state(proc.pid) == "T")
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_stopped_process_is_let_run_for_its_move_out_and_stopped_again(stopped_sleep, caplog):
+    from nvshare_slurm.moveout import MoveOuts
+    from nvshare_slurm.policytypes import SWAP_OUT
+    core = MoveOutCore(stopped_sleep)
+    moves = MoveOuts(core)
+    caplog.set_level("INFO")
+    moves.follow(core.gpu, set())
+    wait_for(lambda: state(stopped_sleep.pid) in ("S", "R"), what="SIGCONT through its pidfd")
+    assert 1 in moves.active and core.gpu.stopped.running == {1}
+    assert SWAP_OUT not in [a.kind for a in core.sent]    # its hook holds until it releases
+    core.clock = 11.0
+    core.answer()
+    moves.follow(core.gpu, set())
+    wait_for(lambda: state(stopped_sleep.pid) == "T", what="stopped again by SIGSTOP")
+    assert 1 in core.gpu.memory.frozen
+    moves.tick(set())
+    assert moves.active == {}
+    assert "is let run (SIGCONT) to move it to host memory" in caplog.text
+    assert "stopped again (SIGSTOP) after 1.0s moving 6.0 GiB to host memory" in caplog.text
+    # Once per shortfall: the waiter still waiting would not have it let run again.
+    assert 1 in core.gpu.stopped.tried or core.gpu.stopped.wanted == {}
+
+
+def test_a_process_slurm_resumes_during_its_move_out_is_not_stopped_again(stopped_sleep, caplog):
+    from nvshare_slurm.moveout import MoveOuts
+    core = MoveOutCore(stopped_sleep, job_id=7)
+    moves = MoveOuts(core)
+    caplog.set_level("INFO")
+    moves.follow(core.gpu, {7})                       # Slurm says job 7 is SUSPENDED
+    wait_for(lambda: state(stopped_sleep.pid) in ("S", "R"))
+    core.answer()                                     # ... and then RUNNING (scontrol resume)
+    moves.follow(core.gpu, set())
+    time.sleep(0.3)
+    assert state(stopped_sleep.pid) in ("S", "R")
+    assert moves.active == {} and "Slurm resumed its job while it moved its memory out" in caplog.text
+
+
+def test_a_process_stopped_again_just_as_slurm_resumed_it_is_continued_at_slurms_next_word(
+        stopped_sleep, caplog):
+    """Slurm marks the job RUNNING before slurmd's SIGCONT: when squeue showed SUSPENDED at the
+    answer and the SIGCONT came before nvshare's SIGSTOP, the next squeue answer undoes it."""
+    from nvshare_slurm.moveout import MoveOuts
+    core = MoveOutCore(stopped_sleep, job_id=7)
+    moves = MoveOuts(core)
+    caplog.set_level("INFO")
+    moves.follow(core.gpu, {7})
+    wait_for(lambda: state(stopped_sleep.pid) in ("S", "R"))
+    core.answer()
+    moves.follow(core.gpu, {7})                       # squeue's last word still SUSPENDED
+    wait_for(lambda: state(stopped_sleep.pid) == "T")
+    moves.slurm_answer(core.clock - 1, set())         # asked before the stop: changes nothing
+    time.sleep(0.2)
+    assert state(stopped_sleep.pid) == "T"
+    moves.slurm_answer(core.clock + 1, set())         # asked after it: RUNNING
+    wait_for(lambda: state(stopped_sleep.pid) in ("S", "R"), what="continued again")
+    assert "Slurm resumed its job about when nvshare stopped it again" in caplog.text
+
+
+def test_a_process_group_resumed_during_the_move_out_is_not_stopped_again(caplog):
+    """kill -STOP -PGID (or Ctrl-Z, or Slurm under linuxproc with the batch shell) stops its
+    relatives too; one of them running again says the group was resumed (fg, kill -CONT -PGID)."""
+    from nvshare_slurm.moveout import MoveOuts
+    shell = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        assert shell.stdout is not None
+        child = int(shell.stdout.readline())
+        os.killpg(shell.pid, signal.SIGSTOP)
+        wait_for(lambda: state(child) == "T" and state(shell.pid) == "T")
+        proc = type("Proc", (), {"pid": child})()
+        core = MoveOutCore(proc)                      # type: ignore[arg-type]
+        moves = MoveOuts(core)
+        caplog.set_level("INFO")
+        moves.follow(core.gpu, set())
+        assert [w.pid for w in moves.active[1].witnesses] == [shell.pid]
+        wait_for(lambda: state(child) in ("S", "R"))
+        assert state(shell.pid) == "T"                # only the process whose memory is needed
+        os.killpg(shell.pid, signal.SIGCONT)          # the user's fg
+        core.answer()
+        moves.follow(core.gpu, set())
+        time.sleep(0.3)
+        assert state(child) in ("S", "R")
+        assert f"process {shell.pid}, stopped beside it, runs again (resumed)" in caplog.text
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.communicate()
+
+
+def test_a_daemon_that_stops_during_a_move_out_stops_the_process_again(stopped_sleep, caplog):
+    """Nobody would stop it later: a suspended job must not run on for the daemon's restart. The
+    watch's own pidfd copy outlives the connection, which the daemon closes first."""
+    from nvshare_slurm.moveout import MoveOuts
+    core = MoveOutCore(stopped_sleep)
+    moves = MoveOuts(core)
+    moves.follow(core.gpu, set())
+    wait_for(lambda: state(stopped_sleep.pid) in ("S", "R"))
+    core.stopped.connection.pidfd = None              # the connection is gone
+    moves.shutdown()
+    wait_for(lambda: state(stopped_sleep.pid) == "T", what="stopped again at the daemon's stop")
+    assert moves.active == {} and "the daemon stops during its move-out" in caplog.text
