@@ -142,6 +142,9 @@ class GpuMemory:
     grant_need: int = 0                    # per pass: room the withheld grant lacks
     alloc_need: int = 0                    # per pass: room waiting requests lack
     driver: DriverAccount = field(default_factory=DriverAccount)   # what only the driver shows
+    # Per pass (GpuState, stoppedroom.py): stopped clients that may be let run for a move-out and
+    # were not yet in this shortfall: room that can grow for a holder's allocation.
+    stopped_movable: set[int] = field(default_factory=set)
 
     # --- figures -------------------------------------------------------------------------------
 
@@ -513,16 +516,18 @@ class GpuMemory:
     def _requesters(self) -> set[int]:
         return {p.client.client_id for p in self.pending_allocs}
 
-    def room_can_grow(self, exclude: set[int], other_holders: bool = False) -> bool:
+    def room_can_grow(self, exclude: set[int], other_holders: bool = False,
+                      stopped: bool = True) -> bool:
         """Is some memory still on its way out, or someone left to ask (with other_holders, for
         a holder's allocation: a co-running holder that can be dropped)? An allocation admitted
         resident and not yet reported counts: once made, its memory can be asked to move (a grant
         that went out meanwhile would take the room the allocation is being made in). So does a
         PREFETCH on its way: once back, that memory can be asked to move again. And memory of
-        an ended process: the driver releases it."""
+        an ended process: the driver releases it. With `stopped`, stopped clients that may be let
+        run for a move-out (stoppedroom.py) count too."""
         if self.swap_asked or self._swap_candidates(exclude) or set(self.promised) - exclude \
                 or set(self.prefetching) - exclude or self.driver.sum_ended \
-                or self.driver.refused:
+                or self.driver.refused or (stopped and self.stopped_movable - exclude):
             return True
         for cid, holder in self.gpu.holders.items():
             if holder.drop_at is not None and holder.drop_bytes > 0:

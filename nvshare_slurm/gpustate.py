@@ -264,7 +264,7 @@ class GpuState:
         (stopped clients' memory counts as movable: stoppedroom.py). Otherwise withhold it (the
         rest of the pass makes room) and return False."""
         short = self.memory.short_of_room(client.client_id)
-        if short > 0 and (self.memory.room_can_grow({client.client_id})
+        if short > 0 and (self.memory.room_can_grow({client.client_id}, stopped=False)
                           or self.stopped.blocks(self.memory, self.clients, client, short)):
             self.memory.withhold(client.client_id, short)
             return False
@@ -316,10 +316,11 @@ class GpuState:
         self.demand.last_pass = now
         self.lock.unbench(now)          # penalties that are over: back in the queue (gpulock.py)
         self.memory.begin_pass()
-        self.stopped.begin_pass()
+        self.stopped.begin_pass(self.memory)
         self.memory.expire(now, out)
         # Holders run: their waiting allocations get the room before a new grant does.
         self.memory.answer_allocations(now, out)
+        self.stopped.for_allocations(self.memory, self.clients)
         if self.lock.turn_here():
             self._schedule_turn(now, out)
             turn = self.lock.turn

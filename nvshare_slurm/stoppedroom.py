@@ -92,8 +92,20 @@ class StoppedRoom:
         if client_id in self.why:
             memory.freeze(client_id)
 
-    def begin_pass(self) -> None:
+    def begin_pass(self, memory: GpuMemory) -> None:
         self.wanted, self.waiter, self.reason = {}, None, ""
+        # Stopped clients with memory to move that may be let run for it in this shortfall: room
+        # that can grow (a holder's allocation waits for it rather than being answered without).
+        memory.stopped_movable = {cid for cid in self.may_run - self.tried
+                                  if cid in memory.frozen and memory.use(cid).swappable > 0}
+
+    def for_allocations(self, memory: GpuMemory, clients: dict[int, ClientInfo]) -> None:
+        """Holders' allocations wait for room that nothing but stopped clients' memory can make:
+        those are wanted for it, as for a waiter's grant (blocks)."""
+        waiting = {p.client.client_id for p in memory.pending_allocs}
+        if memory.alloc_need > 0 and not memory.room_can_grow(waiting, other_holders=True,
+                                                              stopped=False):
+            self.blocks(memory, clients, memory.pending_allocs[0].client, memory.alloc_need)
 
     def blocks(self, memory: GpuMemory, clients: dict[int, ClientInfo], waiter: ClientInfo,
                short: int) -> bool:
@@ -121,7 +133,7 @@ class StoppedRoom:
             if cid not in memory.frozen and cid not in memory.swap_asked:
                 self.running.discard(cid)
                 self.done.add(cid)
-        if memory.withheld is None:
+        if memory.withheld is None and memory.alloc_need <= 0:
             self.tried.clear()
             return
         if self.waiter is None and not any(c in self.running for c in self.why):

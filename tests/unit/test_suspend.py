@@ -661,3 +661,28 @@ def test_a_daemon_that_stops_during_a_move_out_stops_the_process_again(stopped_s
     moves.shutdown()
     wait_for(lambda: state(stopped_sleep.pid) == "T", what="stopped again at the daemon's stop")
     assert moves.active == {} and "the daemon stops during its move-out" in caplog.text
+
+
+def test_a_holders_allocation_waits_for_a_stopped_clients_move_out_not_answered_without_room():
+    """A running holder asks for memory that only a stopped client's can make: before, it was
+    answered at once without room (nothing could move) and the driver said out-of-memory. Now it
+    waits, the stopped client is wanted for the bytes, and once its move-out is answered the
+    allocation gets its room."""
+    from test_policy import G, client, gpu, moves
+
+    from nvshare_slurm.gpupause import let_run, suspend_client
+    from nvshare_slurm.policytypes import GRANT, MEM_REPLY, SWAP_OUT
+    g = gpu()                                                     # 16G
+    stopped, holder = client(1), client(2)
+    g.mem_update(stopped, 0, 12 * G, 0, 0)
+    suspend_client(g, 1, 1, stopped=True, move=0, may_run=True)
+    g.mem_update(holder, 1.5, 4 * G, 0, 0)
+    assert (GRANT, 2, 0) in moves(g.request(holder, 2))
+    _, decision = g.mem_update(holder, 3, 4 * G, 0, 0, 6 * G)
+    assert decision is None                                      # held, not answered without room
+    assert g.stopped.wanted == {1: 6 * G}
+    assert (SWAP_OUT, 1, 6 * G) in moves(let_run(g, 1, 3.2))     # running: asked for the bytes
+    actions, _ = g.mem_update(stopped, 4, 6 * G, 0, 6 * G)       # its answer
+    replies = [a for a in actions if a.kind == MEM_REPLY]
+    assert len(replies) == 1 and replies[0].reply.status == C.NVSHARE_OK
+    assert not replies[0].reply.no_room
