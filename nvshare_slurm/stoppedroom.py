@@ -149,7 +149,8 @@ class StoppedRoom:
                          f"{self.why[cid]}; "
                          f"{'moving it out' if moving else 'it stays there until it runs again'}")
         if parts:
-            self.waiter = self.waiter or clients.get(memory.withheld)
+            self.waiter = self.waiter or (clients.get(memory.withheld)
+                                          if memory.withheld is not None else None)
             self.reason = "waits for room: " + "; ".join(parts)
 
     def status(self) -> dict[str, Any]:
