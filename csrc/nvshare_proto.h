@@ -137,6 +137,10 @@ enum nvshare_status {
 #define NVSHARE_JOB_CLASS_NORMAL 0
 #define NVSHARE_JOB_CLASS_HIGH 2
 #define NVSHARE_JOB_CLASS_LOW 4
+/* The job holds nvshare GPUs on two or more nodes (the prolog, from slurmctld's record): its
+ * clients here take the turns of multi-node jobs, in job-id order on every node
+ * (docs/design-scheduler.md "Multi-node jobs"). */
+#define NVSHARE_JOB_MULTINODE 8
 
 /* nvshare_status_query.what */
 #define NVSHARE_STATUS_GPUS 1

@@ -89,10 +89,12 @@ class Client:
     def register_job(self, job_id: int, uid: int, gid: int, slots: int = 0,
                      gpu_index: list[int] | None = None, name: str = "", user: str = "",
                      share_class: str = "normal",
-                     class_reason: str = "") -> dict[str, Any]:
-        """Register a job (root only); returns the placement {gpu_uuid: [...], gpu_index: [...]}."""
+                     class_reason: str = "", multinode: bool = False) -> dict[str, Any]:
+        """Register a job (root only); returns the placement {gpu_uuid: [...], gpu_index: [...]}.
+        multinode: the job holds nvshare GPUs on other nodes too (NVSHARE_JOB_MULTINODE)."""
         gpus = list(gpu_index or [])
-        flags = (C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0) | class_flag(share_class)
+        flags = (C.NVSHARE_JOB_GPUS_GIVEN if gpus else 0) | class_flag(share_class) \
+            | (C.NVSHARE_JOB_MULTINODE if multinode else 0)
         fields = {"job_id": job_id, "uid": uid, "gid": gid, "slots": slots, "n_gpus": len(gpus),
                   "gpu_index": gpus, "flags": flags,
                   "name": _fit(name, C.NVSHARE_NAME_LEN),

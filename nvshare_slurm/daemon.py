@@ -105,7 +105,15 @@ class Daemon:
         return self.state.park(conn, frame)
 
     def add_gang(self, job: Job) -> None:
-        if self.gangs.add_job(job.job_id, [self.gpus[u] for u in job.gpus if u in self.gpus]):
+        gpus = [self.gpus[u] for u in job.gpus if u in self.gpus]
+        if not self.gangs.add_job(job.job_id, gpus, multinode=job.multinode):
+            return
+        if job.multinode:
+            self.logger.info(f"job {job.job_id}: a multi-node job, here on GPUs "
+                             f"{','.join(map(str, job.gpu_index))}: it takes its turns as a gang, "
+                             f"after any multi-node job of a lower id on them (the same order on "
+                             f"every node)")
+        else:
             self.logger.info(f"job {job.job_id}: a gang on GPUs "
                              f"{','.join(map(str, job.gpu_index))}: it takes its turns on all "
                              f"of them together")

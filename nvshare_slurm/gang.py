@@ -42,6 +42,7 @@ from .priority import RANK
 class Gang:
     job_id: int
     gpus: list[GpuState]             # its placed GPUs, in placement order
+    multinode: bool = False          # its ranks on other nodes wait for its ranks here
     contention_since: float | None = None
     ending: bool = False             # DROP_LOCK sent to all its holders: the turn is over
     dropped: set[int] = field(default_factory=set)   # the clients that the end of turn dropped
@@ -101,14 +102,30 @@ class GangPolicy:
 
     # --- jobs ----------------------------------------------------------------------------------
 
-    def add_job(self, job_id: int, gpus: list[GpuState]) -> bool:
-        """A registered job: a gang when it is placed on two or more GPUs."""
-        if len(gpus) < 2 or job_id in self.gangs:
+    def add_job(self, job_id: int, gpus: list[GpuState], multinode: bool = False) -> bool:
+        """A registered job: a gang when it is placed on two or more GPUs, or holds GPUs on other
+        nodes too (multinode: a gang of its GPUs here, however many)."""
+        known = self.gangs.get(job_id)
+        if known is not None and multinode and not known.multinode:   # Slurm said so later
+            known.multinode = True
+            for gpu in known.gpus:
+                gpu.lock.join_gang(job_id, waits_outside=True)
+            return True
+        if len(gpus) < (1 if multinode else 2) or known is not None:
             return False
-        self.gangs[job_id] = Gang(job_id, list(gpus))
+        self.gangs[job_id] = Gang(job_id, list(gpus), multinode)
         for gpu in gpus:
-            gpu.lock.join_gang(job_id)
+            gpu.lock.join_gang(job_id, waits_outside=multinode)
         return True
+
+    def first_multinode(self, gang: Gang) -> Gang | None:
+        """A multi-node gang of a lower job id on one of this multi-node gang's GPUs: it goes
+        first, here and on every node (Multi-node jobs, below)."""
+        mine = {gpu.uuid for gpu in gang.gpus}
+        return min((other for other in self.gangs.values()
+                    if other.multinode and other.job_id < gang.job_id
+                    and mine & {gpu.uuid for gpu in other.gpus}),
+                   key=lambda other: other.job_id, default=None)
 
     def remove_job(self, job_id: int) -> None:
         gang = self.gangs.pop(job_id, None)
@@ -163,6 +180,11 @@ class GangPolicy:
         waiting = [(gang.rank(), ticket, gang.job_id, gang) for gang in self.gangs.values()
                    if not gang.owns and (ticket := gang.ticket()) is not None]
         for rank, ticket, _, gang in sorted(waiting, key=lambda item: item[:3]):
+            first = self.first_multinode(gang) if gang.multinode else None
+            if first is not None:     # not in the order here: it blocks nobody while it waits
+                gang.why = (f"multi-node job {first.job_id} goes first on GPUs {first.indices()} "
+                            f"(multi-node jobs run in job-id order on every node)")
+                continue
             before = next((blocked[g.uuid] for g in gang.gpus if g.uuid in blocked), None)
             for gpu in gang.gpus:
                 blocked.setdefault(gpu.uuid, gang.job_id)
@@ -338,4 +360,4 @@ class GangPolicy:
         why = gang.why if state in ("waiting", "claiming") else ""
         return {"job_id": job_id, "gpu_index": [g.index for g in gang.gpus],
                 "gpus": [g.uuid for g in gang.gpus], "state": state, "why": why,
-                "turns": gang.turns}
+                "turns": gang.turns, "multinode": gang.multinode}

@@ -42,6 +42,7 @@ class GpuLock:
     clients: dict[int, ClientInfo] = field(default_factory=dict)              # attached here
     attached: dict[int, dict[int, ClientInfo]] = field(default_factory=dict)   # job -> clients here
     gang_jobs: set[int] = field(default_factory=set)        # jobs that take gang turns here
+    outside_jobs: set[int] = field(default_factory=set)     # gangs whose drains wait on other nodes
     gang_queue: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)  # their waiters
     turn: Turn | None = None
     # Unresponsive owners: their clients' requests wait here, never granted, until penalty_until.
@@ -193,6 +194,9 @@ class GpuLock:
         its DROP_LOCK (or its latest DRAIN_STUCK); its owner loses its place (penalize)."""
         for holder in self.holders.values():
             since = holder.grace_from()
+            if holder.client.job_id in self.outside_jobs:
+                continue    # its drain waits for its ranks on other nodes: revoked, it would run
+            #                 ungated beside the next holder (docs/design-scheduler.md)
             if since is not None and not holder.unresponsive_reported \
                     and now >= since + self.holder_grace(holder, grace):
                 holder.unresponsive_reported = True
@@ -266,13 +270,18 @@ class GpuLock:
 
     # --- a gang's turn here (gang.py's decisions, made on all the gang's GPUs together) ---------
 
-    def join_gang(self, job_id: int) -> None:
-        """The job takes gang turns here: its clients wait in gang_queue, never in the FIFO."""
+    def join_gang(self, job_id: int, waits_outside: bool = False) -> None:
+        """The job takes gang turns here: its clients wait in gang_queue, never in the FIFO.
+        waits_outside: a multi-node job, whose drains wait for its ranks on other nodes: its
+        holders are never taken as unresponsive (report_unresponsive)."""
         self.gang_jobs.add(job_id)
+        if waits_outside:
+            self.outside_jobs.add(job_id)
 
     def leave_gang(self, job_id: int) -> None:
         """The job is gone: no more gang turns here, and its turn, if it has one, is over."""
         self.gang_jobs.discard(job_id)
+        self.outside_jobs.discard(job_id)
         if self.turn is not None and self.turn.job_id == job_id:
             self.turn = None
 

@@ -74,11 +74,12 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     # From slurmctld's record, never from the job's environment: the user cannot raise it.
     share = priority.classify(cfg.priority_classes, record.qos, record.partition,
                               record.interactive, record.comment)
+    multinode = record.multinode()
     client = Client(cfg.socket, timeout=10.0)
     try:
         placement = with_daemon(lambda: client.register_job(
             job_id, uid, gid, slots=slots, gpu_index=gpu_index, name=record.name, user=user,
-            share_class=share.name, class_reason=share.reason), wait_sec)
+            share_class=share.name, class_reason=share.reason, multinode=multinode), wait_sec)
     except DaemonUnavailable:
         return fail("nvshare: scheduler not running")
     except RequestFailed as exc:
@@ -93,7 +94,9 @@ def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:
     kind = f"{slots} nvshare slot(s)" if gres.holds_nvshare else f"Slurm GPUs {env_gpus}"
     if spread:
         kind += f" (untyped request, Slurm counted them on GPU(s) {list(gres.nvshare_gpus)})"
-    say(me, job_id, f"registered on {node}: {kind} on {where}, class {share.describe()}")
+    others = f", one of its {sum(map(record.held_nvshare_on, record.nodes))} nodes (multi-node: " \
+        f"turns in job-id order)" if multinode else ""
+    say(me, job_id, f"registered on {node}: {kind} on {where}, class {share.describe()}{others}")
     return 0
 
 

@@ -52,6 +52,7 @@ class Job:
     class_reason: str = "default"      # why: "qos prod", "partition scavenge", ...
     provisional: bool = False  # known only from its own processes' re-registration (state lost,
     #                            Slurm not answering): confirmed or corrected once Slurm answers
+    multinode: bool = False    # holds nvshare GPUs on other nodes too: turns in job-id order (gang.py)
 
 
 @dataclass(eq=False)
@@ -78,8 +79,10 @@ class LoadResult:
 _JOB_FIELDS: dict[str, type | tuple[type, ...]] = {
     "job_id": int, "uid": int, "gid": int, "user": str, "name": str, "slots": int,
     "gpus": list, "gpu_index": list, "mem_limit": int, "registered": (int, float),
-    "rebuilt": bool, "share_class": str, "class_reason": str, "provisional": bool}
-_OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason", "provisional"}
+    "rebuilt": bool, "share_class": str, "class_reason": str, "provisional": bool,
+    "multinode": bool}
+_OPTIONAL = {"mem_limit", "registered", "rebuilt", "share_class", "class_reason", "provisional",
+             "multinode"}
 
 
 def job_from_json(item: Any) -> Job:

@@ -186,7 +186,8 @@ def gang_lines(gang: Any) -> list[list[Pair]]:
     if not isinstance(gang, dict):
         return []
     line = [("Gang", f"job {safe(gang.get('job_id'))} on "
-                     f"{_join(safe(i) for i in gang.get('gpu_index') or [])}"),
+                     f"{_join(safe(i) for i in gang.get('gpu_index') or [])}"
+                     f"{' and other nodes' if gang.get('multinode') else ''}"),
             ("GangState", safe(gang.get("state"))), ("GangTurns", number(gang.get("turns")))]
     if gang.get("why"):
         line.append(("GangWaitsFor", safe(gang.get("why"))))

@@ -93,6 +93,7 @@ class RequestHandlers:
             return self._job_reply(conn, frame, exc.status, reason)
         job.share_class = share_class
         job.class_reason = proto.text(body.class_reason) or "default"
+        job.multinode = bool(body.flags & C.NVSHARE_JOB_MULTINODE)
         self.registry.add_job(job)
         self.core.add_gang(job)
         self.core.save()

@@ -76,6 +76,12 @@ class JobRecord:
         return node in self.nodes and bool(_NVSHARE_REQUEST.search(self.tres_requests))
 
 
+    def multinode(self) -> bool:
+        """Whether it holds nvshare (or Slurm's GPUs) on two or more nodes: its ranks on one node
+        wait for those on the others (NVSHARE_JOB_MULTINODE)."""
+        return sum(1 for node in self.nodes if self.held_nvshare_on(node)) >= 2
+
+
 def valid_job_id(value: str | None) -> int | None:
     """A Slurm job id from the environment, or None when it is not a plain positive number."""
     if value is None or not _JOB_ID.match(value.strip()):

@@ -167,6 +167,7 @@ class StateKeeper:
                                 f"{log.escape(exc)}")
             return None
         job.rebuilt = True
+        job.multinode = record.multinode()
         share = classify(self.core.cfg.priority_classes, record.qos, record.partition,
                          record.interactive, record.comment)
         job.share_class, job.class_reason = share.name, share.reason
@@ -194,6 +195,9 @@ class StateKeeper:
             share = classify(self.core.cfg.priority_classes, record.qos, record.partition,
                              record.interactive, record.comment)
             job.share_class, job.class_reason = share.name, share.reason
+            if record.multinode() and not job.multinode:
+                job.multinode = True        # its turns take the multi-node order from now on
+                self.core.add_gang(job)
             self.registry.job_changed(job)
             self.logger.info(f"job {job.job_id}: accepted provisionally, now confirmed by Slurm")
         self.save()

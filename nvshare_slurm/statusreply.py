@@ -65,7 +65,7 @@ def _job_status(core: Core, job: Job) -> dict[str, Any]:
             "registered": job.registered, "clients": clients,
             "share_class": job.share_class, "class_reason": job.class_reason,
             "usage": core.ledger.job_usage(job.job_id, core.now()),
-            "gang": core.gangs.status(job.job_id),
+            "gang": core.gangs.status(job.job_id), "multinode": job.multinode,
             # processes of the job running without the hook (hookwatch.py): ungated there
             "unhooked": core.hooks.for_status(job.job_id),
             "provisional": job.provisional,

@@ -105,10 +105,11 @@ class Job:
     """A job registered with a running scheduler, and the environment of its processes."""
 
     def __init__(self, sched, job_id: int, trace: Path, gpu_index: list[int] | None = None,
-                 slots: int = 1, share_class: str = "normal", **env: str):
+                 slots: int = 1, share_class: str = "normal", multinode: bool = False, **env: str):
+        extra = {"multinode": True} if multinode else {}
         placement = sched.client().register_job(job_id, uid=os.getuid(), gid=os.getgid(),
                                                 slots=0 if gpu_index else slots, gpu_index=gpu_index,
-                                                share_class=share_class)
+                                                share_class=share_class, **extra)
         self.gpus = placement["gpu_uuid"]
         self.env = {"NVSHARE_SOCKET": sched.socket, "NVSHARE_JOB_ID": str(job_id),
                     "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": ",".join(self.gpus),
