@@ -30,9 +30,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 
-def train(rank: int, world: int, args) -> dict:
-    """One rank's training in an initialised process group; rank 0's losses and timings."""
-    torch.cuda.set_device(rank)
+def train(rank: int, world: int, args, device: int | None = None) -> dict:
+    """One rank's training in an initialised process group; rank 0's losses and timings. device:
+    its GPU (the rank, unless ranks of several nodes each see their own GPUs from 0)."""
+    device = rank if device is None else device
+    torch.cuda.set_device(device)
     torch.manual_seed(1234)
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -40,7 +42,7 @@ def train(rank: int, world: int, args) -> dict:
     for _ in range(args.depth):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10)).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-2, momentum=0.9)
     gen = torch.Generator(device="cuda").manual_seed(100 + rank)
     losses = []
@@ -57,7 +59,7 @@ def train(rank: int, world: int, args) -> dict:
     end = time.time()
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     return {"rank": rank, "losses": losses, "checksum": checksum, "pid": os.getpid(),
-            "gpu": torch.cuda.get_device_name(rank), "start": start, "end": end}
+            "gpu": torch.cuda.get_device_name(device), "start": start, "end": end}
 
 
 def summary(world: int, ranks: list[dict]) -> dict:
@@ -98,10 +100,11 @@ def main() -> int:
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if "LOCAL_RANK" in os.environ:   # started by torchrun: this process is one rank
-        rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-        mine = train(rank, world, args)
+        local, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        rank = int(os.environ.get("RANK", local))    # global: torchrun over several nodes
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        mine = train(rank, world, args, device=local)
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         dist.barrier()
