@@ -1,16 +1,24 @@
 """The Python side stays a size a reader can hold (STYLE.md habit 9, issue 23): no class in the
-package over 500 lines, no module over 700. Past them, split by concern before adding more."""
+package over 500 lines, no module over 700. Past them, split by concern before adding more.
+
+And the maps stay whole (issue 41): every module of the package has its row in
+docs/design-scheduler.md's module table, and every csrc/*.c its row in docs/design-hook.md's file
+table, so that a reader who starts from the docs finds every part."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "nvshare_slurm"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "nvshare_slurm"
 MAX_CLASS_LINES = 500
 MAX_MODULE_LINES = 700
 MODULES = sorted(PACKAGE.rglob("*.py"))
+SCHEDULER_DOC = REPO / "docs" / "design-scheduler.md"
+HOOK_DOC = REPO / "docs" / "design-hook.md"
 
 
 def test_the_package_is_found():
@@ -25,3 +33,32 @@ def test_no_module_or_class_outgrows_a_reader(module):
                if isinstance(node, ast.ClassDef) and node.end_lineno is not None
                and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
     assert too_big == [], f"{module.name}: classes over {MAX_CLASS_LINES} lines: {too_big}"
+
+
+def table_rows(doc: Path, prefix: str) -> list[str]:
+    """The paths named first in a table row of `doc` (`| \\`<prefix>...\\` | ... |`), in order."""
+    pattern = re.compile(r"^\| `(" + re.escape(prefix) + r"[^`]+)` \|")
+    return [m.group(1) for m in map(pattern.match, doc.read_text().splitlines()) if m]
+
+
+def compare(named: list[str], present: set[str], doc: Path, what: str) -> None:
+    twice = sorted({path for path in named if named.count(path) > 1})
+    missing = sorted(present - set(named))
+    stale = sorted(set(named) - present)
+    assert not twice, f"{doc.name} has two rows for {twice}"
+    assert not missing, f"{doc.name}'s {what} has no row for {missing}: add one saying what each is"
+    assert not stale, f"{doc.name}'s {what} names {stale}, which do not exist"
+
+
+def test_every_module_has_a_row_in_the_scheduler_design():
+    """Entry points and Slurm-facing modules too; the path is the module's own, sub-package included."""
+    present = {p.relative_to(REPO).as_posix() for p in MODULES if p.name != "__init__.py"}
+    compare(table_rows(SCHEDULER_DOC, "nvshare_slurm/"), present, SCHEDULER_DOC, "module table")
+
+
+def test_every_c_file_has_a_row_in_the_hook_design():
+    named = table_rows(HOOK_DOC, "csrc/")
+    present = {p.relative_to(REPO).as_posix() for p in (REPO / "csrc").glob("*.c")}
+    compare([path for path in named if path.endswith(".c")], present, HOOK_DOC, "file table")
+    gone = [path for path in named if not (REPO / path).exists()]
+    assert not gone, f"{HOOK_DOC.name}'s file table names {gone}, which do not exist"
