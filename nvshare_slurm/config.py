@@ -127,23 +127,51 @@ class Config:
         return out
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A setting an admin may change per GPU at run time (`nvshare-status update`, ADMIN_UPDATE),
+    over the file's value. `config_key` is its key in nvshare.yaml; the table's key is its name in
+    the daemon (GpuSettings, state.json's overrides). A number's range holds wherever it is set:
+    the file, the environment, the status CLI, the daemon's check of an update and of state.json."""
+    config_key: str
+    kind: type                      # str, int or float
+    choices: tuple[str, ...] = ()   # str: the words it takes
+    low: float = 0                  # int, float: the range, both ends allowed, in `unit`
+    high: float = 0
+    unit: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        """Is `value` (as state.json keeps it) of this setting's type and in its range?"""
+        if self.kind is str:
+            return isinstance(value, str) and value in self.choices
+        kinds = (int, float) if self.kind is float else (int,)
+        return isinstance(value, kinds) and not isinstance(value, bool) and \
+            self.low <= value <= self.high
+
+
+# The settings an admin may change per GPU: one table for the config reader, nvshare-status update,
+# the daemon's check of ADMIN_UPDATE and of the overrides state.json keeps.
+OVERRIDABLE: dict[str, Setting] = {
+    "mode": Setting("scheduling_mode", str, choices=MODES),
+    "switch_time_mode": Setting("switch_time_mode", str, choices=SWITCH_MODES),
+    "switch_time_fixed": Setting("switch_time_fixed", float, low=0.01, high=86400, unit="s"),
+    "memory_reserve_percent": Setting("memory_reserve_percent", int, low=0, high=90, unit="%"),
+    "max_runtime_sec": Setting("max_runtime_sec", int, low=1, high=10 ** 9, unit="s"),
+}
 _FIELD_TYPES = {f.name: f.type for f in fields(Config)}
-_CHOICES = {
-    "scheduling_mode": MODES,
+_CHOICES: dict[str, tuple[str, ...]] = {
+    **{s.config_key: s.choices for s in OVERRIDABLE.values() if s.kind is str},
     "auto_share": AUTO_SHARES,
-    "switch_time_mode": SWITCH_MODES,
     "on_daemon_loss": DAEMON_LOSS_POLICIES,
     "rogue_process": ROGUE_POLICIES,
     "unresponsive_holder": ROGUE_POLICIES,
     "log_level": ("debug", "info", "warning", "error"),
 }
 _RANGES: dict[str, tuple[float, float]] = {
-    "switch_time_fixed": (0.01, 86400),
+    **{s.config_key: (s.low, s.high) for s in OVERRIDABLE.values() if s.kind is not str},
     "switch_time_multiplier": (1, 10000),
     "switch_time_min": (0.01, 86400),
     "swap_bandwidth": (1 << 20, 1 << 50),
-    "memory_reserve_percent": (0, 90),
-    "max_runtime_sec": (1, 10 ** 9),
     "idle_release_ms": (0.1, 60000),
     "drop_grace_sec": (0.1, 86400),
     "rogue_check_sec": (0.5, 86400),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import Config
+from .config import OVERRIDABLE, Config
 from .log import step_text
 from .priority import RANK
 
@@ -42,8 +42,9 @@ ENDED_MEMORY = "ended_memory"           # an ended client's `bytes` count free: 
 
 @dataclass(frozen=True)
 class GpuSettings:
-    """The knobs of one GPU: config defaults overlaid with admin overrides. The defaults are the
-    config's own (one place to change them: the two copies had drifted apart)."""
+    """The knobs of one GPU: config defaults overlaid with admin overrides (config.OVERRIDABLE
+    names those). The defaults are the config's own (one place to change them: the two copies had
+    drifted apart)."""
     mode: str = Config.scheduling_mode
     auto_share: str = Config.auto_share
     switch_time_mode: str = Config.switch_time_mode
@@ -56,9 +57,6 @@ class GpuSettings:
     drop_grace_sec: float = Config.drop_grace_sec
     burst_turns: bool = Config.burst_turns
     turn_handoff: bool = Config.turn_handoff
-
-    OVERRIDABLE = ("mode", "switch_time_mode", "switch_time_fixed", "memory_reserve_percent",
-                   "max_runtime_sec")
 
     @property
     def adaptive(self) -> bool:
@@ -75,8 +73,7 @@ class GpuSettings:
                    memory_reserve_percent=cfg.memory_reserve_percent,
                    max_runtime_sec=cfg.max_runtime_sec, drop_grace_sec=cfg.drop_grace_sec,
                    burst_turns=cfg.burst_turns, turn_handoff=cfg.turn_handoff)
-        return replace(base, **{k: v for k, v in (overrides or {}).items()
-                                if k in cls.OVERRIDABLE})
+        return replace(base, **{k: v for k, v in (overrides or {}).items() if k in OVERRIDABLE})
 
 
 @dataclass

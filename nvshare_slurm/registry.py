@@ -123,35 +123,17 @@ def job_from_json(item: Any) -> Job:
     return Job(**{k: v for k, v in item.items() if k != "mem_limit"})
 
 
-def _override_checks() -> dict[str, Any]:
-    low_fixed, high_fixed = config._RANGES["switch_time_fixed"]  # noqa: SLF001 - the one table
-    low_reserve, high_reserve = config._RANGES["memory_reserve_percent"]  # noqa: SLF001
-    low_runtime, high_runtime = config._RANGES["max_runtime_sec"]  # noqa: SLF001
-    return {
-        "mode": lambda v: isinstance(v, str) and v in config.MODES,
-        "switch_time_mode": lambda v: isinstance(v, str) and v in config.SWITCH_MODES,
-        "switch_time_fixed": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-        and low_fixed <= v <= high_fixed,
-        "memory_reserve_percent": lambda v: isinstance(v, int) and not isinstance(v, bool)
-        and low_reserve <= v <= high_reserve,
-        "max_runtime_sec": lambda v: isinstance(v, int) and not isinstance(v, bool)
-        and low_runtime <= v <= high_runtime}
-
-
-_OVERRIDE_CHECKS = _override_checks()
-
-
 def overrides_from_json(uuid: str, item: Any) -> tuple[dict[str, Any], list[str]]:
     """One GPU's admin overrides from state.json: the valid ones, and a line for each left out."""
     if not isinstance(item, dict):
         return {}, [f"gpu {log.escape(uuid)}: overrides are not an object"]
     kept, problems = {}, []
     for key, value in item.items():
-        check = _OVERRIDE_CHECKS.get(key)
-        if check is None:
+        setting = config.OVERRIDABLE.get(key)
+        if setting is None:
             problems.append(f"gpu {log.escape(uuid)}: override {log.escape(key)} is not one an "
                             f"admin can set")
-        elif not check(value):
+        elif not setting.accepts(value):
             problems.append(f"gpu {log.escape(uuid)}: override {key}={log.escape(repr(value))} "
                             f"is of the wrong type or out of range")
         else:

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import admincomment, log, proto, slurm
 from .accounting import usage_line
+from .config import OVERRIDABLE
 from .connection import Connection
 from .daemoncore import Core, Handler, fit, reply, user_name
 from .devices import DeviceRequest, GpuDevices, Refused, open_device
@@ -275,6 +276,8 @@ class RequestHandlers:
 
 
 def _admin_changes(body: Any) -> dict[str, Any]:
+    """The overrides an ADMIN_UPDATE asks for, checked against config.OVERRIDABLE (the limits of the
+    config file and of nvshare-status update); ValueError says what is refused."""
     changes: dict[str, Any] = {}
     keep = C.NVSHARE_KEEP
     if body.mode != keep:
@@ -286,17 +289,35 @@ def _admin_changes(body: Any) -> dict[str, Any]:
             raise ValueError(f"switch_mode {body.switch_mode} is not auto or fixed")
         changes["switch_time_mode"] = _SWITCH_BY_CODE[body.switch_mode]
     if body.switch_time_ms != keep:
-        if not 10 <= body.switch_time_ms <= 86_400_000:
-            raise ValueError(f"switch_time {body.switch_time_ms} ms is outside 10 ms..1 day")
+        fixed = OVERRIDABLE["switch_time_fixed"]      # seconds; the wire says milliseconds
+        low_ms, high_ms = round(fixed.low * 1000), round(fixed.high * 1000)
+        if not low_ms <= body.switch_time_ms <= high_ms:
+            raise ValueError(f"switch_time {body.switch_time_ms} ms is outside "
+                             f"{_duration(fixed.low)}..{_duration(fixed.high)}")
         changes["switch_time_fixed"] = body.switch_time_ms / 1000
         changes.setdefault("switch_time_mode", "fixed")
     if body.memory_reserve_percent != keep:
-        if not 0 <= body.memory_reserve_percent <= 90:
+        reserve = OVERRIDABLE["memory_reserve_percent"]
+        if not reserve.low <= body.memory_reserve_percent <= reserve.high:
             raise ValueError(f"memory_reserve_percent {body.memory_reserve_percent} is outside "
-                             f"0..90")
+                             f"{reserve.low}..{reserve.high}")
         changes["memory_reserve_percent"] = int(body.memory_reserve_percent)
     if body.max_runtime_sec != keep:
-        if not 1 <= body.max_runtime_sec:
-            raise ValueError(f"max_runtime_sec {body.max_runtime_sec} must be at least 1")
+        runtime = OVERRIDABLE["max_runtime_sec"]
+        if not runtime.low <= body.max_runtime_sec:
+            raise ValueError(f"max_runtime_sec {body.max_runtime_sec} must be at least {runtime.low}")
+        if not body.max_runtime_sec <= runtime.high:
+            raise ValueError(f"max_runtime_sec {body.max_runtime_sec} is outside "
+                             f"{runtime.low}..{runtime.high}")
         changes["max_runtime_sec"] = int(body.max_runtime_sec)
     return changes
+
+
+def _duration(seconds: float) -> str:
+    """A limit of the switch time as the refusal names it: 10 ms, 30 s, 1 day."""
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    if seconds % 86400 == 0:
+        days = int(seconds // 86400)
+        return f"{days} day" if days == 1 else f"{days} days"
+    return f"{seconds:g} s"

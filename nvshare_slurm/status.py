@@ -27,8 +27,6 @@ PROG = "nvshare-status"
 MODES = {"auto": C.NVSHARE_MODE_AUTO, "concurrent": C.NVSHARE_MODE_CONCURRENT,
          "serial": C.NVSHARE_MODE_SERIAL}
 UPDATE_KEYS = ("mode", "switch_time", "memory_reserve_percent", "max_runtime_sec")
-# Same limits as the config file (config.py), so an update cannot set what the file would refuse.
-_RANGES = config._RANGES  # noqa: SLF001
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -115,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- update arguments ---------------------------------------------------------------------------
 
-def _ranged(key: str, value: float, config_key: str | None = None) -> None:
-    low, high = _RANGES[config_key or key]
+def _ranged(key: str, value: float, setting: config.Setting) -> None:
+    """The limits of config.OVERRIDABLE, so that an update cannot set what the file would refuse."""
+    low, high = setting.low, setting.high
     if not low <= value <= high:
         raise ValueError(f"{key}={value:g} is outside {low:g}..{high:g}")
 
@@ -156,13 +155,13 @@ def parse_update(assignments: Sequence[str]) -> tuple[str, dict[str, int]]:
             fields["switch_mode"] = C.NVSHARE_SWITCH_AUTO
         else:
             seconds = _number(text, "switch_time", "auto or seconds", float)
-            _ranged("switch_time", seconds, "switch_time_fixed")
+            _ranged("switch_time", seconds, config.OVERRIDABLE["switch_time_fixed"])
             fields["switch_mode"] = C.NVSHARE_SWITCH_FIXED
             fields["switch_time_ms"] = min(_INT32_MAX, max(1, round(seconds * 1000)))
     for key in ("memory_reserve_percent", "max_runtime_sec"):
         if key in values:
             number = _number(values[key], key, "an integer", int)
-            _ranged(key, number)
+            _ranged(key, number, config.OVERRIDABLE[key])
             fields[key] = int(number)
     return gpu, fields
 
