@@ -21,12 +21,19 @@ beside this Python (else /opt/nvshare/bin), or DIR/bin with --prefix DIR; the ho
 apptainer.conf binds is this installation's, the socket directory the config's. It only prints: the
 files stay the admin's to edit. Exit status: 0 printed, 1 no GPUs, the inventory or the --config
 file cannot be read, or a device path or entry point that is not a plain path, 2 bad arguments.
+
+Slurm runs the Prolog, Epilog and TaskProlog with no environment of ours, so they (and
+nvshare-container) read /etc/nvshare/nvshare.yaml. Printed from a config elsewhere (--config or
+NVSHARE_CONFIG), the lines work once that file is there: the slurm.conf section and stderr say so,
+with the command that links it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
 import socket
 import sys
 from dataclasses import dataclass
@@ -65,6 +72,24 @@ def plain_path(path: str, what: str) -> str:
     return path
 
 
+def config_elsewhere(path: Path) -> str:
+    """The config's absolute path when it is not the file the entry points read
+    (config.DEFAULT_PATH, or a link to it), else ""."""
+    if os.path.realpath(path) == os.path.realpath(config_mod.DEFAULT_PATH):
+        return ""
+    elsewhere = os.path.abspath(path)
+    if not elsewhere.isprintable():
+        raise NodeConfigError(f"the config's path {elsewhere!r} holds control characters: "
+                              f"refusing to print it")
+    return elsewhere
+
+
+def link_command(config: str) -> str:
+    """What puts a config kept elsewhere where the entry points read it."""
+    default = config_mod.DEFAULT_PATH
+    return f"mkdir -p {shlex.quote(str(Path(default).parent))}; ln -s {shlex.quote(config)} {default}"
+
+
 def entry_point_dir(prefix: str | None) -> str:
     """Where nvshare-prolog and the others are: DIR/bin for --prefix DIR, else beside this Python
     (the virtualenv's bin, not resolved: Slurm must run the venv's scripts), else
@@ -91,6 +116,7 @@ class NodeGres:
     bin_dir: str = DEFAULT_BIN_DIR
     hook: str = "/opt/nvshare/lib/libnvshare.so"     # what containers bind (apptainer.conf)
     socket: str = config_mod.Config.socket
+    config_elsewhere: str = ""      # the config printed from, where it is not the entry points'
 
     @property
     def slots(self) -> int:
@@ -123,6 +149,14 @@ class NodeGres:
         """gres.conf's lines for this node, without comments."""
         return self.gpu_gres_conf_lines() + self.nvshare_gres_conf_lines()
 
+    def config_note(self) -> list[str]:
+        """slurm.conf's comment on a config kept elsewhere: the entry points read the default."""
+        if not self.config_elsewhere:
+            return []
+        return [f"# These read {config_mod.DEFAULT_PATH} (Slurm gives them no NVSHARE_CONFIG), and",
+                f"# this was printed from {shlex.quote(self.config_elsewhere)}: put it there on every node:",
+                f"# {link_command(self.config_elsewhere)}"]
+
     def files(self) -> dict[str, list[str]]:
         """Each file's lines (comments included), in the order the text prints them."""
         entry = self.entry_points()
@@ -136,6 +170,7 @@ class NodeGres:
             "# Absolute paths: Slurm runs these with no PATH. A site with its own Prolog,",
             "# Epilog or TaskProlog calls these from it (keeping their exit status, and",
             "# the TaskProlog's stdout).",
+            *self.config_note(),
             *(f"{key}={path}" for key, path in entry.items()),
             "# Device confinement needs task/cgroup: a site with other task plugins keeps",
             "# them beside it (TaskPlugin=task/cgroup,task/affinity).",
@@ -251,13 +286,19 @@ def main(argv: Sequence[str] | None = None,
         check_gpus(gpus)
         hook = plain_path(libnvshare_file(), "the hook's path")
         socket_path = plain_path(cfg.socket, "the config's socket")
+        elsewhere = config_elsewhere(Path(args.config) if args.config is not None
+                                     else config_mod.config_path())
     except (config_mod.ConfigError, inventory_mod.InventoryError, NodeConfigError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if not gpus:
         print(f"{PROG}: {source} lists no GPUs on {node}: nothing to share", file=sys.stderr)
         return 1
-    node_gres = NodeGres(node, args.sharers, args.typed, gpus, bin_dir, hook, socket_path)
+    if elsewhere:
+        print(f"{PROG}: printed from {elsewhere}, but the Prolog, Epilog, TaskProlog and "
+              f"nvshare-container read {config_mod.DEFAULT_PATH} (Slurm gives them no NVSHARE_CONFIG): "
+              f"put it there on every node: {link_command(elsewhere)}", file=sys.stderr)
+    node_gres = NodeGres(node, args.sharers, args.typed, gpus, bin_dir, hook, socket_path, elsewhere)
     render = render_json if args.json else render_text
     sys.stdout.write(render(node_gres, source))
     return 0

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import FAKE_GPUS
+from nvshare_slurm import config as config_mod
 from nvshare_slurm import nodeconfig
 from nvshare_slurm.inventory import GpuInfo
 from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
@@ -81,6 +82,8 @@ def nvml(monkeypatch, tmp_path):
     config = tmp_path / "nvshare.yaml"
     config.write_text("log_level: info\n")
     monkeypatch.setenv("NVSHARE_CONFIG", str(config))
+    # Where the entry points read it, as on an installed node: no note about a config elsewhere.
+    monkeypatch.setattr(config_mod, "DEFAULT_PATH", str(config))
 
     def install(gpus, fail: str = "") -> None:
         monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus, fail))
@@ -464,3 +467,50 @@ def test_a_socket_that_is_not_plain_is_refused(nvml, capsys, tmp_path):
     code, out, err = run(capsys, "--node", "gpu01", "--config", str(config))
     assert code == 1 and out == ""
     assert "the config's socket: '/run/a b/daemon.sock' is not a plain absolute path" in err
+
+
+def test_a_config_elsewhere_says_what_makes_the_lines_work(nvml, capsys, monkeypatch, tmp_path):
+    """Slurm runs the Prolog, Epilog and TaskProlog with no NVSHARE_CONFIG: they read the default
+    path. Printed from another file (--config or NVSHARE_CONFIG), the output says so and gives the
+    command that puts the file there; once it has run, the Prolog's view of the config is the file
+    the lines were printed from, and nothing more is said."""
+    nvml(H100S[:1])
+    default = tmp_path / "etc" / "nvshare" / "nvshare.yaml"
+    monkeypatch.setattr(config_mod, "DEFAULT_PATH", str(default))
+    elsewhere = tmp_path / "site" / "nvshare.yaml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("socket: /var/run/nvs/daemon.sock\n")
+    command = f"mkdir -p {default.parent}; ln -s {elsewhere} {default}"
+    note = [f"# These read {default} (Slurm gives them no NVSHARE_CONFIG), and",
+            f"# this was printed from {elsewhere}: put it there on every node:", f"# {command}"]
+    told = (f"nvshare-node-config: printed from {elsewhere}, but the Prolog, Epilog, TaskProlog and "
+            f"nvshare-container read {default} (Slurm gives them no NVSHARE_CONFIG): put it there on "
+            f"every node: {command}\n")
+    for argv, environ in [(["--config", str(elsewhere)], None), ([], str(elsewhere))]:
+        monkeypatch.setenv("NVSHARE_CONFIG", environ or str(tmp_path / "unused.yaml"))
+        code, out, err = run(capsys, "--node", "n1", "--prefix", "/opt/nvshare", *argv)
+        assert (code, err) == (0, told)
+        slurm_conf = sections(out)["slurm.conf"]
+        at = slurm_conf.index("Prolog=/opt/nvshare/bin/nvshare-prolog")
+        assert slurm_conf[at - 3:at] == note
+        code, out, err = run(capsys, "--node", "n1", "--prefix", "/opt/nvshare", "--json", *argv)
+        assert (code, err) == (0, told)
+        assert json.loads(out)["files"]["slurm.conf"][at - 3:at] == note
+
+    # What Slurm's Prolog reads (its environment has no NVSHARE_CONFIG), before and after.
+    assert config_mod.load_for_job({})[0].socket == config_mod.Config.socket
+    subprocess.run(["sh", "-c", command], check=True)
+    assert config_mod.load_for_job({})[0].socket == "/var/run/nvs/daemon.sock"
+    monkeypatch.delenv("NVSHARE_CONFIG")
+    code, out, err = run(capsys, "--node", "n1", "--config", str(elsewhere))
+    assert (code, err) == (0, "") and "Slurm gives them no NVSHARE_CONFIG" not in out
+
+
+def test_a_config_path_with_control_characters_is_refused(nvml, capsys, monkeypatch, tmp_path):
+    nvml(H100S[:1])
+    odd = tmp_path / "a\nProlog=x.yaml"
+    odd.write_text("log_level: info\n")
+    code, out, err = run(capsys, "--node", "n1", "--config", str(odd))
+    assert (code, out) == (1, "")
+    assert err == (f"nvshare-node-config: the config's path {str(odd)!r} holds control characters: "
+                   "refusing to print it\n")
