@@ -480,8 +480,11 @@ static void *wrapper_for(void *handle, const char *name)
     return e->wrapper;
 }
 
-/* Tail calls to the real dlsym keep the caller's return address, which glibc uses for RTLD_NEXT. */
-NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_new(void *handle, const char *name)
+/* dlsym, in both glibc versions (below). The real one is reached by a tail call, so glibc still
+ * sees the caller's return address, which RTLD_NEXT depends on: inlined into each version, whose
+ * code stays `jmp *real_dlsym` at the end. */
+static inline __attribute__((always_inline, optimize("optimize-sibling-calls"))) void *
+hook_dlsym(void *handle, const char *name)
 {
     if (!nvshare_real_dlsym)
         nvshare_driver_prepare();
@@ -491,14 +494,14 @@ NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare
     return nvshare_real_dlsym(handle, name);
 }
 
+NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_new(void *handle, const char *name)
+{
+    return hook_dlsym(handle, name);
+}
+
 NVSHARE_EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *nvshare_dlsym_old(void *handle, const char *name)
 {
-    if (!nvshare_real_dlsym)
-        nvshare_driver_prepare();
-    void *w = wrapper_for(handle, name);
-    if (w)
-        return w;
-    return nvshare_real_dlsym(handle, name);
+    return hook_dlsym(handle, name);
 }
 
 __asm__(".symver nvshare_dlsym_new, dlsym@@GLIBC_2.34");
