@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
@@ -31,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_node import LEFTOVER_DAEMONS, tail  # noqa: E402
+from slurm_node import LEFTOVER_DAEMONS, OneNodeSlurm  # noqa: E402
 from two_gpu_proof import NO_MULTICAST, inventory  # noqa: E402
 
 from nvshare_slurm import localcluster  # noqa: E402
@@ -46,17 +45,14 @@ def say(text: str) -> None:
     print(f"two-node-proof: {text}", flush=True)
 
 
-class TwoNodes:
+class TwoNodes(OneNodeSlurm):
+    """munged, slurmctld, two slurmd (n1, n2) and one nvshare-scheduler per node, in BASE; the
+    process handling (spawn, wait_for, run, stop) is OneNodeSlurm's."""
+
     def __init__(self, args, gpus: list[dict]):
+        root = "/" if args.fake else args.slurm_root
+        super().__init__(BASE, root, 4, [], {**NO_MULTICAST, "PYTHONUNBUFFERED": "1"})
         self.args, self.gpus = args, gpus
-        self.root = "/" if args.fake else args.slurm_root
-        self.sbin = Path(self.root) / "usr" / "sbin"
-        self.bin = Path(shutil.which("sbatch") or "/usr/bin/sbatch").parent
-        self.host = localcluster.short_hostname()
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "NVSHARE_", "SBATCH_", "SRUN_"))}
-        self.env.update(NO_MULTICAST, SLURM_CONF=str(BASE / "slurm.conf"), PYTHONUNBUFFERED="1")
-        self.procs: list[subprocess.Popen] = []
 
     def write(self) -> None:
         for pidfile in BASE.glob("**/*.pid"):
@@ -77,9 +73,9 @@ class TwoNodes:
             device = "" if self.args.fake else f", device: /dev/nvidia{gpu['index']}"
             (BASE / "nvshare" / f"{node}.yaml").write_text(
                 f"socket: {BASE}/nvshare/{node}.sock\nstate_dir: {BASE}/nvshare/state-{node}\n"
-                f"slurm_bin_dir: {self.bin}\nnode_name: {node}\nlog_level: debug\n"
+                f"slurm_bin_dir: {self.bin_dir}\nnode_name: {node}\nlog_level: debug\n"
                 f"gpus: [{{uuid: {gpu['uuid']}, memory: {gpu['memory_mib']}M{device}}}]\n")
-        unpacked = self.root != "/"
+        unpacked = self.slurm_root != "/"
         nodes = tuple(localcluster.Node(n, localcluster.free_port(), "nvshare:4",
                                         (f"NodeName={n} Name=nvshare Count=4",), cpus=8,
                                         real_memory=4000, hostname=self.host, one_socket=True)
@@ -88,7 +84,7 @@ class TwoNodes:
             name="nvs2node", base=BASE, host=self.host, ctld_port=localcluster.free_port(),
             nodes=nodes, partitions=(localcluster.Partition("proof", NODES, default=True),),
             per_node_files=True,
-            plugin_dir=localcluster.unpacked_plugin_dir(self.root) if unpacked else None,
+            plugin_dir=localcluster.unpacked_plugin_dir(self.slurm_root) if unpacked else None,
             cgroup=localcluster.local_cgroup_conf(unpacked, False, localcluster.cgroup_v2()),
             extra={"MinJobAge": "3600"})
         localcluster.write(cluster, localcluster.Wrappers(
@@ -112,54 +108,14 @@ class TwoNodes:
                        {"NVSHARE_CONFIG": str(BASE / "nvshare" / f"{node}.yaml")})
             self.wait_for(lambda n=node: (BASE / "nvshare" / f"{n}.sock").exists(), 30,
                           f"the scheduler of {node}")
-        self.spawn("slurmctld", [str(self.sbin / "slurmctld"), "-D", "-i", "-f",
-                                 str(BASE / "slurm.conf")])
+        self.spawn("slurmctld", [str(self.sbin / "slurmctld"), "-D", "-i", "-f", str(self.conf)])
         self.wait_for(lambda: "UP" in self.run("scontrol", "ping").stdout, 30, "slurmctld")
-        stepd = ["-d", str(self.sbin / "slurmstepd")] if self.root != "/" else []
+        stepd = ["-d", str(self.sbin / "slurmstepd")] if self.slurm_root != "/" else []
         for node in NODES:
             self.spawn(f"slurmd-{node}", [str(self.sbin / "slurmd"), "-D", "-N", node, "-f",
-                                          str(BASE / "slurm.conf"), *stepd])
+                                          str(self.conf), *stepd])
         self.wait_for(lambda: self.run("sinfo", "-h", "-o", "%t").stdout.split() == ["idle"], 60,
                       "both nodes idle")
-
-    def spawn(self, name: str, argv: list[str], extra: dict | None = None) -> None:
-        log = BASE / f"{name}.out"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, env={**self.env, **(extra or {})}, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        proc.name, proc.log = name, log   # type: ignore[attr-defined]
-        self.procs.append(proc)
-
-    def wait_for(self, cond, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            dead = [p for p in self.procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"{dead[0].name} exited while waiting for {what}: "  # type: ignore[attr-defined]
-                                   f"{tail(dead[0].log)}")  # type: ignore[attr-defined]
-            if cond():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"timed out waiting for {what}")
-
-    def run(self, cmd: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run([str(self.bin / cmd), *args], env=self.env, text=True,
-                                  capture_output=True, timeout=timeout, cwd=BASE / "jobs")
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, "", f"{cmd} timed out")
-
-    def stop(self) -> None:
-        self.run("scancel", "--full", "-u", "root", timeout=10)
-        time.sleep(1)
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def job_script(args) -> Path:

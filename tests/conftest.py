@@ -168,6 +168,25 @@ def procs():
 
 
 @pytest.fixture
+def groups():
+    """Names of the fake driver's barrier groups (FAKE_CUDA_BARRIER: POSIX shared memory), one per
+    job of a test, removed afterwards."""
+    made: list[str] = []
+
+    def make(job_id: int) -> str:
+        name = f"/nvshare-test-{os.getpid()}-{job_id}-{len(made)}"
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            os.unlink(f"/dev/shm{name}")
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture
 def clients():
     from lockclient import ClientProc
     started: list[ClientProc] = []

@@ -8,7 +8,6 @@ collective in flight that waits for its other rank, which waits for the GPU the 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 
 import pytest
@@ -25,24 +24,6 @@ def gang_sched(scheduler_factory):
     # DRAIN_STUCK may look stuck before its gang's ranks are granted again.
     return scheduler_factory(scheduling_mode="concurrent", switch_time_mode="fixed",
                              switch_time_fixed=0.05, drop_grace_sec=2.0)
-
-
-@pytest.fixture
-def groups():
-    """Shared memory names of the jobs' barrier groups, removed afterwards."""
-    made: list[str] = []
-
-    def make(job_id: int) -> str:
-        name = f"/nvshare-test-{os.getpid()}-{job_id}-{len(made)}"
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            os.unlink(f"/dev/shm{name}")
-        except FileNotFoundError:
-            pass
 
 
 def rank_args(rank: int, ranks: int = 2, rounds: int = ROUNDS) -> list[str]:

@@ -23,23 +23,6 @@ ROUNDS = 60
 KERNEL_US = 2000
 
 
-@pytest.fixture
-def groups():
-    made: list[str] = []
-
-    def make(job_id: int) -> str:
-        name = f"/nvshare-mn-{os.getpid()}-{job_id}-{len(made)}"
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            os.unlink(f"/dev/shm{name}")
-        except FileNotFoundError:
-            pass
-
-
 def nodes(scheduler_factory, n: int, **settings):
     return [scheduler_factory(**settings) for _ in range(n)]
 
