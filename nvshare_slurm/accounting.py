@@ -17,10 +17,12 @@ and back in, and the seconds of drains that moved memory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .gpustate import GpuState
 from .render import human_size
+
+if TYPE_CHECKING:       # a type only: the epilog, which prints usage_line, loads no policy
+    from .gpustate import GpuState
 
 
 @dataclass

@@ -12,7 +12,7 @@ job's container, which Slurm's TaskProlog exports alone do not reach.
 Slurm 22.05 writes config.json before the TaskProlog runs, so its exports never reach the
 container; 24.11 writes them, but the files they name are not mounted. Under pyxis the enroot
 hooks run before the TaskProlog. So the exports are asked of the daemon here, exactly as the
-TaskProlog asks (taskprolog.placement_of, export_lines), and both versions get the same
+TaskProlog asks (taskenv.placement_of, export_lines), and both versions get the same
 config.json. Each mount lands at the path it has on the node, so LD_PRELOAD and NVSHARE_SOCKET
 mean the same inside and out; they come after the runtime's own mounts (enroot's tmpfs on /tmp
 and /var/run included), so nothing hides them.
@@ -33,7 +33,7 @@ from typing import Any
 from . import libnvshare_file, taskconfig
 from .jobenv import DAEMON_WAIT_SEC
 from .jobenv import say as say_line
-from .taskprolog import UnsafeValue, export_lines, full_config, placement_of, valid_job_id
+from .taskenv import UnsafeValue, export_lines, full_config, placement_of, valid_job_id
 
 ME = "nvshare-container"
 

@@ -18,7 +18,7 @@ from . import slurm
 from .accounting import usage_line
 from .client import Client, DaemonUnavailable, RequestFailed
 from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
-from .registry import job_in_state
+from .statefile import job_in_state
 from .wire import C
 
 ME = "nvshare-epilog"

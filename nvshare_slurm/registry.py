@@ -7,16 +7,16 @@ reconnect and register again. Writes go to a temp file, fsync, rename (never a h
 Each job's JSON is made once, when it is added, so a snapshot of the whole file costs one join,
 whatever the number of jobs; the daemon writes snapshots off its event loop (statekeeper.py).
 Loading checks every job on its own: one damaged entry is left out and reported, never fatal.
-Before it is parsed, the file's size and nesting depth are bounded (a deeply nested file would
-otherwise raise RecursionError in the parser at every start: a crash loop), and every job field
-and admin override is checked by type and range, as `nvshare-status update` checks them.
+statefile.py reads it, its size and nesting depth bounded before it is parsed (a deeply nested
+file would otherwise raise RecursionError in the parser at every start: a crash loop), and every
+job field and admin override is checked here by type and range, as `nvshare-status update` checks
+them.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,11 +27,10 @@ from . import config, log
 from .policytypes import ClientInfo
 from .priority import RANK
 from .refusals import Refusals
+from .statefile import StateFileError
+from .statefile import read as read_state
 
 STATE_VERSION = 1
-# state.json of 100,000 jobs is about 40 MB; its deepest value (a job's gpus) lies at depth 4.
-STATE_MAX_BYTES = 64 << 20
-STATE_MAX_DEPTH = 8
 TEXT_MAX = 4096              # a user or job name in an entry
 
 
@@ -63,10 +62,6 @@ class RegisteredClient(ClientInfo):
     connection: Any = None            # the daemon's connection object
     gpus: set[str] = field(default_factory=set)
     ungated: set[str] = field(default_factory=set)   # GPUs it asked for that are not its job's
-
-
-class StateFileError(Exception):
-    pass
 
 
 @dataclass
@@ -139,37 +134,6 @@ def overrides_from_json(uuid: str, item: Any) -> tuple[dict[str, Any], list[str]
         else:
             kept[key] = value
     return kept, problems
-
-
-def nesting_depth(text: str) -> int:
-    """The deepest nesting of [ and { in JSON text, strings left out."""
-    depth = deepest = 0
-    for match in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in "]}":
-            depth -= 1
-    return deepest
-
-
-def job_in_state(state_dir: str, job_id: int) -> bool | None:
-    """Whether the daemon's state.json lists the job (read only, never moved aside: for the
-    epilog while the daemon is down); None when there is no file or it cannot be read."""
-    path = Path(state_dir) / "state.json"
-    try:
-        if path.stat().st_size > STATE_MAX_BYTES:
-            return None
-        text = path.read_text(errors="strict")
-        if nesting_depth(text) > STATE_MAX_DEPTH:
-            return None
-        entries = json.loads(text).get("jobs")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None
-    if not isinstance(entries, list):
-        return None
-    return any(isinstance(e, dict) and e.get("job_id") == job_id for e in entries)
 
 
 class Registry:
@@ -260,14 +224,7 @@ class Registry:
         if not self.path.exists():
             return LoadResult(False, [f"{self.path} does not exist"])
         try:
-            size = self.path.stat().st_size
-            if size > STATE_MAX_BYTES:
-                raise StateFileError(f"{size} bytes, more than {STATE_MAX_BYTES}")
-            text = self.path.read_text(errors="strict")
-            depth = nesting_depth(text)
-            if depth > STATE_MAX_DEPTH:
-                raise StateFileError(f"nested {depth} deep, more than {STATE_MAX_DEPTH}")
-            data = json.loads(text)
+            data = read_state(self.path)
             if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
                 raise StateFileError(f"unknown state version {data.get('version')!r}"
                                      if isinstance(data, dict) else "not a JSON object")

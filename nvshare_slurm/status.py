@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from . import __version__, config, render
 from .client import Client, DaemonUnavailable, RequestFailed
-from .proto import C, ProtocolError
+from .wire import C, ProtocolError
 
 PROG = "nvshare-status"
 

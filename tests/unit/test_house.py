@@ -3,11 +3,17 @@ package over 500 lines, no module over 700. Past them, split by concern before a
 
 And the maps stay whole (issue 41): every module of the package has its row in
 docs/design-scheduler.md's module table, and every csrc/*.c its row in docs/design-hook.md's file
-table, so that a reader who starts from the docs finds every part."""
+table, so that a reader who starts from the docs finds every part.
+
+And the entry points stay thin (issue 41): none imports another (what two share has a module of
+its own), and the Slurm-facing ones load no policy module and no asyncio frame reader."""
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -62,3 +68,57 @@ def test_every_c_file_has_a_row_in_the_hook_design():
     compare([path for path in named if path.endswith(".c")], present, HOOK_DOC, "file table")
     gone = [path for path in named if not (REPO / path).exists()]
     assert not gone, f"{HOOK_DOC.name}'s file table names {gone}, which do not exist"
+
+
+# ---- the entry points --------------------------------------------------------------------------
+
+ENTRY_POINTS = sorted({target.split(":")[0].rsplit(".", 1)[1] for target in
+                       tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+                       .values()})
+POLICY = {"gpustate", "gpulock", "gpumemory", "drivermemory", "stoppedroom", "demand", "corunners",
+          "turnloan", "gang", "gpupause", "policytypes"}
+
+
+def package_imports(module: Path) -> set[str]:
+    """The package's modules that `module` imports, at import or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names |= {node.module.split(".")[0]} if node.module else \
+                {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nvshare_slurm."):
+            names.add(node.module.split(".")[1])
+    return names
+
+
+def test_entry_points_are_found():
+    assert {"daemon", "prolog", "epilog", "taskprolog", "container", "status"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.name)
+def test_no_module_imports_an_entry_point(module):
+    borrowed = sorted(package_imports(module) & set(ENTRY_POINTS) - {module.stem})
+    assert borrowed == [], f"{module.name} imports the entry points {borrowed}: move what it " \
+                           f"uses to a module of its own"
+
+
+def loaded_modules(entry: str) -> set[str]:
+    """The package's modules that importing nvshare_slurm.<entry> loads, in a fresh interpreter."""
+    probe = (f"import sys, nvshare_slurm.{entry}\n"
+             "print(' '.join(m.split('.', 1)[1] for m in sys.modules "
+             "if m.startswith('nvshare_slurm.')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("entry", ["prolog", "epilog", "taskprolog"])
+def test_slurm_entry_points_load_no_policy(entry):
+    loaded = loaded_modules(entry)
+    assert entry in loaded and sorted(loaded & POLICY) == [], \
+        f"nvshare_slurm.{entry} loads policy modules {sorted(loaded & POLICY)}"
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRY_POINTS if e != "daemon"])
+def test_only_the_daemon_loads_the_stream_reader(entry):
+    assert "proto" not in loaded_modules(entry), f"{entry}: use wire.py, not proto.py"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from helpers_slurm import DATA, slurm_env
-from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskprolog
+from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskenv, taskprolog
 from nvshare_slurm.config import Config
 from nvshare_slurm.priority import ClassMap, ShareClass, classify
 from nvshare_slurm.proto import C
@@ -107,7 +107,7 @@ PLACEMENT = {"gpu_uuid": ["GPU-fa4e0000-0000-0000-0000-000000000001",
 
 def test_export_lines_name_placement_socket_job_policy():
     cfg = Config(socket="/run/nvshare/scheduler.sock", on_daemon_loss="run")
-    lines = taskprolog.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", "/usr/lib/a.so")
+    lines = taskenv.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", "/usr/lib/a.so")
     gpus = ",".join(PLACEMENT["gpu_uuid"])
     assert lines == [
         "export LD_PRELOAD=/opt/nvshare/libnvshare.so:/usr/lib/a.so",
@@ -121,7 +121,7 @@ def test_export_lines_name_placement_socket_job_policy():
 
 def test_export_lines_turn_swap_off_when_the_config_does():
     cfg = Config(socket="/run/nvshare/scheduler.sock", swap=False)
-    lines = taskprolog.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", None)
+    lines = taskenv.export_lines(42, PLACEMENT, cfg, "/opt/nvshare/libnvshare.so", None)
     assert lines[-1] == "export NVSHARE_SWAP=off"
     assert [line for line in lines if "NVSHARE_SWAP" in line] == ["export NVSHARE_SWAP=off"]
     assert all(line.startswith("export ") and "\n" not in line for line in lines)
@@ -135,17 +135,17 @@ def test_export_lines_turn_swap_off_when_the_config_does():
     ("/a.so\nexport EVIL=1", "/h.so:EVIL=1"),  # an entry with a newline is dropped
 ])
 def test_ld_preload_is_prepended_once_and_stays_one_line(existing, expected):
-    assert taskprolog.ld_preload("/h.so", existing) == expected
+    assert taskenv.ld_preload("/h.so", existing) == expected
 
 
 def test_unsafe_values_are_refused():
-    with pytest.raises(taskprolog.UnsafeValue):
-        taskprolog.export_line("NVSHARE_SOCKET", "/tmp/a\nexport X=1")
-    with pytest.raises(taskprolog.UnsafeValue):
-        taskprolog.export_lines(1, {"gpu_uuid": ["GPU-1 $(id)"], "gpu_index": [0]}, Config(),
+    with pytest.raises(taskenv.UnsafeValue):
+        taskenv.export_line("NVSHARE_SOCKET", "/tmp/a\nexport X=1")
+    with pytest.raises(taskenv.UnsafeValue):
+        taskenv.export_lines(1, {"gpu_uuid": ["GPU-1 $(id)"], "gpu_index": [0]}, Config(),
                                 "/h.so", None)
     # Spaces and quotes pass literally: Slurm does not interpret the value.
-    assert taskprolog.export_line("NVSHARE_SOCKET", "/tmp/a b'c/s.sock") == \
+    assert taskenv.export_line("NVSHARE_SOCKET", "/tmp/a b'c/s.sock") == \
         "export NVSHARE_SOCKET=/tmp/a b'c/s.sock"
 
 

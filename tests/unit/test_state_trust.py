@@ -16,7 +16,8 @@ from helpers_slurm import DATA
 from lockclient import connect_and_register, gpu_frame
 from nvshare_slurm import proto
 from nvshare_slurm.proto import C
-from nvshare_slurm.registry import Registry, job_in_state, nesting_depth
+from nvshare_slurm.registry import Registry
+from nvshare_slurm.statefile import job_in_state, nesting_depth
 
 
 def _job(job_id: int, **changes) -> dict:
@@ -52,8 +53,8 @@ def test_nesting_depth_ignores_brackets_in_strings():
 
 
 def test_state_file_past_the_size_bound_is_refused(tmp_path, monkeypatch):
-    from nvshare_slurm import registry
-    monkeypatch.setattr(registry, "STATE_MAX_BYTES", 1000)
+    from nvshare_slurm import statefile
+    monkeypatch.setattr(statefile, "STATE_MAX_BYTES", 1000)
     _write_state(tmp_path, {"version": 1, "jobs": [_job(i) for i in range(1, 40)]})
     reg = Registry(str(tmp_path))
     assert not reg.load({GPU0}).complete and reg.jobs == {}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import FAKE_GPUS
 
-from nvshare_slurm import config, slurm, taskconfig, taskprolog
+from nvshare_slurm import config, slurm, taskconfig, taskenv, taskprolog
 from nvshare_slurm.config import Config
 
 # The modules the fast path must not import: cffi (and its parser), yaml, the standard library's
@@ -201,4 +201,4 @@ def test_taskconfig_defaults_and_keys_are_config_s():
 @pytest.mark.parametrize("value", [None, "", "0", "1", " 12 ", "01", "1;id", "abc", "9999999999",
                                    "12345678901", "\u0661\u0662", "-3", "3 4"])
 def test_job_id_check_is_slurm_s(value):
-    assert taskprolog.valid_job_id(value) == slurm.valid_job_id(value)
+    assert taskenv.valid_job_id(value) == slurm.valid_job_id(value)
