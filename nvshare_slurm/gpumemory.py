@@ -330,11 +330,6 @@ class GpuMemory:
             self.holder_asked = [(at, n) for at, n in self.holder_asked
                                  if at > now - HOLDER_GROWTH_SEC] + [(now, request)]
         if request > self.room():
-            if cid in self.gpu.holders and flags & C.NVSHARE_MEM_CAN_DEFER \
-                    and _drops_an_older_holder(self, cid, request - self.room()):
-                # The newer co-runner waits, not the older one: made in host memory, it gives
-                # the GPU up at the pass (memory no longer fits: the oldest holder keeps it).
-                return replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
             if cid in self.gpu.holders:
                 if self.room_can_grow(self._requesters() | {cid}, other_holders=True):
                     self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
@@ -565,6 +560,15 @@ class GpuMemory:
                                      -place.get(item[0].client_id, 0), -item[1]))
         return found
 
+    def _growth_ask(self, now: float) -> int:
+        """More than a growing holder's request, asked of others in one go (GROWTH_ASK_*); 0
+        for a holder's first request in a while (one large allocation is not a growth)."""
+        recent = [n for at, n in self.holder_asked if at > now - HOLDER_GROWTH_SEC]
+        if len(recent) < 2:
+            return 0
+        low = self.usable * GROWTH_ASK_MIN_PERCENT // 100
+        return min(max(4 * max(recent), low), self.usable * GROWTH_ASK_MAX_PERCENT // 100)
+
     def make_room(self, now: float, out: list[Action]) -> list[tuple[Holder, int]]:
         """PREPARE_SWAP_OUT for what this pass's withheld grant and waiting requests lack.
         Returns the co-running holders the caller must drop (DROP_LOCK(MEMORY)) for the rest of
@@ -575,7 +579,7 @@ class GpuMemory:
             self.swap_answered.clear()
             return []
         if self.alloc_need > 0:          # room for the holder's next allocations too
-            need += _growth_ask(self, now)
+            need += self._growth_ask(now)
         need -= sum(ask.bytes for ask in self.swap_asked.values())
         need -= sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
         need -= self.driver.sum_ended    # on its way out: the driver releases it
@@ -598,31 +602,6 @@ class GpuMemory:
                         key=lambda h: -h.client.rank)
         moves = self.holder_moves(min(need, self.alloc_need), others)
         return [(h, moves[h.client.client_id]) for h in others if moves.get(h.client.client_id)]
-
-
-def _drops_an_older_holder(mem: GpuMemory, client_id: int, short: int) -> bool:
-    """Would a co-running holder's allocation that lacks `short` bytes take the GPU from a
-    holder granted before it (nothing else can make that room)? On the H200 the first of two
-    PyTorch jobs was dropped 1.5 s into its training when the second's 67 GiB allocation came
-    while both still co-ran at start: its 8 s training spanned 22 s."""
-    if mem.gpu.settings.mode == "serial":
-        return False
-    mine = mem.gpu.holders[client_id]
-    if not any(h.drop_at is None and h.since < mine.since and cid != client_id
-               for cid, h in mem.gpu.holders.items()):
-        return False
-    movable = sum(size for _, size in mem._swap_candidates(mem._requesters() | {client_id}))
-    return movable < short
-
-
-def _growth_ask(mem: GpuMemory, now: float) -> int:
-    """More than a growing holder's request, asked of others in one go (GROWTH_ASK_*); 0
-    for a holder's first request in a while (one large allocation is not a growth)."""
-    recent = [n for at, n in mem.holder_asked if at > now - HOLDER_GROWTH_SEC]
-    if len(recent) < 2:
-        return 0
-    low = mem.usable * GROWTH_ASK_MIN_PERCENT // 100
-    return min(max(4 * max(recent), low), mem.usable * GROWTH_ASK_MAX_PERCENT // 100)
 
 
 def _size(n: int) -> str:

@@ -627,20 +627,3 @@ def test_a_growing_holder_has_others_move_more_than_each_request_in_one_ask():
         _, d = g.mem_update(a, t, 4 * G + (480 + 240 * n) * MiB, 0, 0, 240 * MiB, DEFER)
         assert d is not None and d.status == C.NVSHARE_OK and not d.flags
         g.mem_update(a, t + 0.05, 4 * G + (720 + 240 * n) * MiB, 0, 0)
-
-
-def test_a_newer_co_runners_allocation_that_would_drop_an_older_holder_is_deferred():
-    """Two jobs co-run at start; the newer one's large allocation no longer fits beside the
-    older's memory. Before, the older holder was dropped and moved memory out for it (on the H200
-    the first PyTorch job's 8 s training then spanned 22 s); now the newer one's allocation is
-    made in host memory (DEFERRED) and it gives the GPU up, the older runs on."""
-    g = gpu(mode="auto", auto_share="corun")
-    old, new = client(1), client(2)
-    g.mem_update(old, 0, 10 * G, 0, 0)
-    assert (GRANT, 1) in kinds(g.request(old, 0))
-    assert (GRANT, 2) in kinds(g.request(new, 1))
-    actions, d = g.mem_update(new, 2, 0, 0, 0, 10 * G, DEFER)
-    assert d is not None and d.flags == C.NVSHARE_MEM_DEFERRED
-    actions, _ = g.mem_update(new, 2.1, 0, 0, 10 * G)          # made in host memory
-    assert (DROP, 2) in kinds(actions) and (DROP, 1) not in kinds(actions)
-    assert 1 in g.holders
