@@ -26,12 +26,13 @@ def run_nvtest(lib: Path | None, args: list[str], env: dict | None = None, timeo
                           text=True, timeout=timeout)
 
 
-def start_nvtest(lib: Path, args: list[str], env: dict) -> subprocess.Popen:
+def start_nvtest(lib: Path, args: list[str], env: dict, preexec_fn=None) -> subprocess.Popen:
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("NVSHARE_", "SLURM_", "FAKE_CUDA_"))}
     full_env.update({"LD_LIBRARY_PATH": str(BUILD), "LD_PRELOAD": str(lib)}, **env)
     return subprocess.Popen([str(NVTEST), *args], env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
+                            cwd="/" if preexec_fn else None)   # another user may not read ours
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
@@ -105,9 +106,11 @@ class Job:
     """A job registered with a running scheduler, and the environment of its processes."""
 
     def __init__(self, sched, job_id: int, trace: Path, gpu_index: list[int] | None = None,
-                 slots: int = 1, share_class: str = "normal", multinode: bool = False, **env: str):
+                 slots: int = 1, share_class: str = "normal", multinode: bool = False,
+                 uid: int | None = None, **env: str):
         extra = {"multinode": True} if multinode else {}
-        placement = sched.client().register_job(job_id, uid=os.getuid(), gid=os.getgid(),
+        uid = os.getuid() if uid is None else uid
+        placement = sched.client().register_job(job_id, uid=uid, gid=uid if uid else os.getgid(),
                                                 slots=0 if gpu_index else slots, gpu_index=gpu_index,
                                                 share_class=share_class, **extra)
         self.gpus = placement["gpu_uuid"]

@@ -13,10 +13,15 @@ every node: the lowest id runs on all its nodes, the others wait.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from conftest import become
+from helpers_daemon import NOBODY
 from helpers_hook import Job, finish, read_trace, start_nvtest
 
 ROUNDS = 60
@@ -28,16 +33,16 @@ def nodes(scheduler_factory, n: int, **settings):
 
 
 def start_job(hook_lib, procs, scheds, job_id, trace, group, rank_nodes, rounds=ROUNDS,
-              stagger=0.0):
+              stagger=0.0, uid=None):
     """One rank of job_id on each node in rank_nodes (indices into scheds), registered there as a
-    multi-node job; returns {pid: (job_id, node)}."""
+    multi-node job (of `uid`, its ranks running as that user); returns {pid: (job_id, node)}."""
     ranks = len(rank_nodes)
     started = {}
     for rank, node in enumerate(rank_nodes):
-        job = Job(scheds[node], job_id, trace, gpu_index=[0], multinode=True,
+        job = Job(scheds[node], job_id, trace, gpu_index=[0], multinode=True, uid=uid,
                   FAKE_CUDA_BARRIER=group)
         proc = start_nvtest(hook_lib, ["init", "ctx:0", f"barrier:{KERNEL_US}:{rounds}:{ranks}:{rank}"],
-                            job.env)
+                            job.env, preexec_fn=(lambda: become(uid)) if uid else None)
         procs.append(proc)
         started[proc.pid] = (job_id, node)
         time.sleep(stagger)
@@ -83,19 +88,29 @@ def overlapping(rows, pid_where):
                                            "drop_grace_sec": 2.0}],
                          ids=["defaults", "concurrent-50ms"])
 @pytest.mark.parametrize("order", ["same", "opposite"])
-def test_two_two_node_jobs_finish_without_overlap(hook_lib, scheduler_factory, tmp_path, procs,
-                                                  groups, settings, order):
+@pytest.mark.parametrize("users", ["one-uid", "two-uids"])
+def test_two_two_node_jobs_finish_without_overlap(hook_lib, scheduler_factory, procs, groups,
+                                                  settings, order, users):
+    """Both jobs of one user, or the second of another (nobody): before, a revoked holder's user
+    was benched for 30 s, then 60 s, which with one user stopped both jobs."""
     scheds = nodes(scheduler_factory, 2, **settings)
-    trace = tmp_path / "trace"
+    shared = Path(tempfile.mkdtemp(prefix="nvs-mn-", dir="/tmp"))   # the ranks of both users write
+    shared.chmod(0o777)
+    traces = [shared / "trace-601", shared / "trace-602"]
+    for trace in traces:
+        trace.touch(mode=0o666)
+        trace.chmod(0o666)
     began = time.monotonic()
     pid_where = {}
     # "opposite": X's rank starts first on n1, Y's first on n2 (each node sees the other first).
-    pid_where |= start_job(hook_lib, procs, scheds, 601, trace, groups(601), [0, 1])
-    pid_where |= start_job(hook_lib, procs, scheds, 602, trace, groups(602),
-                           [0, 1] if order == "same" else [1, 0])
+    pid_where |= start_job(hook_lib, procs, scheds, 601, traces[0], groups(601), [0, 1])
+    pid_where |= start_job(hook_lib, procs, scheds, 602, traces[1], groups(602),
+                           [0, 1] if order == "same" else [1, 0],
+                           uid=NOBODY if users == "two-uids" else None)
     finish_jobs(procs, pid_where, scheds)
     elapsed = time.monotonic() - began
-    rows = read_trace(trace)
+    rows = read_trace(traces[0]) + read_trace(traces[1])
+    shutil.rmtree(shared, ignore_errors=True)
     assert len(rows) == 4 * ROUNDS
     assert overlapping(rows, pid_where) == []
     # one job alone: ROUNDS collectives of 2 ms; two one after the other, with the processes'
