@@ -54,14 +54,13 @@ class DriverAccount:
         """Bytes the driver holds that no client's report counts."""
         return self.sum_ended + self.sum_overhead + self.other + self.refused
 
-    def driver_refused(self, room: int, driver_free: int, now: float) -> int:
+    def driver_refused(self, room: int, driver_free: int, now: float) -> None:
         """A hook's NVSHARE_MEM_DRIVER_OOM: the driver had `driver_free` where nvshare counted
         `room`. The difference is held off the room for REFUSED_HOLD_SEC (a look at the driver
-        replaces it sooner); returns it."""
+        replaces it sooner)."""
         missing = max(0, room - driver_free)
         self.refused = max(self.refused if now < self.refused_until else 0, missing)
         self.refused_until = now + REFUSED_HOLD_SEC
-        return missing
 
     def client_gone(self, client: ClientInfo, resident: int, now: float) -> None:
         """The client disconnected: its resident memory (and context) stays counted until the

@@ -51,9 +51,9 @@ HOLDER_GROWTH_SEC = 30.0
 PREFETCH_QUIET_SEC = 2.0
 # A running holder that grows (a second request within HOLDER_GROWTH_SEC) gets room for more than
 # its request when others must move memory out for it: 4x its largest recent request, at least 2 %
-# of the usable memory, at most 5 %. On the H200
-# a PyTorch job's 30 allocations of 16-240 MiB in its first 3 s each waited 50-60 ms for the other
-# job to move that much out, one ask each (an 8 s training took 12 s in its turn).
+# of the usable memory, at most 5 %. On the H200 a PyTorch job's 30 allocations of 16-240 MiB in
+# its first 3 s each waited 50-60 ms for the other job to move that much out, one ask each (an 8 s
+# training took 12 s in its turn).
 GROWTH_ASK_MIN_PERCENT, GROWTH_ASK_MAX_PERCENT = 2, 5
 # A client that was just given room for an allocation is about to use it: it is not asked to move
 # that memory out for a waiter until this long after, unless it is waiting itself. On the H100 a
@@ -344,6 +344,10 @@ class GpuMemory:
         self.settling[cid] = now
         return decision
 
+    def _recent_asks(self, now: float) -> list[int]:
+        """The bytes of the running holders' requests of the last HOLDER_GROWTH_SEC."""
+        return [n for at, n in self.holder_asked if at > now - HOLDER_GROWTH_SEC]
+
     def admit(self, client: ClientInfo, request: int) -> MemDecision:
         usable = self.usable
         limit = client.mem_limit
@@ -498,7 +502,7 @@ class GpuMemory:
                 cid in self.prefetch_stalled or cid in self.swap_asked:
             return
         running = any(h.drop_at is None for h in self.gpu.holders.values())
-        recent = [n for at, n in self.holder_asked if at > now - HOLDER_GROWTH_SEC]
+        recent = self._recent_asks(now)
         if running and recent and now < self.holder_asked[-1][0] + PREFETCH_QUIET_SEC:
             return
         headroom = max(self.usable * PREFETCH_HEADROOM_PERCENT // 100,
@@ -563,7 +567,7 @@ class GpuMemory:
     def _growth_ask(self, now: float) -> int:
         """More than a growing holder's request, asked of others in one go (GROWTH_ASK_*); 0
         for a holder's first request in a while (one large allocation is not a growth)."""
-        recent = [n for at, n in self.holder_asked if at > now - HOLDER_GROWTH_SEC]
+        recent = self._recent_asks(now)
         if len(recent) < 2:
             return 0
         low = self.usable * GROWTH_ASK_MIN_PERCENT // 100

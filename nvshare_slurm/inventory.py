@@ -126,12 +126,11 @@ class NvmlInventory:
         with self._lock:
             try:
                 used = int(nv.nvmlDeviceGetMemoryInfo(handle).used)
-                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
             except nv.NVMLError as exc:
                 raise _nvml_error(exc, f"reading the memory of {uuid}") from None
         per_pid: dict[int, int] = {}
-        for p in procs:
-            per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0) + int(p.usedGpuMemory or 0)
+        for proc in self.processes(uuid):
+            per_pid[proc.pid] = per_pid.get(proc.pid, 0) + proc.memory
         return DriverMemory(used, per_pid)
 
 
