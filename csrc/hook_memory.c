@@ -30,7 +30,16 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
 /* ---- allocations ---------------------------------------------------------------------------- */
 /* Every admitted allocation goes to the driver in a loop: the driver's out-of-memory on what nvshare
  * admitted is tried again while nvshare_memory_driver_oom says so (memory.c: the daemon hears of it,
- * then a back-off, until NVSHARE_OOM_WAIT_SEC). */
+ * then a back-off, until NVSHARE_OOM_WAIT_SEC). rc = the real call, flagged as the hook's own. */
+#define CALL_ADMITTED(rc, g, bytes, call)                                                        \
+    do {                                                                                         \
+        struct nvshare_oom_wait oom_wait_ = {0};                                                 \
+        do {                                                                                     \
+            nvshare_in_hook++;                                                                   \
+            (rc) = (call);                                                                       \
+            nvshare_in_hook--;                                                                   \
+        } while (nvshare_memory_driver_oom((g), (bytes), (rc), &oom_wait_));                     \
+    } while (0)
 #define ALLOC_WRAPPER(name, params, call, ptr_expr, size_expr, request_expr)                     \
     NVSHARE_EXPORT CUresult name params                                                          \
     {                                                                                            \
@@ -39,12 +48,7 @@ static CUresult admit(struct nvshare_gpu *g, uint64_t bytes, uint32_t flags, int
         CUresult rc = admit(g, (request_expr), 0, NULL);                                         \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
-        struct nvshare_oom_wait oom_wait = {0};                                                  \
-        do {                                                                                     \
-            nvshare_in_hook++;                                                                   \
-            rc = nvshare_real.name call;                                                         \
-            nvshare_in_hook--;                                                                   \
-        } while (nvshare_memory_driver_oom(g, (request_expr), rc, &oom_wait));                   \
+        CALL_ADMITTED(rc, g, (request_expr), nvshare_real.name call);                            \
         if (rc == CUDA_SUCCESS)                                                                  \
             nvshare_memory_record(g, (uint64_t)(ptr_expr), KIND_PTR, (size_expr));               \
         return rc;                                                                               \
@@ -84,12 +88,7 @@ NVSHARE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         if (rc != CUDA_ERROR_NOT_SUPPORTED)
             return rc;
     }
-    struct nvshare_oom_wait oom_wait = {0};
-    do {
-        nvshare_in_hook++;
-        rc = nvshare_real.cuMemAlloc_v2(dptr, bytesize);
-        nvshare_in_hook--;
-    } while (nvshare_memory_driver_oom(g, bytesize, rc, &oom_wait));
+    CALL_ADMITTED(rc, g, bytesize, nvshare_real.cuMemAlloc_v2(dptr, bytesize));
     if (rc == CUDA_SUCCESS)
         nvshare_memory_record(g, (uint64_t)*dptr, KIND_PTR, bytesize);
     return rc;
@@ -105,12 +104,7 @@ NVSHARE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
     CUresult rc = admit(g, size, 0, NULL);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct nvshare_oom_wait oom_wait = {0};
-    do {
-        nvshare_in_hook++;
-        rc = nvshare_real.cuMemCreate(handle, size, prop, flags);
-        nvshare_in_hook--;
-    } while (nvshare_memory_driver_oom(g, size, rc, &oom_wait));
+    CALL_ADMITTED(rc, g, size, nvshare_real.cuMemCreate(handle, size, prop, flags));
     if (rc == CUDA_SUCCESS)
         nvshare_memory_record(g, *handle, KIND_HANDLE, size);
     return rc;
@@ -257,13 +251,8 @@ NVSHARE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
             if (admitted != CUDA_SUCCESS)                                                        \
                 return admitted;                                                                 \
         }                                                                                        \
-        struct nvshare_oom_wait oom_wait = {0};                                                  \
         CUresult rc;                                                                             \
-        do {                                                                                     \
-            nvshare_in_hook++;                                                                   \
-            rc = nvshare_real.name call;                                                         \
-            nvshare_in_hook--;                                                                   \
-        } while (nvshare_memory_driver_oom(g, asked ? asked : bytesize, rc, &oom_wait));         \
+        CALL_ADMITTED(rc, g, asked ? asked : bytesize, nvshare_real.name call);                  \
         if (rc == CUDA_SUCCESS && !nvshare_in_hook)                                              \
             nvshare_memory_pools_changed(g);                                                     \
         return rc;                                                                               \
@@ -482,12 +471,7 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned i
         CUresult rc = admit(g, bytes, 0, NULL);                                                  \
         if (rc != CUDA_SUCCESS)                                                                  \
             return rc;                                                                           \
-        struct nvshare_oom_wait oom_wait = {0};                                                  \
-        do {                                                                                     \
-            nvshare_in_hook++;                                                                   \
-            rc = nvshare_real.name call;                                                         \
-            nvshare_in_hook--;                                                                   \
-        } while (nvshare_memory_driver_oom(g, bytes, rc, &oom_wait));                            \
+        CALL_ADMITTED(rc, g, bytes, nvshare_real.name call);                                     \
         if (rc == CUDA_SUCCESS && array)                                                         \
             nvshare_memory_record(g, (uint64_t)(uintptr_t)*array, KIND_ARRAY, bytes);            \
         return rc;                                                                               \
