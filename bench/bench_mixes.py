@@ -122,18 +122,7 @@ class Mixes:
     def nvshare_envs(self, sched: Scheduler, base: dict, n: int) -> list[dict]:
         if not self.args.uids:
             return [sched.job_env(base)[1] for _ in range(n)]
-        from nvshare_slurm import libnvshare_path
-        envs = []
-        for i in range(n):
-            uid = self.args.uid_base + i
-            sched.next_job += 1
-            place = sched.client.register_job(sched.next_job, uid=uid, gid=uid, slots=1,
-                                              name=f"mix{sched.next_job}", user=f"u{uid}")
-            envs.append(dict(base, LD_PRELOAD=str(libnvshare_path()), NVSHARE_SOCKET=sched.socket,
-                             NVSHARE_JOB_ID=str(sched.next_job), SLURM_STEP_ID="0",
-                             NVSHARE_MANAGED_GPUS=",".join(place["gpu_uuid"]),
-                             CUDA_VISIBLE_DEVICES=",".join(place["gpu_uuid"])))
-        return envs
+        return [sched.job_env(base, uid=self.args.uid_base + i, name="mix")[1] for i in range(n)]
 
     def run_arm(self, mix: str, arm: str) -> dict:
         kinds = MIXES[mix]

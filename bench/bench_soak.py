@@ -192,18 +192,8 @@ class Soak:
         return summarize(results, trace)
 
     def nvshare_envs(self, sched: Scheduler, base: dict, n: int) -> list[dict]:
-        from nvshare_slurm import libnvshare_path
-        envs = []
-        for i in range(n):
-            uid = self.args.uid_base + i if self.args.uids and i % 2 else os.getuid()
-            sched.next_job += 1
-            place = sched.client.register_job(sched.next_job, uid=uid, gid=uid if uid else 0, slots=1,
-                                              name=f"soak{sched.next_job}", user=f"u{uid}")
-            envs.append(dict(base, LD_PRELOAD=str(libnvshare_path()), NVSHARE_SOCKET=sched.socket,
-                             NVSHARE_JOB_ID=str(sched.next_job), SLURM_STEP_ID="0",
-                             NVSHARE_MANAGED_GPUS=",".join(place["gpu_uuid"]),
-                             CUDA_VISIBLE_DEVICES=",".join(place["gpu_uuid"])))
-        return envs
+        return [sched.job_env(base, uid=self.args.uid_base + i if self.args.uids and i % 2 else None,
+                              name="soak")[1] for i in range(n)]
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)

@@ -310,11 +310,15 @@ class Scheduler(SchedulerProcess):
         self.client = Client(self.socket)
         self.next_job = 500
 
-    def job_env(self, base: dict, share_class: str = "normal") -> tuple[int, dict]:
+    def job_env(self, base: dict, share_class: str = "normal", uid: int | None = None,
+                name: str = "bench") -> tuple[int, dict]:
+        """A job registered (of `uid`, as user u<uid>, else ours) and its processes' environment."""
         from nvshare_slurm import libnvshare_path
         self.next_job += 1
-        place = self.client.register_job(self.next_job, uid=os.getuid(), gid=os.getgid(), slots=1,
-                                         name=f"bench{self.next_job}", user="root",
+        place = self.client.register_job(self.next_job, uid=os.getuid() if uid is None else uid,
+                                         gid=os.getgid() if uid is None else uid, slots=1,
+                                         name=f"{name}{self.next_job}",
+                                         user="root" if uid is None else f"u{uid}",
                                          share_class=share_class,
                                          class_reason="bench" if share_class != "normal" else "")
         env = dict(base)
