@@ -37,13 +37,7 @@ class OneNodeSlurm:
         self.procs: list[subprocess.Popen] = []
 
     def write(self) -> None:
-        for pidfile in list(self.base.glob("*.pid")) + [self.base / "munge" / "munged.pid"]:
-            try:   # a run killed hard may have left its daemons: stop those by their pid files,
-                pid = int(pidfile.read_text().split()[0])   # if the pid is still one of them
-                if Path(f"/proc/{pid}/comm").read_text().strip() in LEFTOVER_DAEMONS:
-                    os.kill(pid, signal.SIGTERM)
-            except (OSError, ValueError, IndexError):
-                pass
+        stop_leftovers(list(self.base.glob("*.pid")) + [self.base / "munge" / "munged.pid"])
         shutil.rmtree(self.base, ignore_errors=True)
         for sub in ("state", "spool", "jobs", "munge", "nvshare"):
             (self.base / sub).mkdir(parents=True)
@@ -135,6 +129,18 @@ class OneNodeSlurm:
 
 # What a pid file of an earlier run may name; a pid reused since by anything else is left alone.
 LEFTOVER_DAEMONS = {"slurmctld", "slurmd", "munged", "slurmstepd"}
+
+
+def stop_leftovers(pidfiles) -> None:
+    """A run killed hard may have left its daemons: stop those its pid files name, if each pid is
+    still one of them."""
+    for pidfile in pidfiles:
+        try:
+            pid = int(pidfile.read_text().split()[0])
+            if Path(f"/proc/{pid}/comm").read_text().strip() in LEFTOVER_DAEMONS:
+                os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            pass
 
 
 def tail(path: Path, n: int = 2000) -> str:

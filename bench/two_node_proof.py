@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_node import LEFTOVER_DAEMONS, OneNodeSlurm  # noqa: E402
+from slurm_node import OneNodeSlurm, stop_leftovers  # noqa: E402
 from two_gpu_proof import NO_MULTICAST, inventory  # noqa: E402
 
 from nvshare_slurm import localcluster  # noqa: E402
@@ -55,13 +55,7 @@ class TwoNodes(OneNodeSlurm):
         self.args, self.gpus = args, gpus
 
     def write(self) -> None:
-        for pidfile in BASE.glob("**/*.pid"):
-            try:
-                pid = int(pidfile.read_text().split()[0])
-                if Path(f"/proc/{pid}/comm").read_text().strip() in LEFTOVER_DAEMONS:
-                    os.kill(pid, 15)
-            except (OSError, ValueError, IndexError):
-                pass
+        stop_leftovers(BASE.glob("**/*.pid"))
         shutil.rmtree(BASE, ignore_errors=True)
         for stale in Path("/dev/shm").glob("nvs2node-*"):   # --fake's collectives of a killed run
             stale.unlink(missing_ok=True)
