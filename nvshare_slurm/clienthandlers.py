@@ -14,6 +14,7 @@ from . import log, proto
 from .connection import Connection, Violation, peer_pidfd
 from .daemoncore import Core, Handler, fit, mem_reply, reply, size
 from .demand import Demand
+from .gpumemory import why_refused
 from .gpustate import GpuState
 from .peerpid import namespaced_peer_problem
 from .proto import C
@@ -181,11 +182,14 @@ class ClientHandlers:
         if decision is not None:
             if decision.status != C.NVSHARE_OK:
                 self.logger.info(f"{where}: allocation of {size(request)} refused: "
-                                 f"{gpu.memory.why_refused(_info(conn), request)}")
+                                 f"{why_refused(gpu.memory, _info(conn), request)}")
             elif decision.flags & C.NVSHARE_MEM_DEFERRED:
                 self.logger.info(f"{where}: allocation of {size(request)} deferred: no room "
                                  f"now, made in host memory, resident at its next grant")
             mem_reply(conn, gpu.uuid, decision, frame.seq)
+        elif request and gpu.memory.yielding(_info(conn).client_id):
+            self.logger.info(f"{where}: allocation of {size(request)} waits while this job gives "
+                             f"the GPU up: only a running job could make its room")
         elif request:
             self.logger.info(f"{where}: allocation of {size(request)} waits for room")
         self.core.after_event(gpu, actions)

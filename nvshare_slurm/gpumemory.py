@@ -98,6 +98,7 @@ class _PendingAlloc:
     flags: int
     token: int
     since: float
+    yields: bool = False      # its client gives the GPU up rather than take a co-runner's room
 
 
 @dataclass
@@ -332,7 +333,10 @@ class GpuMemory:
         if request > self.room():
             if cid in self.gpu.holders:
                 if self.room_can_grow(self._requesters() | {cid}, other_holders=True):
-                    self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now))
+                    yields = bool(flags & C.NVSHARE_MEM_CAN_DEFER) \
+                        and _gives_way(self, cid, request - self.room())
+                    self.pending_allocs.append(_PendingAlloc(client, request, flags, token, now,
+                                                             yields))
                     return None
             elif flags & C.NVSHARE_MEM_CAN_DEFER:
                 return replace(decision, flags=C.NVSHARE_MEM_DEFERRED)
@@ -343,6 +347,10 @@ class GpuMemory:
         self.promised[cid] = (request, now)
         self.settling[cid] = now
         return decision
+
+    def yielding(self, client_id: int) -> bool:
+        """Its allocation waits while it gives the GPU up (_gives_way)."""
+        return any(p.yields for p in self.pending_allocs if p.client.client_id == client_id)
 
     def _recent_asks(self, now: float) -> list[int]:
         """The bytes of the running holders' requests of the last HOLDER_GROWTH_SEC."""
@@ -362,20 +370,6 @@ class GpuMemory:
             ok = False
         status = C.NVSHARE_OK if ok else C.NVSHARE_ERR_NOMEM
         return MemDecision(status, max(0, total - job_used), total)
-
-    def why_refused(self, client: ClientInfo, request: int) -> str:
-        """Why admit() refuses `request` of the client now, in words for the log."""
-        limit = client.mem_limit
-        job_used = self.job_allocated.get(client.job_id, 0) + self.job_swapped.get(client.job_id, 0)
-        if limit and job_used + request > limit:
-            return (f"the job would hold {_size(job_used + request)}, over its memory limit of "
-                    f"{_size(limit)} (NVSHARE_MEM_LIMIT)")
-        own = self.use(client.client_id)
-        others_fixed = self.sum_fixed - own.fixed
-        return (f"it can never fit: this process holds {_size(own.allocated + own.swapped)}, other "
-                f"processes hold {_size(others_fixed)} that cannot move to host memory, and the "
-                f"GPU has {_size(self.usable)} usable ({_size(self.gpu.memory_total)} less "
-                f"memory_reserve_percent {self.gpu.settings.memory_reserve_percent})")
 
     def forget(self, client_id: int, client: ClientInfo | None, now: float) -> None:
         """The client is gone: its held request, promise and swap ask with it; its memory is
@@ -458,7 +452,8 @@ class GpuMemory:
             else:
                 waiting.append(pending)
         self.pending_allocs = waiting
-        self.alloc_need = max(0, sum(p.request for p in waiting) - max(room, 0))
+        # a requester that gives the GPU up needs no room now: at its release it is deferred
+        self.alloc_need = max(0, sum(p.request for p in waiting if not p.yields) - max(room, 0))
 
     def _answer(self, pending: _PendingAlloc, now: float, out: list[Action], flags: int = 0,
                 no_room: bool = False) -> None:
@@ -576,19 +571,24 @@ class GpuMemory:
     def make_room(self, now: float, out: list[Action]) -> list[tuple[Holder, int]]:
         """PREPARE_SWAP_OUT for what this pass's withheld grant and waiting requests lack.
         Returns the co-running holders the caller must drop (DROP_LOCK(MEMORY)) for the rest of
-        a holder's allocation, with the bytes each must move out."""
+        a holder's allocation, with the bytes each must move out; first the requesters that give
+        the GPU up for theirs (_gives_way)."""
+        giving = [self.gpu.holders[cid] for cid in self._requesters()
+                  if self.yielding(cid) and cid in self.gpu.holders
+                  and self.gpu.holders[cid].drop_at is None]
+        dropped: list[tuple[Holder, int]] = [(h, 0) for h in giving]
         need = self.grant_need + self.alloc_need
         if need <= 0:
             self.swap_asked.clear()      # the shortfall episode is over
             self.swap_answered.clear()
-            return []
+            return dropped
         if self.alloc_need > 0:          # room for the holder's next allocations too
             need += self._growth_ask(now)
         need -= sum(ask.bytes for ask in self.swap_asked.values())
         need -= sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
         need -= self.driver.sum_ended    # on its way out: the driver releases it
         if need <= 0:
-            return []
+            return dropped
         requesters = self._requesters()
         exclude = requesters | ({self.withheld} if self.withheld is not None else set())
         for client, move in _shares(need, self._swap_candidates(exclude, settled=True)):
@@ -598,14 +598,52 @@ class GpuMemory:
             if client.client_id in self.gpu.queue:   # its prefetch came too early: no more
                 self.prefetch_stalled.add(client.client_id)
         if need <= 0 or self.alloc_need <= 0:
-            return []
+            return dropped
         # A running holder's allocation: other co-running holders make the rest, lower classes
         # first, then newest first.
         others = sorted((h for h in reversed(self.gpu.holders.values())
                          if h.drop_at is None and h.client.client_id not in requesters),
                         key=lambda h: -h.client.rank)
         moves = self.holder_moves(min(need, self.alloc_need), others)
-        return [(h, moves[h.client.client_id]) for h in others if moves.get(h.client.client_id)]
+        return dropped + [(h, moves[h.client.client_id]) for h in others
+                          if moves.get(h.client.client_id)]
+
+
+def why_refused(mem: GpuMemory, client: ClientInfo, request: int) -> str:
+    """Why mem.admit() refuses `request` of the client now, in words for the log."""
+    limit = client.mem_limit
+    job_used = mem.job_allocated.get(client.job_id, 0) + mem.job_swapped.get(client.job_id, 0)
+    if limit and job_used + request > limit:
+        return (f"the job would hold {_size(job_used + request)}, over its memory limit of "
+                f"{_size(limit)} (NVSHARE_MEM_LIMIT)")
+    own = mem.use(client.client_id)
+    others_fixed = mem.sum_fixed - own.fixed
+    return (f"it can never fit: this process holds {_size(own.allocated + own.swapped)}, other "
+            f"processes hold {_size(others_fixed)} that cannot move to host memory, and the "
+            f"GPU has {_size(mem.usable)} usable ({_size(mem.gpu.memory_total)} less "
+            f"memory_reserve_percent {mem.gpu.settings.memory_reserve_percent})")
+
+
+def _gives_way(mem: GpuMemory, cid: int, short: int) -> bool:
+    """A co-running holder's allocation lacks `short` bytes that only another running holder
+    can make (by giving the GPU up and moving that much out): does the requester give the GPU
+    up instead? The bytes weigh it: a drop moves the rest out of the running holder now and
+    back at its next turn, while the requester that gives way moves nothing (its allocation is
+    born in host memory, NVSHARE_MEM_DEFERRED) and only keeps what it has resident. So it
+    gives way unless it holds more here than the others would move, or outranks one of them.
+    On the H200 two 75 GiB PyTorch jobs co-ran at start; the second one's 67 GiB allocation
+    dropped the first 1.5 s into its training, which then waited out the other's 8 s turn."""
+    mine = mem.gpu.holders[cid]
+    others = [h for c, h in mem.gpu.holders.items() if c != cid and h.drop_at is None]
+    if mem.gpu.settings.mode == "serial" or not others \
+            or any(h.client.rank > mine.client.rank or h.client.job_id == mine.client.job_id
+                   for h in others):
+        return False    # one job at a time; a worse class or its own job's process gives way
+    coming = sum(size for _, size in mem._swap_candidates(mem._requesters() | {cid})) \
+        + sum(ask.bytes for ask in mem.swap_asked.values()) + mem.driver.sum_ended \
+        + sum(h.drop_bytes for h in mem.gpu.holders.values() if h.drop_at is not None)
+    taken = short - coming          # what running co-holders would have to move out
+    return taken > 0 and mem.use(cid).allocated <= taken
 
 
 def _size(n: int) -> str:

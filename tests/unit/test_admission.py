@@ -3,7 +3,7 @@ the room an admitted allocation takes is counted from the answer, not from its r
 no sockets (tests/hook/test_swap_admission.py has the same with the hook and the fake driver)."""
 from __future__ import annotations
 
-from nvshare_slurm.gpumemory import SETTLE_SEC
+from nvshare_slurm.gpumemory import SETTLE_SEC, why_refused
 from nvshare_slurm.gpustate import GpuState
 from nvshare_slurm.policytypes import GRANT, ClientInfo, GpuSettings
 from nvshare_slurm.proto import C
@@ -92,12 +92,12 @@ def test_refusals_say_why():
     limited, fixed, asker = client(1, limit=10 * G), client(2), client(3)
     _, d = g.mem_update(limited, 0, 8 * G, 0, 0, 4 * G)
     assert d.status == C.NVSHARE_ERR_NOMEM
-    assert g.memory.why_refused(limited, 4 * G) == \
+    assert why_refused(g.memory, limited, 4 * G) == \
         "the job would hold 12.0 GiB, over its memory limit of 10.0 GiB (NVSHARE_MEM_LIMIT)"
     g.mem_update(fixed, 0, 50 * G, 50 * G, 0)
     _, d = g.mem_update(asker, 0, 0, 0, 0, 30 * G, DEFER)
     assert d.status == C.NVSHARE_ERR_NOMEM
-    assert g.memory.why_refused(asker, 30 * G) == (
+    assert why_refused(g.memory, asker, 30 * G) == (
         "it can never fit: this process holds 0.0 MiB, other processes hold 50.0 GiB that cannot "
         "move to host memory, and the GPU has 76.0 GiB usable (80.0 GiB less "
         "memory_reserve_percent 5)")

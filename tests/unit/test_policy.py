@@ -627,3 +627,56 @@ def test_a_growing_holder_has_others_move_more_than_each_request_in_one_ask():
         _, d = g.mem_update(a, t, 4 * G + (480 + 240 * n) * MiB, 0, 0, 240 * MiB, DEFER)
         assert d is not None and d.status == C.NVSHARE_OK and not d.flags
         g.mem_update(a, t + 0.05, 4 * G + (720 + 240 * n) * MiB, 0, 0)
+
+
+def test_a_co_runner_whose_allocation_would_take_a_running_holders_room_gives_the_gpu_up():
+    """Two jobs co-run at start; the second one's large allocation no longer fits beside the
+    first one's memory, and only the first (running) could make room. On the H200 the first was
+    dropped 1.5 s into its training and waited out the other's 8 s turn. The bytes weigh it: the
+    requester holds less here than the other would move out, so it gives the GPU up itself
+    (dropped, moving at most its own little) and, once released, its allocation is born in host memory
+    (DEFERRED, no copy): the first one runs on. Before, deferring while it still held the GPU made
+    67 GiB resident and then moved it to host memory (30 s)."""
+    g = gpu(mode="auto", auto_share="corun")
+    old, new = client(1), client(2)
+    assert (GRANT, 1) in kinds(g.request(old, 0))
+    assert (GRANT, 2) in kinds(g.request(new, 0.003))
+    g.mem_update(old, 0.1, 10 * G, 0, 0)
+    g.mem_update(new, 0.1, 256 * MiB, 0, 0)
+    actions, d = g.mem_update(new, 1.5, 256 * MiB, 0, 0, 10 * G, DEFER)
+    assert d is None                                         # held, not answered in place
+    assert g.memory.yielding(2)
+    assert kinds(actions) == [(DROP, 2)]                     # it gives way: nothing asked of 1
+    assert actions[0].bytes <= 256 * MiB                     # its own resident memory at most
+    assert g.holders[1].drop_at is None
+    actions = g.release(2, 1.6)
+    replies = [a for a in actions if a.kind == MEM_REPLY]
+    assert [a.client.client_id for a in replies] == [2]
+    assert replies[0].reply.status == C.NVSHARE_OK and replies[0].reply.flags == C.NVSHARE_MEM_DEFERRED
+    assert (DROP, 1) not in kinds(actions) and g.holders[1].drop_at is None
+
+
+def test_a_co_runner_that_holds_more_than_it_would_take_has_the_other_give_way():
+    """The other way round: the requester holds 10 GiB here and needs 1 GiB that only a small
+    co-runner can make. Giving way would strand its 10 GiB; the small one moves 1 GiB out."""
+    g = gpu(mode="auto", auto_share="corun")
+    big, small = client(1), client(2)
+    g.request(big, 0)
+    g.request(small, 0.003)
+    g.mem_update(big, 0.1, 10 * G, 0, 0)
+    g.mem_update(small, 0.1, 6 * G - 512 * MiB, 0, 0)
+    actions, d = g.mem_update(big, 1, 10 * G, 0, 0, 1 * G, DEFER)
+    assert d is None and not g.memory.yielding(1)
+    assert (DROP, 2) in kinds(actions) and (DROP, 1) not in kinds(actions)
+
+
+def test_a_co_runner_of_a_better_class_does_not_give_way():
+    g = gpu(mode="auto", auto_share="corun")
+    low = ClientInfo(1, 1, 0, 1001, "user", 0, "low")
+    high = ClientInfo(2, 2, 0, 1002, "user", 0, "high")
+    g.request(low, 0)
+    g.request(high, 0.003)
+    g.mem_update(low, 0.1, 10 * G, 0, 0)
+    actions, d = g.mem_update(high, 1, 0, 0, 0, 10 * G, DEFER)
+    assert d is None and not g.memory.yielding(2)
+    assert (DROP, 1, 10 * G - (16 * G - 10 * G)) in moves(actions)   # the low one makes its room
