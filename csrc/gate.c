@@ -486,6 +486,14 @@ static int should_open(struct nvshare_gpu *g)
 
 static void ensure_keeper(struct nvshare_gpu *g);
 
+/* With g->gate.mu held: work may pass. Counted, so that swap.c knows which chunks a prefetch
+ * brought back (without contents: born swapped) no work has touched since. */
+static void set_open(struct nvshare_gpu *g)
+{
+    atomic_fetch_add(&g->gate.opens, 1);
+    atomic_store(&g->gate.open, 1);
+}
+
 /* With g->gate.mu held: open the gate, unless memory must come back first (then the keeper opens it). */
 static void open_gate(struct nvshare_gpu *g)
 {
@@ -497,7 +505,7 @@ static void open_gate(struct nvshare_gpu *g)
         pthread_cond_signal(&g->gate.keeper_cv);
         return;
     }
-    atomic_store(&g->gate.open, 1);
+    set_open(g);
     pthread_cond_broadcast(&g->gate.waiters_cv);
 }
 
@@ -513,7 +521,7 @@ static void swap_in_and_open(struct nvshare_gpu *g)
     pthread_mutex_lock(&g->gate.mu);
     g->gate.swap_busy = 0;
     if (rc == 0 && should_open(g)) {
-        atomic_store(&g->gate.open, 1);
+        set_open(g);
         pthread_cond_broadcast(&g->gate.waiters_cv);
     }
     nvshare_swap_unlock(g);

@@ -30,6 +30,7 @@ struct nvshare_burst_page;
 struct nvshare_gate_state {
     /* hot path: atomics only */
     atomic_int open;              /* entries pass straight in: lock held, or pass-through */
+    atomic_uint opens;            /* times it opened: swap.c's chunks untouched since a prefetch */
     atomic_int closing;           /* a release is draining the gate: new entries wait */
     atomic_int inside;            /* threads between gate_enter and gate_leave */
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */

@@ -43,6 +43,8 @@ struct nvshare_swap_entry {
     int host_mapped;                      /* how it was pinned: nvshare_host_unpin needs it */
     int resident;
     int has_data;                         /* host holds the contents; else born swapped */
+    unsigned clean;                       /* born swapped, made resident by a prefetch: gate.opens + 1
+                                           * then; while it still is, no work has written it */
     int fixed;                            /* stays on the GPU: exported for CUDA IPC (another process maps
                                            * it), or the driver would not unmap it for a swap-out */
 };
@@ -215,6 +217,12 @@ static CUresult unmap_chunk(struct nvshare_gpu *g, struct nvshare_swap_entry *e)
 }
 
 static void start_prepin(struct nvshare_gpu *g);
+
+/* Resident, made so by a prefetch without contents, and the gate has not opened since. */
+static int untouched(struct nvshare_gpu *g, const struct nvshare_swap_entry *e)
+{
+    return e->resident && !e->has_data && e->clean && e->clean == atomic_load(&g->gate.opens) + 1;
+}
 
 CUresult nvshare_swap_alloc(struct nvshare_gpu *g, CUdeviceptr *dptr, size_t size, int deferred)
 {
@@ -686,7 +694,7 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress
         if (!e->resident || e->fixed)
             continue;
         plan += e->size;
-        if (!e->host)
+        if (!e->host && !untouched(g, e))
             to_pin += e->size;
     }
     if (!plan)
@@ -719,14 +727,18 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress
                           "after a suspend", g->uuid, moved / 1048576.0);
             break;
         }
-        if (!e->host && (pinned_now++, nvshare_host_pin(&e->host, e->size, &e->host_mapped)) != CUDA_SUCCESS) {
+        /* Brought back by a prefetch and never written: its contents are nobody's, nothing to copy
+         * (a waiter's deferred allocation, asked back out by the holder's growth: without this,
+         * host memory pinned for it at 2.4 GB/s while the holder's allocation waited). */
+        int copy = !untouched(g, e);
+        if (copy && !e->host && (pinned_now++, nvshare_host_pin(&e->host, e->size, &e->host_mapped)) != CUDA_SUCCESS) {
             e->host = NULL;
             nvshare_log("gpu %s: cannot pin %zu bytes of host memory for swap; the rest stays on the GPU",
                         g->uuid, e->size);
             g->swap.blocked = 1;
             break;
         }
-        CUresult rc = r->cuMemcpyDtoH_v2(e->host, e->va, e->size);
+        CUresult rc = copy ? r->cuMemcpyDtoH_v2(e->host, e->va, e->size) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS) {
             nvshare_log("gpu %s: copying %zu bytes to host memory failed (CUDA error %d); they stay on the GPU",
                         g->uuid, e->size, rc);
@@ -740,7 +752,8 @@ uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress
             counted(g, -(int64_t)e->size, 0);
             continue;
         }
-        e->has_data = 1;
+        e->has_data = copy;
+        e->clean = 0;
         moved += e->size;
         counted(g, -(int64_t)e->size, (int64_t)e->size);
         if (progress && moved < bytes)
@@ -804,6 +817,9 @@ static int swap_in_upto(struct nvshare_gpu *g, uint64_t limit, uint64_t *moved_o
         rc = map_physical(g, e);
         if (rc != CUDA_SUCCESS)
             break;
+        /* Born swapped (or moved out untouched): nothing to copy; a prefetch's stays untouched
+         * until the gate next opens. */
+        e->clean = !e->has_data && prefetch ? atomic_load(&g->gate.opens) + 1 : 0;
         if (e->has_data) {
             rc = r->cuMemcpyHtoD_v2(e->va, e->host, e->size);
             if (rc != CUDA_SUCCESS) {

@@ -102,3 +102,49 @@ def test_memory_going_out_and_coming_in_at_a_switch_overlap(hook_lib, small_gpu,
                  if a[0] != b[0] and a[1] == "dtoh" and b[1] == "htod" and b[2] < a[3] and a[2] < b[3]]
     assert both_ways, "no copy in overlapped a copy out of the other job:\n" + "\n".join(map(str, moves)) \
         + "".join(p.stderr_text[-3000:] for p in procs)
+
+
+def test_memory_born_in_host_memory_moves_without_copies_until_written(hook_lib, small_gpu, tmp_path,
+                                                                       procs):
+    """Job b's 512 MiB allocation is deferred (holder a has 700 MiB of the 1 GiB): born in host
+    memory, with no contents. A prefetch brings it back while b waits; then a grows and b is asked
+    to move it out again. Nothing was ever written there, so nothing is copied or pinned either
+    way (on the H200 a waiter's deferred 67 GiB was copied out at 2.4 GB/s, pinning host memory
+    for it, while the holder's allocations waited). b then runs, fills it and reads it back."""
+    sched = small_gpu(switch_time_mode="fixed", switch_time_fixed=30)
+    trace, log, go = tmp_path / "trace", tmp_path / "copies", tmp_path / "go"
+    b = Job(sched, 402, trace, gpu_index=[0], **sched.fake_env, FAKE_CUDA_SWAP_COPY_MS=str(COPY_MS),
+            FAKE_CUDA_COPY_LOG=str(log))
+    Job(sched, 401, trace, gpu_index=[0])
+    sock, _ = connect_and_register(sched.socket, 401)
+    with sock:
+        sock.sendall(gpu_frame(C.NVSHARE_MSG_LOCK_REQUEST, GPU0))
+        frame_of(sock, C.NVSHARE_MSG_LOCK_GRANT)
+        sock.sendall(mem_frame(GPU0, 700 * MiB, 0, 0, 0))  # a report: no request of a running holder
+        proc = start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{512 * MiB}", "launch:1000", "sync",
+                                       f"waitfile:{go}", "fill:0:b5", "check:0:b5", "stamp"], b.env)
+        procs.append(proc)
+        deadline = time.monotonic() + 15
+        while "deferred" not in sched.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "deferred" in sched.log_path.read_text(), sched.log_path.read_text()[-3000:]
+        sock.sendall(mem_frame(GPU0, 300 * MiB, 0, 0, 0))  # a frees 400 MiB: b's memory comes back
+        while "back before its turn" not in sched.log_path.read_text() \
+                and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert "back before its turn" in sched.log_path.read_text(), sched.log_path.read_text()[-4000:]
+        time.sleep(1.0)
+        sock.sendall(mem_frame(GPU0, 300 * MiB, 0, 0, 600 * MiB, seq=2))   # a grows again
+        assert frame_of(sock, C.NVSHARE_MSG_MEM_REPLY).status == C.NVSHARE_OK
+        sock.sendall(mem_frame(GPU0, 900 * MiB, 0, 0, 0))
+        time.sleep(0.5)
+        sock.sendall(mem_frame(GPU0, 300 * MiB, 0, 0, 0))  # and frees it: room for b's turn
+        go.touch()
+        sock.sendall(gpu_frame(C.NVSHARE_MSG_LOCK_RELEASED, GPU0, C.NVSHARE_RELEASE_DROPPED))
+        out = finish(proc, timeout=30)
+    assert f"check 0 rc=0 bytes={512 * MiB} bad=0" in out, out + proc.stderr_text
+    err = proc.stderr_text
+    back, out_again = err.find(f"brought {512:.1f} MiB back ahead of its turn"), err.find("swapped out")
+    assert 0 <= back < out_again, err
+    assert "0 chunks pinned first" in err[out_again:].split("\n")[0], err
+    assert read_copies(log) == [], read_copies(log)
