@@ -505,6 +505,9 @@ class Bench(Harness):
         self.sampler = UtilSampler(self.smoke)
         self.sampler.start()
         self.gpus_yaml = ([{"uuid": self.info["uuid"], "memory": "16G"}] if self.smoke else None)
+        self.reserve_percent = getattr(args, "memory_reserve_percent", 0)
+        self.extra = {"memory_reserve_percent": self.reserve_percent} if self.reserve_percent \
+            else None
 
     def fits(self, unit: str, estimate: float) -> bool:
         if estimate + 10 <= self.left():
@@ -520,7 +523,7 @@ class Bench(Harness):
         if wl.mem_fraction:
             cmd += ["--mem-gb", f"{self.ballast_gb(wl):.2f}"]
         if wl.grow_fraction:
-            grow = wl.grow_fraction * (16 << 30 if self.smoke else self.info["memory"]) / (1 << 30)
+            grow = wl.grow_fraction * (16 << 30 if self.smoke else self.sized_memory()) / (1 << 30)
             cmd += ["--grow-gb", f"{grow:.2f}", "--grow-steps", str(GROW_STEPS)]
         if sleep_ms:
             cmd += ["--sleep-ms", f"{sleep_ms:.2f}"]
@@ -532,7 +535,14 @@ class Bench(Harness):
     def ballast_gb(self, wl: Workload) -> float:
         if self.smoke:
             return 0.25
-        return wl.mem_fraction * self.info["memory"] / (1 << 30)
+        return wl.mem_fraction * self.sized_memory() / (1 << 30)
+
+    def sized_memory(self) -> float:
+        """The memory the workloads are sized to: the GPU's, or with --memory-reserve-percent that
+        of a GPU whose usable 95 % is what the daemon leaves usable here (46 on an H200: an
+        H100's 80 GB)."""
+        return self.info["memory"] * (100 - self.reserve_percent) / 95 if self.reserve_percent \
+            else self.info["memory"]
 
     def base_env(self) -> dict:
         env = clean_env()
@@ -592,7 +602,7 @@ class Bench(Harness):
         runs = []
         try:
             sched = Scheduler("auto", self.work / f"solo-{wl.name}",
-                              self.logs / f"solo-{wl.name}-scheduler.log", self.gpus_yaml)
+                              self.logs / f"solo-{wl.name}-scheduler.log", self.gpus_yaml, self.extra)
             for r in range(rounds):
                 for hooked in (False, True):  # A B A B: drift falls on both sides alike
                     env = sched.job_env(self.base_env())[1] if hooked else self.base_env()
@@ -656,7 +666,8 @@ class Bench(Harness):
             else:
                 mode = arm.split("-", 1)[1]
                 sched = Scheduler(mode, self.work / f"{wl.name}-{arm}",
-                                  self.logs / f"{wl.name}-{arm}-scheduler.log", self.gpus_yaml)
+                                  self.logs / f"{wl.name}-{arm}-scheduler.log", self.gpus_yaml,
+                                  self.extra)
                 jobs = []
                 for n, c in zip(names, cmds, strict=True):
                     job_id, env = sched.job_env(base)
@@ -1108,6 +1119,9 @@ def main() -> int:
     ap.add_argument("--resume", metavar="RESULTS_JSON", help="start from an earlier call's results")
     ap.add_argument("--launch-result", metavar="FILE", help="bench/bench_launch.sh output to include")
     ap.add_argument("--smoke-cpu", action="store_true", help="check the harness without a GPU")
+    ap.add_argument("--memory-reserve-percent", type=int, default=0, metavar="PERCENT",
+                    help="the daemon keeps this much of the GPU unused and the workloads are sized "
+                         "to what is left (46 on an H200: an H100's usable memory)")
     args = ap.parse_args()
     if args.report:
         results, dirs = merged_report(args, merge)
