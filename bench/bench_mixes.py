@@ -7,6 +7,17 @@ Every job is tests/gpu/burst.c (bench_family.py's program, built into bench/buil
   probe     a 1 ms burst every 100 ms (an interactive srun at a prompt), a time window
   serve     requests arriving open-loop at exponential intervals (mean 30 ms, seeded), 3 ms of GPU
             work each, latency from arrival to result (burst --poisson-ms), a time window
+PyTorch members (issue 42; tests/gpu/train.py and bench/serve_torch.py, run with --torch-python):
+  train     gpu_bench's W1 training (a transformer, width 1024, depth 8, batch 32 x 256 tokens: compute-
+            bound steps), for a time (--max-seconds), its throughput in steps/s
+  gen       serve_torch.py --model gen: a random-weight Llama decoder (4 layers, hidden 768, fp16),
+            batch 1, model.generate of 8 tokens from a 32-token prompt per request
+  gengraph  serve_torch.py --model gen-graphs: the same requests, each token after the prefill one
+            replay of a CUDA graph of a one-token decode step into a StaticCache (as vLLM decodes)
+  cnn       serve_torch.py --model cnn: a ResNet-18-like network, fp16, batch 1, one 224x224 picture
+            per request
+  A server's requests arrive open-loop at exponential intervals (seeded; mean: TORCH_MEAN_MS, gen
+  150 ms, gengraph 50 ms, cnn 30 ms); latency from arrival to result on the host.
 Mixes:
   serve2    compute, serve (issue 27's serving beside a training: serve p99 <= 1.5 x alone, the
             training >= 0.95 of what it gets co-located)
@@ -14,6 +25,10 @@ Mixes:
   mix4      compute, compute, bursty, serve
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
   mix8      3 compute, 2 bursty, serve, 2 probes
+  serve-gen, serve-gengraph, serve-cnn
+            train and gen, gengraph or cnn (issue 42: a server beside a training started by another
+            user, with --uids: server p99 <= 1.2 x its p99 alone, the training >= 0.95 of its
+            throughput under co-location)
   swap2     two mem jobs that do not fit together (issue 27's swap pair: --mem-gib 45 on an 80 GB GPU,
             76 on an H200, or 45 there with --memory-reserve-percent 46: an H100's usable memory);
             its completion (the arm's start to the last step of either) over the serial arm's is the
@@ -22,9 +37,29 @@ Mixes:
 Arms: serial (each job alone, one after the other: every job's solo reference, and its completion
 from the arm's start), colocate (no hook), mps (a private MPS control daemon), nvshare (libnvshare.so
 and a real nvshare-scheduler, every setting default). Per job and arm: slowdown = its time from first
-step to last over its solo time (compute, bursty, mem), or p50/p99 latency over solo p99 (probe,
-serve); nvshare's target is slowdown <= 1.05 x colocate's, for a probe p99 within 1 ms of colocate's,
-for serve p99 <= 1.5 x solo. A job that did not finish (oom, timeout) stays in the table.
+step to last over its solo time (compute, bursty, mem), or p50/p90/p99/p99.9 latency and p99 over
+solo p99 (probe, serve); nvshare's target is slowdown <= 1.05 x colocate's, for a probe p99 within
+1 ms of colocate's, for serve p99 <= 1.5 x solo. A job that did not finish (oom, timeout) stays in
+the table.
+
+A PyTorch mix runs its jobs differently. Shared arms: the server starts first and serves its
+warm-up (not counted: autotuning, the CUDA graph's capture); then the training starts, and the
+server's window of --seconds starts once the training has made 10 steps (its --progress file; at
+most 20 s waited, 5 s in the MPS arm with --uids: MPS serves one uid at a time, so the training
+cannot start beside the server there); the training runs --seconds plus 4 s from its first step, so
+it steps through the whole window. Serial: the training runs --seconds alone while the server starts
+beside it (imports, CUDA context, weights: no kernels but their initialisation) and then holds
+(serve_torch --hold-file); once the training has ended, the server's warm-up and window run alone.
+The training's throughput is its steps that ended in the server's window over the window (alone:
+its steps after the first 3 over their time). The server's cell has p50 / p90 / p99 / p99.9, n
+requests (p99.9 is the slowest one for n < 1000) and p99 over its p99 alone; the training's, its
+steps/s and over alone. Targets (nvshare arm): server p99 <= 1.2 x alone; training steps/s >= 0.95 x
+co-location's. Each PyTorch mix (and every mix with a latency member) also gets
+DIR/latency_<mix>.svg: per arm the latency distribution (the share of requests slower than x,
+log-log: p50, p90, p99, p99.9 are where it crosses 0.5, 0.1, 0.01, 0.001), and the batch member's
+steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs torch" in the table) unless
+--torch-cpu runs them on the CPU with tiny models (numbers meaningless: a check of the plumbing where
+torch and transformers are installed; --torch-python names that Python).
 
 --variant NAME=VALUE adds an arm "nvshare NAME=VALUE": the nvshare arm with that setting too, in the
 same table beside the default (an A/B measured side by side in one run).
@@ -34,21 +69,25 @@ serves one uid at a time, as at a site. Needs root; the scratch directory is mad
 
   python3 bench/bench_mixes.py --out DIR [--mixes mix3,mix4,...] [--arms serial,colocate,mps,nvshare]
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--gpu-times]
-                               [--smoke-cpu]
+                               [--smoke-cpu [--torch-cpu]] [--torch-python PYTHON]
                                [--hook-env NAME=VALUE ...] [--variant NAME=VALUE ...]
                                [--memory-reserve-percent PERCENT]
 
-DIR/results.json has every job's numbers; DIR/table.md the table; DIR/timeline_<mix>.svg which job ran
-its steps when, one band per arm (bench_family's drawing). --smoke-cpu runs it on the fake driver of
-tests/c (16 GiB; MPS skipped; --mem-gib 8 there); its numbers mean nothing.
+DIR/results.json has every job's numbers (a latency member's every latency, sorted, in lat_ms);
+DIR/table.md the table; DIR/timeline_<mix>.svg which job ran its steps when, one band per arm
+(bench_family's drawing); DIR/latency_<mix>.svg the latency figure (no matplotlib needed).
+--smoke-cpu runs it on the fake driver of tests/c (16 GiB; MPS skipped; --mem-gib 8 there); its
+numbers mean nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,24 +95,48 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_family import BURST, SMOKE_UUID, build_burst, burst_env, svg  # noqa: E402
-from gpu_bench import (Job, Mps, Scheduler, gpu_info, percentile, run_jobs,  # noqa: E402
-                       sigterm_interrupts)
+from gpu_bench import (TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info, kill_running,  # noqa: E402
+                       percentile, run_jobs, sigterm_interrupts)
 
 KINDS = {   # kind: (gpu ms per step, host ms, timed: a window of seconds rather than steps)
     "compute": (20.0, 0.0, False), "bursty": (28.0, 43.0, False), "mem": (20.0, 0.0, False),
     "probe": (1.0, 100.0, True), "serve": (3.0, 0.0, True)}
 SERVE_MEAN_MS = 30.0
+SERVE_TORCH = Path(__file__).resolve().parent / "serve_torch.py"
+TORCH_MODELS = {"gen": "gen", "gengraph": "gen-graphs", "cnn": "cnn"}   # member: serve_torch --model
+# Mean intervals of arrivals: each server busy about 20-30 % of the time alone on an H200 (a request of
+# gen took 42 ms there, gengraph's 9 ms, cnn's 1.5 ms; cnn keeps the serve member's 30 ms)
+TORCH_MEAN_MS = {"gen": 150.0, "gengraph": 50.0, "cnn": 30.0}
+TORCH_KINDS = {"train", *TORCH_MODELS}
+LATENCY_KINDS = {"probe", "serve", *TORCH_MODELS}
+TRAIN_ARGS = WORKLOADS["W1"].args   # gpu_bench's compute-bound transformer training
+TRAIN_SLACK_S = 4.0                 # the training runs the window and this much more, from its first step
+WAIT_TIMEOUT_S = 20.0               # the server waits at most this long for the training's 10 steps
+P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare p99 over alone, at most
+TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
+NEEDS_TORCH = "not run: needs torch"
 MIXES = {"serve2": ["compute", "serve"],
          "mix3": ["compute", "bursty", "probe"],
          "mix4": ["compute", "compute", "bursty", "serve"],
          "mix4-mem": ["compute", "bursty", "mem", "mem", "probe"],
          "mix8": ["compute", "compute", "compute", "bursty", "bursty", "serve", "probe", "probe"],
-         "swap2": ["mem", "mem"]}
+         "swap2": ["mem", "mem"],
+         "serve-gen": ["train", "gen"],
+         "serve-gengraph": ["train", "gengraph"],
+         "serve-cnn": ["train", "cnn"]}
 ARMS = ["serial", "colocate", "mps", "nvshare"]
 
 
 def log(msg: str) -> None:
     print(f"bench_mixes: {msg}", flush=True)
+
+
+def torch_mix(mix: str) -> bool:
+    return any(k in TORCH_KINDS for k in MIXES[mix])
+
+
+def latency_kind(kind: str) -> bool:
+    return kind in LATENCY_KINDS
 
 
 class Mixes:
@@ -85,6 +148,7 @@ class Mixes:
         if args.uids:
             os.chmod(self.work, 0o755)
         self.results: dict = {"gpu": gpu_info(self.smoke), "args": vars(args), "mixes": {}}
+        self.torch_missing: str | None = None   # why the PyTorch mixes do not run, once known
 
     def save(self) -> None:
         (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
@@ -98,6 +162,20 @@ class Mixes:
         if res["status"] != "ok":
             raise RuntimeError(f"calibration failed: {res.get('error', '')[-800:]}")
         self.results["calibration"] = {k: res[k] for k in ("ipm", "startup_s")}
+
+    def as_uid(self, cmd: list[str], i: int, home: bool = False) -> list[str]:
+        """cmd as uid --uid-base + i with --uids; home: with USER, LOGNAME and HOME of its own (the uid
+        has no passwd entry, which getpass.getuser() of torch 2.11's import does not survive)."""
+        if not self.args.uids:
+            return cmd
+        uid = self.args.uid_base + i
+        out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        if home:
+            path = self.work / f"home-{uid}"
+            path.mkdir(exist_ok=True)
+            os.chown(path, uid, uid)
+            out += ["env", f"USER=u{uid}", f"LOGNAME=u{uid}", f"HOME={path}"]
+        return [*out, *cmd]
 
     def cmd(self, kind: str, i: int) -> list[str]:
         gpu_ms, host_ms, timed = KINDS[kind]
@@ -114,17 +192,92 @@ class Mixes:
             out += ["--mem-mib", str(int(self.args.mem_gib * 1024))]
         if self.args.gpu_times:
             out.append("--gpu-times")
-        if self.args.uids:
-            uid = self.args.uid_base + i
-            out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *out]
-        return out
+        return self.as_uid(out, i)
+
+    def torch_cmd(self, kind: str, i: int, sync: Path | None, hold: Path | None = None,
+                  wait: float = WAIT_TIMEOUT_S) -> list[str]:
+        """A PyTorch member's command; sync: the arm's folder of the server's ready file and the
+        training's progress file (None: alone, the serial arm, where the server holds until the file
+        hold exists); wait: how long the server waits for the training's 10 steps."""
+        s, py, cpu = self.args.seconds, self.args.torch_python, self.args.torch_cpu
+        if kind == "train":
+            out = [py, str(TRAIN), *TRAIN_ARGS, "--steps", "1000000", "--seed", str(i + 1),
+                   "--max-seconds", f"{s if sync is None else s + TRAIN_SLACK_S:.2f}"]
+            if sync is not None:
+                out += ["--progress", str(sync / "progress")]
+            if cpu:   # later options win: a tiny model on the CPU
+                out += ["--device", "cpu", "--width", "64", "--heads", "4", "--seq", "16", "--depth", "2",
+                        "--batch", "4"]
+        else:
+            out = [py, str(SERVE_TORCH), "--model", TORCH_MODELS[kind], "--mean-ms", str(TORCH_MEAN_MS[kind]),
+                   "--seed", str(i + 1), "--seconds", f"{s:.2f}"]
+            if sync is None:   # alone: built beside the training's run alone, then held until it ended
+                out += ["--hold-file", str(hold)]
+            else:
+                out += ["--ready-file", str(sync / "ready"), "--wait-file", str(sync / "progress"),
+                        "--wait-timeout", str(wait)]
+            if cpu:
+                out += ["--device", "cpu", "--warmup", "3", "--hidden", "64", "--layers", "2", "--heads", "4",
+                        "--vocab", "1000", "--tokens", "4", "--prompt", "8", "--image", "64", "--width", "16"]
+        return self.as_uid(out, i, home=True)
+
+    def torch_env(self, base: dict) -> dict:
+        cache = self.work / "cache"   # caches of every uid's torch and transformers, none in $HOME
+        cache.mkdir(exist_ok=True)
+        os.chmod(cache, 0o1777)
+        env = dict(base, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(cache / "hf"),
+                   XDG_CACHE_HOME=str(cache), TRITON_CACHE_DIR=str(cache / "triton"),
+                   TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+        if self.args.torch_cpu:
+            env["OMP_NUM_THREADS"] = "1"
+        return env
+
+    def torch_ready(self) -> str | None:
+        """None if --torch-python imports torch and transformers, else why not."""
+        if self.torch_missing is None:
+            if self.smoke and not self.args.torch_cpu:
+                self.torch_missing = f"{NEEDS_TORCH} (a smoke run on the fake driver; --torch-cpu runs it)"
+            else:
+                run = subprocess.run([self.args.torch_python, "-c", "import torch, transformers"],
+                                     capture_output=True, text=True, timeout=120)
+                self.torch_missing = "" if run.returncode == 0 else \
+                    f"{NEEDS_TORCH} and transformers in {self.args.torch_python}: {run.stderr[-300:]}"
+        return self.torch_missing or None
 
     def nvshare_envs(self, sched: Scheduler, base: dict, n: int) -> list[dict]:
         if not self.args.uids:
             return [sched.job_env(base)[1] for _ in range(n)]
         return [sched.job_env(base, uid=self.args.uid_base + i, name="mix")[1] for i in range(n)]
 
+    def arm_envs(self, mix: str, arm: str, tag: str, base: dict, n: int, stops: list) -> list[dict] | None:
+        """The jobs' environments of a shared arm (None: not run here); what it starts, stops has the
+        stop of."""
+        if arm == "colocate":
+            return [base] * n
+        if arm == "mps":
+            if self.smoke:
+                return None
+            mps = Mps(self.work / f"mps-{mix}")
+            stops.append(mps.stop)
+            if self.args.uids:
+                for d in ("mps-pipe", "mps-log"):
+                    os.chmod(self.work / f"mps-{mix}" / d, 0o777)
+            return [mps.client_env(base) for _ in range(n)]
+        gpus = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
+        reserve = self.args.memory_reserve_percent
+        sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus,
+                          None if reserve is None else {"memory_reserve_percent": reserve})
+        stops.append(sched.stop)
+        if self.args.uids:
+            os.chmod(self.work / tag, 0o755)
+        hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
+        if arm != "nvshare":   # a variant: "nvshare NAME=VALUE"
+            hook_env.update([arm.split(" ", 1)[1].split("=", 1)])
+        return [dict(e, **hook_env) for e in self.nvshare_envs(sched, base, n)]
+
     def run_arm(self, mix: str, arm: str) -> dict:
+        if torch_mix(mix):
+            return self.run_torch_arm(mix, arm)
         kinds = MIXES[mix]
         cmds = [self.cmd(k, i) for i, k in enumerate(kinds)]
         base, tag = self.base_env(), f"{mix}-{arm}".replace(" ", "-").replace("=", "-")
@@ -132,54 +285,122 @@ class Mixes:
         if arm == "serial":
             jobs = [Job(f"{tag}-{i}", c, base, self.logs) for i, c in enumerate(cmds)]
             return summarize(kinds, run_jobs(jobs, together=False, timeout=timeout))
-        sched = mps = None
+        stops: list = []
         try:
-            if arm == "colocate":
-                envs = [base] * len(cmds)
-            elif arm == "mps":
-                if self.smoke:
-                    return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
-                mps = Mps(self.work / f"mps-{mix}")
-                if self.args.uids:
-                    for d in ("mps-pipe", "mps-log"):
-                        os.chmod(self.work / f"mps-{mix}" / d, 0o777)
-                envs = [mps.client_env(base) for _ in cmds]
-            else:
-                gpus = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
-                reserve = self.args.memory_reserve_percent
-                sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus,
-                                  None if reserve is None else {"memory_reserve_percent": reserve})
-                if self.args.uids:
-                    os.chmod(self.work / tag, 0o755)
-                hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
-                if arm != "nvshare":   # a variant: "nvshare NAME=VALUE"
-                    hook_env.update([arm.split(" ", 1)[1].split("=", 1)])
-                envs = [dict(e, **hook_env) for e in self.nvshare_envs(sched, base, len(cmds))]
+            envs = self.arm_envs(mix, arm, tag, base, len(cmds), stops)
+            if envs is None:
+                return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
             jobs = [Job(f"{tag}-{i}", c, e, self.logs)
                     for i, (c, e) in enumerate(zip(cmds, envs, strict=True))]
             return summarize(kinds, run_jobs(jobs, together=True, timeout=timeout))
         finally:
-            if sched is not None:
-                sched.stop()
-            if mps is not None:
-                mps.stop()
+            for stop in reversed(stops):
+                stop()
+
+    def run_torch_arm(self, mix: str, arm: str) -> dict:
+        """Serial: each job alone. Shared: the server first, until its warm-up is done (its ready
+        file), then the training; the server's window starts at the training's 10th step."""
+        why = self.torch_ready()
+        if why:
+            return {"status": "skipped", "error": why}
+        kinds = MIXES[mix]
+        base, tag = self.torch_env(self.base_env()), f"{mix}-{arm}".replace(" ", "-").replace("=", "-")
+        timeout = 240 + 4 * self.args.seconds
+        sync = self.work / f"sync-{tag}"
+        sync.mkdir()
+        os.chmod(sync, 0o1777)
+        if arm == "serial":   # the server starts beside the training alone, and holds once built
+            hold = sync / "go"
+            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, None, hold), base, self.logs)
+                    for i, k in enumerate(kinds)]
+            deadline = time.time() + 2 * timeout
+            try:
+                for job in jobs:
+                    job.launch()
+                for job, kind in zip(jobs, kinds, strict=True):
+                    if kind == "train":
+                        job.wait(deadline)
+                hold.touch()
+                for job in jobs:
+                    job.wait(deadline)
+            finally:
+                kill_running(jobs)
+            return summarize(kinds, [job.result() for job in jobs], alone=True)
+        stops: list = []
+        try:
+            envs = self.arm_envs(mix, arm, tag, base, len(kinds), stops)
+            if envs is None:
+                return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
+            # MPS serves one uid at a time: the training of another uid cannot start beside the server
+            wait = 5.0 if arm == "mps" and self.args.uids else WAIT_TIMEOUT_S
+            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, sync, wait=wait), e, self.logs)
+                    for i, (k, e) in enumerate(zip(kinds, envs, strict=True))]
+            servers = [j for j, k in zip(jobs, kinds, strict=True) if k != "train"]
+            deadline = time.time() + timeout
+            try:
+                for job in servers:
+                    job.launch()
+                while not (sync / "ready").exists() and time.time() < deadline and \
+                        all(j.proc.poll() is None for j in servers):
+                    time.sleep(0.05)
+                for job in jobs:
+                    if job not in servers:
+                        job.launch()
+                for job in jobs:
+                    job.wait(deadline)
+            finally:   # interrupted: leave no job on the GPU
+                kill_running(jobs)
+            return summarize(kinds, [job.result() for job in jobs])
+        finally:
+            for stop in reversed(stops):
+                stop()
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def summarize(kinds: list[str], jobs: list[dict]) -> dict:
+def steps_per_s(ends: list[float], t0: float, t1: float) -> tuple[float | None, int]:
+    """Steps that ended in (t0, t1] over t1 - t0, and how many."""
+    n = sum(1 for t in ends if t0 < t <= t1)
+    return (n / (t1 - t0) if t1 > t0 else None), n
+
+
+def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
+    """Each job's numbers. A training (kind train) beside a server: its steps/s over the server's
+    window; alone (the serial arm): over its steps after the first 3."""
     t0 = min(j["proc_start"] for j in jobs)
+    window = next(((j["window_start"], j["window_end"]) for j in jobs
+                   if j["status"] == "ok" and "window_start" in j), None)
     out = []
     for kind, j in zip(kinds, jobs, strict=True):
         e: dict = {"kind": kind, "status": j["status"]}
         if j["status"] == "ok" and j.get("times"):
-            lat = j["latencies_ms"]
             e.update(train_s=j["times"][-1] - j["step_starts"][0], done_s=j["times"][-1] - t0,
-                     steps=len(j["times"]), p50_ms=percentile(lat, 50), p99_ms=percentile(lat, 99),
-                     mean_ms=statistics.fmean(lat),
+                     steps=len(j["times"]),
                      spans=[[round(a - t0, 4), round(b - t0, 4)]
                             for a, b in zip(j["step_starts"], j["times"], strict=True)])
+            if latency_kind(kind):
+                lat = j["latencies_ms"]
+                e.update(p50_ms=percentile(lat, 50), p90_ms=percentile(lat, 90), p99_ms=percentile(lat, 99),
+                         p999_ms=percentile(lat, 99.9), mean_ms=statistics.fmean(lat), n=len(lat),
+                         lat_ms=sorted(lat))
+                e.update({k: j[k] for k in ("startup_s", "service_ms_warm", "waited_s", "wait_timed_out",
+                                            "graphs", "tokens_match_generate", "settings", "mean_ms")
+                          if k in j})
+            elif kind == "train":
+                ends = j["times"]
+                if alone or window is None:
+                    k = min(3, len(ends) - 2)
+                    rate, n = steps_per_s(ends, ends[k], ends[-1]) if k >= 0 else (None, 0)
+                    e.update(steps_per_s=rate, rate_steps=n)
+                else:   # the server's window; cut where the training ended, if it ended first
+                    end = min(window[1], ends[-1])
+                    rate, n = steps_per_s(ends, window[0], end)
+                    e.update(steps_per_s=rate, rate_steps=n,
+                             window_covered=max(0.0, end - window[0]) / (window[1] - window[0]))
+                e["step_ms_median"] = j.get("step_ms_median")
+        elif j["status"] == "ok":
+            e.update(status="no steps", error=j.get("error", "")[-400:])
         else:
             e["error"] = j.get("error", "")[-400:]
         out.append(e)
@@ -191,10 +412,11 @@ def summarize(kinds: list[str], jobs: list[dict]) -> dict:
 
 def slowdowns(res: dict) -> None:
     """Each job's slowdown against its solo run (the serial arm), per arm, and the targets."""
-    for arms in res["mixes"].values():
+    for mix, arms in res["mixes"].items():
         serial = arms.get("serial", {})
         solo = serial.get("jobs", [])
-        serial_done = serial.get("done_s") if serial.get("status") == "ok" else None
+        timed = mix in MIXES and torch_mix(mix)   # jobs that run for a time: no completion to compare
+        serial_done = serial.get("done_s") if serial.get("status") == "ok" and not timed else None
         for arm, r in arms.items():
             if serial_done and arm != "serial" and r.get("status") == "ok" and r.get("done_s"):
                 r["done_x_serial"] = r["done_s"] / serial_done   # all done, from the start, over serial
@@ -202,8 +424,11 @@ def slowdowns(res: dict) -> None:
                 ref = solo[i] if i < len(solo) and solo[i]["status"] == "ok" else None
                 if e["status"] != "ok" or ref is None:
                     continue
-                if KINDS[e["kind"]][2]:
+                if latency_kind(e["kind"]):
                     e["x_solo_p99"] = e["p99_ms"] / ref["p99_ms"]
+                elif e["kind"] == "train":
+                    if e.get("steps_per_s") is not None and ref.get("steps_per_s"):
+                        e["x_solo_tput"] = e["steps_per_s"] / ref["steps_per_s"]
                 elif arm == "serial":
                     e["x_solo"] = e["done_s"] / ref["train_s"]   # waiting for the jobs before it
                 else:
@@ -211,19 +436,32 @@ def slowdowns(res: dict) -> None:
         nv, co = arms.get("nvshare", {}).get("jobs", []), arms.get("colocate", {}).get("jobs", [])
         for i, e in enumerate(nv):
             c = co[i] if i < len(co) and co[i]["status"] == "ok" else None
-            if e["status"] != "ok":
-                e["target"] = "missed (did not finish)"
-            elif e["kind"] == "serve":
-                e["target"] = "– (no solo run)" if "x_solo_p99" not in e \
-                    else "met" if e["x_solo_p99"] <= 1.5 else "missed"
-            elif "colocate" not in arms:
-                e["target"] = "– (no co-location arm)"
-            elif c is None:
-                e["target"] = "met (co-location did not finish)"
-            elif e["kind"] == "probe":
-                e["target"] = "met" if e["p99_ms"] <= c["p99_ms"] + 1.0 else "missed"
-            else:
-                e["target"] = "met" if e["x_solo"] <= 1.05 * c["x_solo"] else "missed"
+            e["target"] = target(e, c, "colocate" in arms)
+
+
+def target(e: dict, c: dict | None, colocated: bool) -> str:
+    """nvshare's target for job e, c its co-location arm's run (None: did not finish)."""
+    if e["status"] != "ok":
+        return "missed (did not finish)"
+    if e["kind"] in P99_TARGET:
+        limit = P99_TARGET[e["kind"]]
+        return "– (no solo run)" if "x_solo_p99" not in e else \
+            f"{'met' if e['x_solo_p99'] <= limit else 'missed'} (p99 <= {limit:g} x alone)"
+    if not colocated:
+        return "– (no co-location arm)"
+    if c is None:
+        return "met (co-location did not finish)"
+    if e["kind"] == "probe":
+        return "met" if e["p99_ms"] <= c["p99_ms"] + 1.0 else "missed"
+    if e["kind"] == "train":
+        if not c.get("steps_per_s"):
+            return "met (no steps in co-location's window)"
+        if e.get("steps_per_s") is None:
+            return "missed (no window)"
+        ratio = e["steps_per_s"] / c["steps_per_s"]
+        return f"{'met' if ratio >= TRAIN_KEEP else 'missed'} ({ratio:.3f} x co-location's steps/s, " \
+               f">= {TRAIN_KEEP:g})"
+    return "met" if e["x_solo"] <= 1.05 * c["x_solo"] else "missed"
 
 
 def cell(e: dict | None) -> str:
@@ -231,9 +469,19 @@ def cell(e: dict | None) -> str:
         return "–"
     if e["status"] != "ok":
         return e["status"]
-    if KINDS[e["kind"]][2]:
+    if latency_kind(e["kind"]):
         ratio = f" ({e['x_solo_p99']:.2f}x)" if "x_solo_p99" in e else ""
-        return f"p50 {e['p50_ms']:.1f} / p99 {e['p99_ms']:.1f} ms{ratio}"
+        if "p90_ms" not in e:   # a results.json from before p90 and p99.9
+            return f"p50 {e['p50_ms']:.1f} / p99 {e['p99_ms']:.1f} ms{ratio}"
+        late = " (the training did not step: served alone)" if e.get("wait_timed_out") else ""
+        return (f"p50 {e['p50_ms']:.1f} / p90 {e['p90_ms']:.1f} / p99 {e['p99_ms']:.1f} / "
+                f"p99.9 {e['p999_ms']:.1f} ms, n {e['n']}{ratio}{late}")
+    if e["kind"] == "train":
+        if e.get("steps_per_s") is None:
+            return "no steps/s"
+        ratio = f" ({e['x_solo_tput']:.3f}x)" if "x_solo_tput" in e else ""
+        cut = f", window {e['window_covered']:.0%} covered" if e.get("window_covered", 1.0) < 0.999 else ""
+        return f"{e['steps_per_s']:.2f} steps/s{ratio}{cut}"
     return f"{e['x_solo']:.3f}" if "x_solo" in e else f"{e['train_s']:.2f} s"
 
 
@@ -248,8 +496,10 @@ def table(res: dict) -> str:
              "|---|---|---|" + "---|" * len(names) + "---|"]
     for mix, arms in res["mixes"].items():
         for i, kind in enumerate(MIXES[mix]):
-            row = [arms.get(a, {}).get("jobs", []) for a in names]
-            cells = [cell(r[i] if i < len(r) else None) for r in row]
+            row = [arms.get(a, {}) for a in names]
+            cells = [str(r["error"]).split(" (")[0] if r.get("status") == "skipped" and not r.get("jobs")
+                     and str(r.get("error", "")).startswith(NEEDS_TORCH)
+                     else cell(r["jobs"][i] if i < len(r.get("jobs", [])) else None) for r in row]
             nv = arms.get("nvshare", {}).get("jobs", [])
             target = nv[i].get("target", "") if i < len(nv) else ""
             lines.append(f"| {mix} | {i} | {kind} | " + " | ".join(cells) + f" | {target} |")
@@ -258,8 +508,10 @@ def table(res: dict) -> str:
             lines.append(f"| {mix} | all | all done / serial | " + " | ".join(
                 "–" if x is None else f"{x:.3f}" for x in spans) + " | |")
     return "\n".join(lines) + ("\n\nCompute, bursty, mem: time from first step to last over the job's solo "
-                               "time (serial: its completion from the arm's start). Probe, serve: latency "
-                               "percentiles, p99 over solo p99. All done / serial: the arm's start to "
+                               "time (serial: its completion from the arm's start). Probe, serve, gen, "
+                               "gengraph, cnn: latency percentiles from arrival to result, n requests, p99 "
+                               "over solo p99. Train: steps/s in the server's window (serial: alone), over "
+                               "its steps/s alone. All done / serial: the arm's start to "
                                "the last step of any job, over the same in the serial arm (the jobs one "
                                "after the other).\n")
 
@@ -279,12 +531,164 @@ def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
     return written
 
 
+# --- the latency figure: per arm the latency distribution and the batch member's throughput ----------
+
+ARM_COLORS = ["#444444", "#d62728", "#9467bd", "#1f77b4", "#2ca02c", "#ff7f0e", "#8c564b"]
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """1, 2, 5 x 10^k from below lo to above hi."""
+    ticks, k = [], math.floor(math.log10(lo))
+    while True:
+        for m in (1, 2, 5):
+            t = m * 10.0 ** k
+            if t >= lo / 1.0001 and t <= hi * 1.0001:
+                ticks.append(t)
+            if t > hi:
+                return ticks
+        k += 1
+
+
+def latency_svg(mix: str, arms: dict, names: list[str]) -> str | None:
+    """Left: per arm the share of requests slower than x (log-log), the first latency member's;
+    right: the first batch member's steps/s per arm. None if no arm has latencies."""
+    kinds = MIXES.get(mix, [])
+    li = next((i for i, k in enumerate(kinds) if k in P99_TARGET), None)
+    li = li if li is not None else next((i for i, k in enumerate(kinds) if latency_kind(k)), None)
+    bi = next((i for i, k in enumerate(kinds) if not latency_kind(k)), None)
+    if li is None:
+        return None
+    series = []
+    for n, arm in enumerate(names):
+        jobs = arms.get(arm, {}).get("jobs", [])
+        e = jobs[li] if li < len(jobs) else None
+        if e and e.get("status") == "ok" and e.get("lat_ms"):
+            series.append((arm, ARM_COLORS[n % len(ARM_COLORS)], e))
+    if not series:
+        return None
+    top, bottom = 44 + 14 * math.ceil(len(series) / 2), 54   # the legend above the panels
+    W, H = 960, top + 280 + bottom
+    lx0, lx1 = 70, 560          # the latency panel
+    bx0, bx1 = 650, 940         # the throughput panel
+    y0, y1 = top, H - bottom
+    lo = min(min(e["lat_ms"]) for _, _, e in series)
+    hi = max(max(e["lat_ms"]) for _, _, e in series)
+    lo, hi = max(1e-3, lo) / 1.25, max(hi * 1.25, lo * 4)
+    nmax = max(len(e["lat_ms"]) for _, _, e in series)
+    ymin = 10.0 ** -max(3, math.ceil(math.log10(nmax)))
+
+    def lxp(v: float) -> float:
+        span = math.log10(hi) - math.log10(lo)
+        return lx0 + (math.log10(max(v, lo)) - math.log10(lo)) / span * (lx1 - lx0)
+
+    def lyp(f: float) -> float:
+        return y0 + (0 - math.log10(max(f, ymin))) / (0 - math.log10(ymin)) * (y1 - y0)
+
+    label = {"serial": "alone"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
+           f'font-size="11">', f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="8" y="18" font-size="13">{mix}: job {li} ({kinds[li]}) latency per arm, '
+           f'arrival to result'
+           + (f'; job {bi} ({kinds[bi]}) steps/s per arm' if bi is not None else '') + '</text>',
+           f'<rect x="{lx0}" y="{y0}" width="{lx1 - lx0}" height="{y1 - y0}" fill="none" stroke="black"/>']
+    for t in log_ticks(lo, hi):
+        x = lxp(t)
+        out.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="#e0e0e0"/>'
+                   f'<text x="{x:.1f}" y="{y1 + 14}" text-anchor="middle">{t:g}</text>')
+    out.append(f'<text x="{(lx0 + lx1) / 2}" y="{y1 + 30}" text-anchor="middle">latency, ms (log)</text>')
+    out.append(f'<text x="14" y="{(y0 + y1) / 2}" transform="rotate(-90 14 {(y0 + y1) / 2})" '
+               f'text-anchor="middle">share of requests slower (log)</text>')
+    for f, name in ((0.5, "p50"), (0.1, "p90"), (0.01, "p99"), (0.001, "p99.9")):
+        if f >= ymin:
+            y = lyp(f)
+            out.append(f'<line x1="{lx0}" y1="{y:.1f}" x2="{lx1}" y2="{y:.1f}" stroke="#999" '
+                       f'stroke-dasharray="4 3"/><text x="{lx0 - 4}" y="{y + 4:.1f}" '
+                       f'text-anchor="end">{name}</text>')
+    for k, (arm, color, e) in enumerate(series):
+        lat = e["lat_ms"]
+        n = len(lat)
+        pts = []
+        for i, v in enumerate(lat):   # steps: a share (n - i) / n of the requests took v or longer
+            y_hi, y_lo = (n - i) / n, (n - i - 1) / n
+            pts.append(f"{lxp(v):.1f},{lyp(y_hi):.1f}")
+            if y_lo > 0:
+                pts.append(f"{lxp(v):.1f},{lyp(y_lo):.1f}")
+        out.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{color}" stroke-width="1.6"/>')
+        lx, ly = lx0 + (k % 2) * 245, 34 + 14 * (k // 2)
+        out.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" '
+                   f'stroke-width="2"/><text x="{lx + 22}" y="{ly}">{label.get(arm, arm)}: p99 '
+                   f'{e["p99_ms"]:.1f} ms, n {n}</text>')
+    if bi is not None:
+        bars = []
+        for n, arm in enumerate(names):
+            r = arms.get(arm, {})
+            jobs = r.get("jobs", [])
+            e = jobs[bi] if bi < len(jobs) else None
+            if not r or (not jobs and r.get("status") != "skipped"):
+                continue
+            rate = None
+            if e and e.get("status") == "ok":
+                rate = e.get("steps_per_s")
+                if rate is None and e.get("train_s"):
+                    rate = (e["steps"] - 1) / e["train_s"] if e["train_s"] > 0 else None
+            why = "not run" if not jobs else (e or {}).get("status", "–") if rate is None else ""
+            bars.append((arm, ARM_COLORS[n % len(ARM_COLORS)], rate, why))
+        top_rate = max([b[2] for b in bars if b[2]] or [1.0]) * 1.15
+        step = next(m * 10.0 ** k for k in range(math.floor(math.log10(top_rate / 4)), 99)
+                    for m in (1, 2, 5) if m * 10.0 ** k >= top_rate / 5)
+        top_rate = step * math.ceil(top_rate / step)
+        out.append(f'<line x1="{bx0}" y1="{y1}" x2="{bx1}" y2="{y1}" stroke="black"/>'
+                   f'<line x1="{bx0}" y1="{y0}" x2="{bx0}" y2="{y1}" stroke="black"/>'
+                   f'<text x="{bx0 - 40}" y="{(y0 + y1) / 2}" '
+                   f'transform="rotate(-90 {bx0 - 40} {(y0 + y1) / 2})" text-anchor="middle">'
+                   f'{kinds[bi]} steps/s</text>')
+        for q in range(round(top_rate / step) + 1):
+            y = y1 - (y1 - y0) * q * step / top_rate
+            out.append(f'<line x1="{bx0 - 3}" y1="{y:.1f}" x2="{bx0}" y2="{y:.1f}" stroke="black"/>'
+                       f'<text x="{bx0 - 5}" y="{y + 4:.1f}" text-anchor="end">{q * step:g}</text>')
+        slot = (bx1 - bx0) / max(1, len(bars))
+        co = next((b[2] for b in bars if b[0] == "colocate" and b[2]), None)
+        for k, (arm, color, rate, why) in enumerate(bars):
+            x = bx0 + slot * k + slot * 0.15
+            if rate:
+                h = (y1 - y0) * rate / top_rate
+                out.append(f'<rect x="{x:.1f}" y="{y1 - h:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" '
+                           f'fill="{color}"/><text x="{x + slot * 0.35:.1f}" y="{y1 - h - 4:.1f}" '
+                           f'text-anchor="middle">{rate:.2f}</text>')
+            else:
+                out.append(f'<text x="{x + slot * 0.35:.1f}" y="{y1 - 6}" text-anchor="middle">{why}</text>')
+            out.append(f'<text x="{x + slot * 0.35:.1f}" y="{y1 + 14}" text-anchor="middle">'
+                       f'{label.get(arm, arm)}</text>')
+        if co and kinds[bi] == "train":
+            y = y1 - (y1 - y0) * TRAIN_KEEP * co / top_rate
+            out.append(f'<line x1="{bx0}" y1="{y:.1f}" x2="{bx1}" y2="{y:.1f}" stroke="#d62728" '
+                       f'stroke-dasharray="4 3"/><line x1="{bx0}" y1="30" x2="{bx0 + 18}" y2="30" '
+                       f'stroke="#d62728" stroke-dasharray="4 3"/><text x="{bx0 + 22}" y="34" '
+                       f'fill="#d62728">{TRAIN_KEEP:g} x co-location (the target)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_latency_figures(res: dict, out: Path) -> list[Path]:
+    """latency_<mix>.svg for every mix with a latency member measured in some arm."""
+    names = arm_names(ARMS, res["args"].get("variant") or [])
+    written = []
+    for mix, arms in res["mixes"].items():
+        text = latency_svg(mix, arms, names)
+        if text:
+            path = out / f"latency_{mix}.svg"
+            path.write_text(text)
+            written.append(path)
+    return written
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--mixes", default=",".join(MIXES))
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--seconds", type=float, default=4.0, help="steps of one job alone, in seconds")
+    ap.add_argument("--seconds", type=float, default=4.0,
+                    help="steps of one job alone, in seconds (PyTorch mixes: the server's window)")
     ap.add_argument("--mem-gib", type=float,
                     help="the mem jobs' extra memory (default half the GPU, smoke 8)")
     ap.add_argument("--memory-reserve-percent", type=int, metavar="PERCENT",
@@ -300,6 +704,10 @@ def main() -> int:
                     help="every job records its kernels' GPU start and end (burst --gpu-times) in its "
                          "logs/*.out: whose kernels ran beside a slow request")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
+    ap.add_argument("--torch-cpu", action="store_true",
+                    help="with --smoke-cpu: run the PyTorch mixes on the CPU, tiny models (else skipped)")
+    ap.add_argument("--torch-python", default=sys.executable,
+                    help="the Python with torch and transformers for the PyTorch members (default this one)")
     args = ap.parse_args()
     bad = [m for m in args.mixes.split(",") if m not in MIXES] + \
           [a for a in args.arms.split(",") if a not in ARMS] + [v for v in args.variant if "=" not in v]
@@ -310,14 +718,16 @@ def main() -> int:
         args.mem_gib = 8.0 if args.smoke_cpu else round(gpu_info(False)["memory"] / 2**30 / 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    mixes = args.mixes.split(",")
     build_burst()
     if args.uids:
         os.chmod(BURST, 0o755)
     bench = Mixes(args, out)
     sigterm_interrupts()     # `timeout`: the table of what was measured is still written
     try:
-        bench.calibrate()
-        for mix in args.mixes.split(","):
+        if not all(torch_mix(m) for m in mixes):   # burst's rate: only its mixes need it
+            bench.calibrate()
+        for mix in mixes:
             arms = bench.results["mixes"].setdefault(mix, {})
             for arm in arm_names(args.arms.split(","), args.variant):
                 t = time.time()
@@ -330,6 +740,7 @@ def main() -> int:
         slowdowns(bench.results)
         bench.save()
         write_timelines(bench.results, out, min(6.0, 2 * args.seconds))
+        write_latency_figures(bench.results, out)
         text = table(bench.results)
         (out / "table.md").write_text(text)
         print(text)

@@ -1,12 +1,15 @@
 """bench/bench_mixes.py (issue 27's mixed nodes) on the fake driver, with the real hook and daemon:
 every arm of a mix is in the table, the swap pair has its span figure, and each mix its timeline.
-The numbers of a fake-driver run mean nothing."""
+The numbers of a fake-driver run mean nothing. Issue 42's PyTorch mixes: their summary, targets, table
+rows and figure from fixtures, and their skip in a smoke run (torch is not installed here); with torch
+installed, serve_torch.py and a PyTorch mix on the CPU."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 from test_bench_family import built  # noqa: F401  (the fixture: hook, fake driver, burst built)
 
@@ -46,3 +49,142 @@ def test_smoke_mix4_mem_every_job_finishes(built, tmp_path):  # noqa: F811
     assert [j["status"] for j in arm["jobs"]] == ["ok"] * 5, arm["jobs"]
     log = (tmp_path / "logs" / "mix4-mem-nvshare-scheduler.log").read_text()
     assert "did not release in time" not in log and "has not released the lock" not in log
+
+
+# --- issue 42: PyTorch servers beside a PyTorch training -------------------------------------------
+
+sys.path.insert(0, str(BENCH))
+import bench_mixes  # noqa: E402
+
+
+def has_torch() -> bool:
+    run = subprocess.run([sys.executable, "-c", "import torch, transformers"], capture_output=True)
+    return run.returncode == 0
+
+
+def server_job(lat: list[float], t0: float = 1000.0, window: tuple[float, float] = (1002.0, 1008.0)) -> dict:
+    """What Job.result() gives for a serve_torch.py run: a request every 10 ms of the window."""
+    starts = [window[0] + 0.01 * i for i in range(len(lat))]
+    return {"status": "ok", "proc_start": t0, "proc_end": window[1] + 0.5, "step_starts": starts,
+            "times": [s + 0.002 for s in starts], "latencies_ms": lat, "window_start": window[0],
+            "window_end": window[1], "waited_s": 1.0, "wait_timed_out": False, "service_ms_warm": 2.0}
+
+
+def train_job(step_s: float, first: float = 1000.5, last: float = 1010.0) -> dict:
+    """What Job.result() gives for a train.py run: a step every step_s from first to last."""
+    n = int((last - first) / step_s)
+    starts = [first + step_s * i for i in range(n)]
+    return {"status": "ok", "proc_start": 1000.0, "proc_end": last + 0.2, "step_starts": starts,
+            "times": [s + step_s for s in starts], "step_ms_median": step_s * 1000}
+
+
+def fixture(p99_nvshare: float, train_nvshare_step_s: float) -> dict:
+    """A results.json of serve-gen's four arms: the server alone has p99 10 ms."""
+    base = [float(i % 10) for i in range(1, 2001)]   # 1..9 ms and 0 ms, 2000 requests
+
+    def lat(p99):   # the slowest 2 % at p99 ms: p99 and p99.9 are that
+        return base[:1960] + [p99] * 40
+    kinds = ["train", "gen"]
+    arms = {"serial": bench_mixes.summarize(kinds, [train_job(0.1), server_job(lat(10.0))], alone=True),
+            "colocate": bench_mixes.summarize(kinds, [train_job(0.2), server_job(lat(40.0))]),
+            "mps": {"status": "skipped", "error": "no MPS without a GPU (smoke run)"},
+            "nvshare": bench_mixes.summarize(kinds, [train_job(train_nvshare_step_s),
+                                                     server_job(lat(p99_nvshare))])}
+    skipped = {"status": "skipped", "error": bench_mixes.NEEDS_TORCH + " (a smoke run)"}
+    res = {"args": {"variant": []},
+           "mixes": {"serve-gen": arms, "serve-cnn": {a: dict(skipped) for a in bench_mixes.ARMS}}}
+    bench_mixes.slowdowns(res)
+    return res
+
+
+def test_latency_summary_has_p90_and_p99_9_and_the_trainings_steps_per_s_in_the_window():
+    lat = [float(v) for v in range(1, 2001)]
+    arm = bench_mixes.summarize(["train", "gen"], [train_job(0.1), server_job(lat)])
+    train, gen = arm["jobs"]
+    # nearest rank: index round(q/100 x 1999) of the sorted latencies
+    assert (gen["p50_ms"], gen["p90_ms"], gen["p99_ms"], gen["p999_ms"]) == (1001.0, 1800.0, 1980.0, 1998.0)
+    assert gen["n"] == 2000 and gen["lat_ms"] == sorted(lat)
+    # steps ending in the server's window (1002, 1008]: one every 100 ms
+    assert abs(train["steps_per_s"] - 10.0) < 0.2 and train["window_covered"] == 1.0
+    # alone: its steps after the first 3 over their time
+    alone = bench_mixes.summarize(["train", "gen"], [train_job(0.1), server_job(lat)], alone=True)
+    assert abs(alone["jobs"][0]["steps_per_s"] - 10.0) < 1e-6 and "window_covered" not in alone["jobs"][0]
+    # a training that ended before the window did: its rate over the part it covered
+    cut = bench_mixes.summarize(["train", "gen"], [train_job(0.1, last=1005.0), server_job(lat)])
+    assert cut["jobs"][0]["window_covered"] == 0.5 and abs(cut["jobs"][0]["steps_per_s"] - 10.0) < 0.4
+    # burst's serve member gets p90 and p99.9 too
+    serve = bench_mixes.summarize(["serve"], [server_job(lat)])["jobs"][0]
+    assert serve["p999_ms"] == 1998.0 and serve["p90_ms"] == 1800.0
+
+
+def test_targets_and_table_rows_of_the_pytorch_mixes():
+    met = fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2)   # p99 1.1 x alone, steps/s as co-located
+    jobs = met["mixes"]["serve-gen"]["nvshare"]["jobs"]
+    assert jobs[1]["x_solo_p99"] == 1.1 and jobs[1]["target"].startswith("met")
+    assert jobs[0]["target"].startswith("met") and abs(jobs[0]["x_solo_tput"] - 0.5) < 0.02
+    assert "done_x_serial" not in met["mixes"]["serve-gen"]["nvshare"]   # a time window, no completion
+    missed = fixture(p99_nvshare=13.0, train_nvshare_step_s=0.25)   # 1.3 x alone; 0.8 of co-location
+    jobs = missed["mixes"]["serve-gen"]["nvshare"]["jobs"]
+    assert jobs[1]["target"] == "missed (p99 <= 1.2 x alone)"
+    assert jobs[0]["target"].startswith("missed (0.80")
+    text = bench_mixes.table(missed)
+    rows = {line.split(" | ")[2]: line for line in text.splitlines() if line.startswith("| serve-gen |")}
+    assert "p50 5.0 / p90 9.0 / p99 13.0 / p99.9 13.0 ms, n 2000 (1.30x)" in rows["gen"]
+    assert rows["gen"].endswith("| missed (p99 <= 1.2 x alone) |")
+    assert "10.00 steps/s (1.000x)" in rows["train"] and "| – |" in rows["train"]   # mps: not run here
+    cnn = [line for line in text.splitlines() if line.startswith("| serve-cnn |")]
+    assert len(cnn) == 2 and all(line.count("| not run: needs torch") == 4 for line in cnn)
+    assert "| serve-gen | all |" not in text   # no completion ratio for jobs that run for a time
+
+
+def test_latency_figure_from_a_results_fixture(tmp_path):
+    res = json.loads(json.dumps(fixture(p99_nvshare=13.0, train_nvshare_step_s=0.25)))   # as read back
+    written = bench_mixes.write_latency_figures(res, tmp_path)
+    assert written == [tmp_path / "latency_serve-gen.svg"]       # serve-cnn: nothing measured
+    svg = written[0].read_text()
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert svg.count("<polyline") == 3                           # alone, colocate, nvshare
+    for label in ("alone: p99 10.0 ms", "colocate: p99 40.0 ms", "nvshare: p99 13.0 ms", "p99.9",
+                  "0.95 x co-location", ">not run<"):
+        assert label in svg, label
+    assert svg.count("<rect x=") == 1 + 3   # the latency panel's frame, a bar per arm with steps/s
+
+
+def test_smoke_skips_the_pytorch_mixes_with_a_line_in_the_table(built, tmp_path):  # noqa: F811
+    run = subprocess.run([sys.executable, str(BENCH / "bench_mixes.py"), "--out", str(tmp_path),
+                          "--mixes", "serve-gen,serve-cnn", "--seconds", "1", "--smoke-cpu"],
+                         cwd=REPO, text=True, capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    for mix in ("serve-gen", "serve-cnn"):
+        assert {r["status"] for r in res["mixes"][mix].values()} == {"skipped"}
+    rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| serve-")]
+    assert len(rows) == 4 and all(line.count("| not run: needs torch") == 4 for line in rows)
+
+
+@pytest.mark.skipif(not has_torch(), reason="torch and transformers are not installed in this Python")
+def test_serve_torch_on_the_cpu_every_model(tmp_path):
+    for model in ("gen", "gen-graphs", "cnn"):
+        run = subprocess.run([sys.executable, str(BENCH / "serve_torch.py"), "--model", model,
+                              "--device", "cpu", "--seconds", "0.5", "--mean-ms", "50", "--warmup", "2",
+                              "--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "500", "--tokens",
+                              "4", "--prompt", "8", "--image", "32", "--width", "8"],
+                             cwd=REPO, text=True, capture_output=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        assert len(out["latencies_ms"]) == len(out["times"]) == len(out["step_starts"]) >= 1
+        assert out["window_start"] <= out["step_starts"][0] and out["times"][-1] <= out["window_end"]
+        assert out["tokens_match_generate"] is (True if model == "gen-graphs" else None)
+
+
+@pytest.mark.skipif(not has_torch(), reason="torch and transformers are not installed in this Python")
+def test_smoke_torch_cpu_runs_a_pytorch_mix(built, tmp_path):  # noqa: F811
+    run = subprocess.run([sys.executable, str(BENCH / "bench_mixes.py"), "--out", str(tmp_path),
+                          "--mixes", "serve-cnn", "--arms", "serial,colocate,nvshare", "--seconds", "1",
+                          "--smoke-cpu", "--torch-cpu"],
+                         cwd=REPO, text=True, capture_output=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    arms = json.loads((tmp_path / "results.json").read_text())["mixes"]["serve-cnn"]
+    assert all(arms[a]["status"] == "ok" for a in ("serial", "colocate", "nvshare")), arms
+    assert arms["nvshare"]["jobs"][0]["steps_per_s"] > 0 and arms["nvshare"]["jobs"][1]["n"] >= 1
+    assert (tmp_path / "latency_serve-cnn.svg").exists()
