@@ -9,7 +9,8 @@
  * waiting made a 60 %-busy job in turns look ~100 % busy, so it kept taking turns that leave the GPU
  * idle in its pauses). From the samples: the busy share (an average over about DEMAND_WINDOW_NS),
  * and the mean lengths of busy stretches (bursts) and idle stretches between them (gaps), with
- * the time spent waiting left out of both. DEMAND goes to the
+ * the time spent waiting left out of both, and how irregular the gaps are (their mean deviation over
+ * their mean: requests arriving at random read ~0.7, a training's fixed pauses near 0). DEMAND goes to the
  * daemon when these moved enough, at most every DEMAND_REPORT_MIN_NS, and again every
  * DEMAND_REFRESH_NS (a restarted daemon has forgotten them). The daemon decides from them who takes
  * turns and who co-runs (docs/design-scheduler.md "Adaptive sharing").
@@ -35,6 +36,7 @@
 #define DEMAND_REFRESH_NS 5000000000ull
 #define DEMAND_BUSY_STEP 0.05                  /* report when the busy share moved this much */
 #define DEMAND_LENGTH_STEP 0.25                /* or a mean burst or gap length this fraction */
+#define DEMAND_SPREAD_STEP 0.2                 /* or the gaps' spread this much */
 #define DEMAND_RUN_WEIGHT 0.25                 /* weight of the newest burst or gap in its mean */
 
 struct demand {
@@ -45,10 +47,11 @@ struct demand {
     uint64_t seen_ns;         /* time sampled since the first busy look, lock waits left out */
     double busy;              /* 0..1 */
     double burst_ns, gap_ns;  /* means; 0 = none finished yet */
+    double gap_dev_ns;        /* mean deviation of a gap from the mean before it (irregular: a server) */
     unsigned bursts;          /* bursts finished (the mean's weight, for burst.c) */
     int reported;
     uint64_t reported_at;
-    double sent_busy, sent_burst, sent_gap;
+    double sent_busy, sent_burst, sent_gap, sent_spread;
 };
 
 static struct demand demands[NVSHARE_MAX_GPUS];
@@ -75,13 +78,15 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     double run = (double)(now - d->run_start);
     double burst = d->busy_now && run > d->burst_ns ? run : d->burst_ns;
     double gap = !d->busy_now && run > d->gap_ns ? run : d->gap_ns;
+    double spread = d->gap_ns > 0 ? d->gap_dev_ns / d->gap_ns : 0;
+    double spread_step = spread > d->sent_spread ? spread - d->sent_spread : d->sent_spread - spread;
     if (d->reported) {
         uint64_t since = now - d->reported_at;
         if (since < DEMAND_REPORT_MIN_NS)
             return;
         double step = d->busy > d->sent_busy ? d->busy - d->sent_busy : d->sent_busy - d->busy;
         if (step < DEMAND_BUSY_STEP && !moved(burst, d->sent_burst) && !moved(gap, d->sent_gap)
-            && since < DEMAND_REFRESH_NS)
+            && spread_step < DEMAND_SPREAD_STEP && since < DEMAND_REFRESH_NS)
             return;
     } else if (d->seen_ns < DEMAND_FIRST_REPORT_NS) {
         return;
@@ -92,12 +97,14 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     msg.busy_ppm = (uint32_t)(d->busy * 1e6);
     msg.burst_us = burst / 1e3 > 4e9 ? 4000000000u : (uint32_t)(burst / 1e3);
     msg.gap_us = gap / 1e3 > 4e9 ? 4000000000u : (uint32_t)(gap / 1e3);
+    msg.gap_spread_ppm = spread > 4000 ? 4000000000u : (uint32_t)(spread * 1e6);
     if (nvshare_outbox_demand(&msg) == 0) {
         d->reported = 1;
         d->reported_at = now;
         d->sent_busy = d->busy;
         d->sent_burst = burst;
         d->sent_gap = gap;
+        d->sent_spread = spread;
     }
 }
 
@@ -113,6 +120,8 @@ static void turn_to(struct demand *d, int busy, uint64_t at)
         d->burst_ns = mean_of(d->burst_ns, run);
         d->bursts++;
     } else {
+        if (d->gap_ns != 0)
+            d->gap_dev_ns = mean_of(d->gap_dev_ns, run > d->gap_ns ? run - d->gap_ns : d->gap_ns - run);
         d->gap_ns = mean_of(d->gap_ns, run);
     }
     d->busy_now = busy;

@@ -201,7 +201,9 @@ struct nvshare_demand {
     uint32_t busy_ppm;          /* share of recent time (about 1 s) with GPU work launched, in flight or waiting for the lock, per million */
     uint32_t burst_us;          /* mean length of a busy stretch */
     uint32_t gap_us;            /* mean length of an idle stretch between two busy ones */
-    uint32_t reserved;          /* 0 */
+    uint32_t gap_spread_ppm;    /* mean deviation of the gaps from their mean, over that mean, per million:
+                                   ~0.74 for gaps as irregular as random arrivals (a server's requests), near 0
+                                   for a training's fixed host pauses; 0 from hooks before issue 42 */
 };
 
 struct nvshare_mem_reply {

@@ -20,6 +20,12 @@ from .policytypes import ClientInfo
 TURN_BUSY = 0.8
 TURN_BURST_SEC = 0.025
 TURN_GAP_SEC = 0.025
+# Not a server (issue 42): a client whose gaps vary as random arrivals do (mean deviation over
+# mean: ~0.74 for exponential gaps, near 0 for a training's fixed pauses) serves requests. By its
+# means alone it looked like a bursty training: on the H200 a CUDA-graph decoder's requests (busy
+# 23 %, bursts 23-38 ms, gaps 62-140 ms) took turns with a PyTorch training and their p99 was 6.6x
+# alone (co-located 2.0x). It co-runs, where the others pace beside its prompt bursts.
+SERVE_SPREAD = 0.5
 # ... and keeps taking them until its figures fall below those lines by this factor: two bursty
 # jobs alternating in each other's pauses (tests/hook/test_hook_adaptive.py) read one report of
 # "busy 40 %" on a loaded CI machine, co-ran for that report's time and their kernels overlapped.
@@ -100,18 +106,28 @@ class Demand:
                               # (lock waits left out)
     burst: float              # seconds: mean busy stretch
     gap: float                # seconds: mean idle stretch between busy ones
+    spread: float = 0.0       # the gaps' mean deviation over their mean (0 from older hooks)
+
+    @property
+    def serves(self) -> bool:
+        """Its bursts begin at arrivals that do not wait for the GPU (a server's requests): its
+        gaps are as irregular as random arrivals (SERVE_SPREAD), and it is not busy most of the
+        time. A burst then waits for a turn with no pause of its own to hide the wait in."""
+        return self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
 
     @property
     def takes_turns(self) -> bool:
         """A turn-taker by its own demand, whoever else uses the GPU."""
-        return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC)
+        return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC
+                                          and not self.serves)
 
     def keeps_turns(self) -> bool:
         """A client that takes turns by its own demand goes on taking them until its figures are
         clearly below the lines (TURN_LEAVE): one noisy report does not flip it."""
         f = TURN_LEAVE
         return self.busy >= f * TURN_BUSY \
-            or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC)
+            or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC
+                and self.spread < f * SERVE_SPREAD)
 
     @property
     def bursty(self) -> bool:
@@ -119,7 +135,9 @@ class Demand:
         return not self.takes_turns and self.burst >= TURN_GROUP_BURST_SEC
 
     def describe(self) -> str:
-        return f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps {self.gap * 1000:.0f} ms"
+        irregular = ", gaps irregular (a server)" if self.serves else ""
+        return (f"busy {self.busy:.0%}, bursts {self.burst * 1000:.0f} ms, gaps "
+                f"{self.gap * 1000:.0f} ms{irregular}")
 
 
 def turn_length(demand: Demand | None, turn_sec: float) -> float:

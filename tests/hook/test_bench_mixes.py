@@ -51,6 +51,25 @@ def test_smoke_mix4_mem_every_job_finishes(built, tmp_path):  # noqa: F811
     assert "did not release in time" not in log and "has not released the lock" not in log
 
 
+def test_smoke_serve2_the_hook_reports_a_servers_irregular_gaps(built, tmp_path):  # noqa: F811
+    """Issue 42: a server's requests arrive at random (burst.c --poisson-ms), so the gaps between
+    its bursts vary as much as random arrivals do; csrc/demand.c reports that spread, and the
+    daemon reads the job as a server (it co-runs rather than taking turns). The training beside it,
+    with no pauses, and issue 27's bursty job, with fixed ones, are not read so."""
+    run = subprocess.run([sys.executable, str(BENCH / "bench_mixes.py"), "--out", str(tmp_path),
+                          "--mixes", "serve2,mix3", "--arms", "nvshare", "--seconds", "3",
+                          "--smoke-cpu"], cwd=REPO, text=True, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    serve2 = (tmp_path / "logs" / "serve2-nvshare-scheduler.log").read_text().splitlines()
+    demands = [line for line in serve2 if ": demand busy" in line]
+    server = [line for line in demands if "job 502 " in line]
+    assert server and "gaps irregular (a server)" in server[-1], "\n".join(demands[-10:])
+    assert not any("irregular" in line for line in demands if "job 501 " in line)
+    mix3 = (tmp_path / "logs" / "mix3-nvshare-scheduler.log").read_text().splitlines()
+    bursty = [line for line in mix3 if ": demand busy" in line and "job 502 " in line]
+    assert bursty and "irregular" not in bursty[-1], "\n".join(bursty[-5:])
+
+
 # --- issue 42: PyTorch servers beside a PyTorch training -------------------------------------------
 
 sys.path.insert(0, str(BENCH))

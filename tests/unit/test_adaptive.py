@@ -16,6 +16,8 @@ LIGHT = Demand(0.002, 0.001, 1.5)              # an interactive step: 1 ms of wo
 SHORT_BURSTS = Demand(0.35, 0.012, 0.022)      # bursty, 12 ms steps and 22 ms host pauses
 TINY_BURSTS = Demand(0.30, 0.002, 0.005)       # 2 ms bursts: a hand-over costs about as much
 LONG_BURSTS = Demand(0.30, 0.035, 0.082)       # W2: 35 ms steps, 82 ms host pauses
+# issue 42: a CUDA-graph decoder serving requests at random arrivals, as the H200 read it
+SERVER = Demand(0.23, 0.038, 0.089, 0.74)
 
 
 def gpu(**settings) -> GpuState:
@@ -121,7 +123,8 @@ def test_a_waiter_whose_demand_turns_light_is_granted_at_once():
 
 
 @pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True), (SHORT_BURSTS, False),
-                                          (TINY_BURSTS, False), (LIGHT, False)])
+                                          (TINY_BURSTS, False), (LIGHT, False), (SERVER, False),
+                                          (Demand(0.9, 0.038, 0.004, 0.74), True)])
 def test_which_demand_takes_turns_by_itself(demand, turns):
     assert demand.takes_turns is turns
 
@@ -345,3 +348,23 @@ def test_a_turn_taker_by_demand_is_not_flipped_by_one_noisy_report():
     c = client(3)
     g.report_demand(c, noisy, 0.3)
     assert not g.takes_turns(3)
+
+
+def test_a_server_beside_a_training_co_runs_where_a_bursty_training_takes_turns():
+    """Issue 42: by their means a server (requests at random arrivals) and a bursty training look
+    alike; on the H200 a CUDA-graph decoder's requests took turns with a PyTorch training and their
+    p99 was 6.6x alone. Irregular gaps tell the server apart: it co-runs, and the training's grant
+    says YIELD (it waits out the server's prompt bursts). A bursty training keeps its turns."""
+    g = gpu()
+    training, server = client(1), client(2)
+    g.report_demand(training, BUSY, 0.0)
+    g.report_demand(server, SERVER, 0.0)
+    g.request(training, 0.0)
+    actions = g.request(server, 0.05)
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
+    assert SERVER.describe().endswith("gaps irregular (a server)")   # what the log says
+    g = gpu()
+    g.report_demand(training, BUSY, 0.0)
+    g.report_demand(server, LONG_BURSTS, 0.0)
+    g.request(training, 0.0)
+    assert grants(g.request(server, 0.05)) == [] and 2 in g.queue
