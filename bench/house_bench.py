@@ -220,8 +220,11 @@ def run(args) -> dict:
                     add(side, "alloc_small", sizes[SMALL])
                     add(side, "alloc_swappable", sizes[SWAPPABLE])
                     for handoff, key in ((True, "handoff"), (False, "grant")):
-                        add(side, key, handover_gaps_ms(work, lib, handoff, args.switch_ms, args.kernels,
-                                                        f"round {r + 1} {side} {key}"))
+                        gaps = handover_gaps_ms(work, lib, handoff, args.switch_ms, args.kernels,
+                                                f"round {r + 1} {side} {key}")
+                        add(side, key, gaps)
+                        add(side, f"{key}_round_p50", percentile(gaps, 50))
+                        add(side, f"{key}_round_p99", percentile(gaps, 99))
                 add("none", "launch", launch_ns(work, jobs.env(None), args.launches))
                 log(f"round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s): "
                     + ", ".join(f"{side} launch {samples[side]['launch'][-1]:.1f} ns, "
@@ -243,6 +246,9 @@ def run(args) -> dict:
                          "handoff_p99": percentile(s["handoff"], 99),
                          "grant_p50": percentile(s["grant"], 50), "grant_p99": percentile(s["grant"], 99),
                          "switches_handoff": len(s["handoff"]), "switches_grant": len(s["grant"])}
+        for key in ("launch", "alloc_small", "alloc_swappable", "handoff_round_p50", "handoff_round_p99",
+                    "grant_round_p50", "grant_round_p99"):
+            figures[side][f"{key}_range"] = (min(s[key]), max(s[key]))
     return {"date": datetime.date.today().isoformat(), "before": args.before, "rounds": args.rounds,
             "settings": {k: getattr(args, k) for k in ("launches", "small_allocs", "swappable_allocs",
                                                         "kernels", "switch_ms")},
@@ -271,6 +277,18 @@ def table(result: dict) -> str:
                  f"({f['before']['switches_handoff']} / {f['after']['switches_handoff']} by HANDOFF, "
                  f"{f['before']['switches_grant']} / {f['after']['switches_grant']} by grant), two "
                  f"processes of {s['kernels']} kernels of 2 ms each in {s['switch_ms']:g} ms turns.")
+    lines.append("")
+    lines.append("The rounds one by one (lowest - highest of the rounds):")
+    lines.append("")
+    lines.append("| measure | before | after |")
+    lines.append("|---|---|---|")
+    for key, label, unit in (("launch", "launch", "ns"), ("alloc_small", "allocation 4 KiB", "ns"),
+                             ("alloc_swappable", "allocation 4 MiB", "ns"),
+                             ("handoff_round_p50", "HANDOFF p50", "ms"),
+                             ("handoff_round_p99", "HANDOFF p99", "ms"),
+                             ("grant_round_p50", "grant p50", "ms"), ("grant_round_p99", "grant p99", "ms")):
+        cells = [" - ".join(shown(v, unit) for v in f[side][f"{key}_range"]) for side in SIDES]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
