@@ -84,13 +84,20 @@ static void handoff_forget(struct nvshare_gpu *g)
     close_fd(&g->gate.handoff_in_fd);
 }
 
-static void open_gate(struct nvshare_gpu *g);
+static void open_gate(struct nvshare_gpu *g, uint64_t swapped);
 static void ensure_keeper(struct nvshare_gpu *g);
 
-/* With g->gate.mu held: this process holds the lock from now on, by grant or by hand-over (the gate
- * opens after). bursts: co-running with the other holders, bursts taking turns (shared page);
- * yields: waiting out co-runners' prompt bursts (burst.c). */
-static void hold_lock(struct nvshare_gpu *g, int bursts, int yields)
+/* With g->gate.mu held: what of g's memory is in host memory (memory.c's count), for open_gate. */
+static uint64_t swapped_bytes(struct nvshare_gpu *g)
+{
+    struct nvshare_mem_numbers numbers;
+    nvshare_mem_numbers(g, &numbers);
+    return numbers.swapped;
+}
+
+/* With g->gate.mu held: this process holds the lock from now on, by grant or by hand-over. The
+ * gate's part only: the caller then arms bursts (burst.c) and opens the gate. */
+static void hold_lock(struct nvshare_gpu *g)
 {
     ensure_keeper(g);
     atomic_store(&g->mode, GPU_GATED);
@@ -99,24 +106,22 @@ static void hold_lock(struct nvshare_gpu *g, int bursts, int yields)
     g->gate.drop_pending = 0;
     g->gate.granted_ns = nvshare_now_ns();
     g->gate.no_room_until = 0;
-    nvshare_burst_arm(g, bursts, yields);
 }
 
 /* With g->gate.mu held, waiting for the lock: the holder says the GPU is ours. Memory of ours in host
  * memory must come back first, which the grant arranges: then we wait for it. */
 static void handoff_take(struct nvshare_gpu *g)
 {
-    struct nvshare_mem_numbers numbers;
-    nvshare_mem_numbers(g, &numbers);
-    if (g->gate.held || !g->gate.requested || atomic_load(&g->mode) == GPU_PASS || numbers.swapped || g->gate.swap_busy ||
-        !nvshare_outbox_connected())
+    if (g->gate.held || !g->gate.requested || atomic_load(&g->mode) == GPU_PASS || g->gate.swap_busy ||
+        !nvshare_outbox_connected() || swapped_bytes(g))
         return;
     /* g->gate.requested stays: the grant that follows answers the request, and says whether to wait
      * out prompt bursts. Until it comes, as the last grant said: disarmed, the turn's first step
      * went out whole before the grant (10 kernels at once on the fake driver, and a served request
      * on the H200 shared the GPU with it: its slowest came just after hand-overs). */
-    hold_lock(g, 0, g->gate.last_yields);
-    open_gate(g);
+    hold_lock(g);
+    nvshare_burst_arm(g, 0, g->gate.last_yields);
+    open_gate(g, 0);   /* nothing swapped, looked at under this mutex just now */
     nvshare_debug("gpu %s: lock passed on by hand-over (the grant follows)", g->uuid);
 }
 
@@ -494,12 +499,11 @@ static void set_open(struct nvshare_gpu *g)
     atomic_store(&g->gate.open, 1);
 }
 
-/* With g->gate.mu held: open the gate, unless memory must come back first (then the keeper opens it). */
-static void open_gate(struct nvshare_gpu *g)
+/* With g->gate.mu held: open the gate, unless memory must come back first (then the keeper opens it).
+ * swapped: what of g's memory is in host memory, looked at under this mutex (swapped_bytes). */
+static void open_gate(struct nvshare_gpu *g, uint64_t swapped)
 {
-    struct nvshare_mem_numbers numbers;
-    nvshare_mem_numbers(g, &numbers);
-    if (numbers.swapped || g->gate.swap_busy) {
+    if (swapped || g->gate.swap_busy) {
         g->gate.swap_in_pending = 1;
         ensure_keeper(g);
         pthread_cond_signal(&g->gate.keeper_cv);
@@ -677,22 +681,25 @@ void nvshare_gate_on_grant(struct nvshare_gpu *g, uint32_t flags, uint32_t switc
                       atomic_load(&g->burst.yields) ? ", waits out prompt bursts" : "");
         return;
     }
-    /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does. */
-    hold_lock(g, bursts, yields);
+    /* The grant goes down the layers once: first the gate's own part, all of it here; then one call
+     * to each part below that has something to do at a grant, memory.c, swap.c, burst.c, in that
+     * order; then the gate opens (or the keeper brings memory back first). Each of them before the
+     * gate opens, all under this mutex. */
+    hold_lock(g);
     g->gate.requested = 0;
     handoff_forget(g);
     /* A PREPARE_SWAP_OUT not yet done, or being done, is overtaken by the grant: moving memory
-     * out only to bring it back would stall this job (measured: 11 s for 22 GiB, pinning first). */
+     * out only to bring it back would stall this job (measured: 11 s for 22 GiB, pinning first).
+     * Not yet done: its answer is a report; being done (swap_busy): it stops between chunks. */
     int unanswered_ask = g->gate.swap_now_bytes != 0 && !g->gate.swap_busy;
     g->gate.swap_now_bytes = 0;
-    if (g->gate.swap_busy)
-        nvshare_swap_set_abort(g, 1);
-    open_gate(g);
+    uint64_t swapped = nvshare_memory_on_grant(g, unanswered_ask);
+    nvshare_swap_on_grant(g, g->gate.swap_busy, (flags & NVSHARE_GRANT_SWAP_AHEAD) != 0, bytes);
+    /* Co-running: bursts take turns through the shared page. In exclusive turns the lock does.
+     * Armed before the gate opens: the first thread through it begins a burst. */
+    nvshare_burst_arm(g, bursts, yields);
+    open_gate(g, swapped);
     pthread_mutex_unlock(&g->gate.mu);
-    if (unanswered_ask)
-        nvshare_memory_report(g);  /* the daemon takes the next report as the ask's answer */
-    if (flags & NVSHARE_GRANT_SWAP_AHEAD)
-        nvshare_swap_pin_ahead(g, bytes);
     nvshare_debug("gpu %s: lock granted (%s%s, switch interval %u ms)", g->uuid,
                   !(flags & NVSHARE_GRANT_SHARED) ? "exclusive"
                   : atomic_load(&g->burst.armed) ? "shared, bursts take turns" : "shared",
@@ -808,7 +815,7 @@ void nvshare_gate_on_request_refused(uint32_t seq, int32_t status, const char *m
         if (g->gate.requested && g->gate.request_seq == seq) {
             g->gate.requested = 0;
             atomic_store(&g->mode, GPU_PASS);
-            open_gate(g);
+            open_gate(g, swapped_bytes(g));
             pthread_mutex_unlock(&g->gate.mu);
             char why[4 * 256];
             nvshare_escape(why, sizeof why, message);
@@ -844,7 +851,7 @@ void nvshare_gate_on_connection_change(int connected)
             handoff_forget(g);
             close_fd(&g->gate.handoff_out_fd);
             if (!connected && nvshare_cfg.loss_policy == NVSHARE_LOSS_RUN && nvshare_outbox_daemon_gone())
-                open_gate(g);
+                open_gate(g, swapped_bytes(g));
         }
         pthread_cond_broadcast(&g->gate.waiters_cv);
         pthread_mutex_unlock(&g->gate.mu);
@@ -859,7 +866,7 @@ void nvshare_gates_open_all(void)
         struct nvshare_gpu *g = &nvshare_gpus[i];
         pthread_mutex_lock(&g->gate.mu);
         atomic_store(&g->mode, GPU_PASS);
-        open_gate(g);
+        open_gate(g, swapped_bytes(g));
         pthread_mutex_unlock(&g->gate.mu);
     }
 }
@@ -870,7 +877,7 @@ void nvshare_gate_pass_through(struct nvshare_gpu *g)
         return;
     pthread_mutex_lock(&g->gate.mu);
     atomic_store(&g->mode, GPU_PASS);
-    open_gate(g);   /* memory of ours in host memory comes back first */
+    open_gate(g, swapped_bytes(g));   /* memory of ours in host memory comes back first */
     pthread_mutex_unlock(&g->gate.mu);
 }
 

@@ -166,6 +166,15 @@ void nvshare_memory_report_prefetched(struct nvshare_gpu *g, int stopped)
     report(g, NVSHARE_MEM_PREFETCH_DONE | (stopped ? NVSHARE_MEM_PREFETCH_SHORT : 0));
 }
 
+uint64_t nvshare_memory_on_grant(struct nvshare_gpu *g, int answer_ask)
+{
+    struct nvshare_mem_numbers numbers;
+    nvshare_mem_numbers(g, &numbers);
+    if (answer_ask)
+        report(g, 0);   /* the daemon takes the next report as the ask's answer */
+    return numbers.swapped;
+}
+
 /* Asks before allocating: 0 = allowed (the reply in *reply when *answered), 1 = refused.
  * *not_managed: the daemon answered NOGPU. */
 static int ask_daemon(struct nvshare_gpu *g, uint64_t request, uint32_t flags,

@@ -72,6 +72,11 @@ void nvshare_memory_report(struct nvshare_gpu *g);
 void nvshare_memory_report_moving(struct nvshare_gpu *g);
 /* The report that ends a PREFETCH (NVSHARE_MEM_PREFETCH_DONE; _SHORT too when it stopped early). */
 void nvshare_memory_report_prefetched(struct nvshare_gpu *g, int stopped);
+/* A grant of g: memory.c's part, called once by the gate under g's gate mutex before the gate opens.
+ * Returns what of g's memory is in host memory (the keeper brings it back before the gate opens);
+ * answer_ask: the grant overtook a PREPARE_SWAP_OUT before it moved anything, whose answer is the
+ * next report: it is sent (queued) now. */
+uint64_t nvshare_memory_on_grant(struct nvshare_gpu *g, int answer_ask);
 /* Every GPU's numbers again (a new connection). */
 void nvshare_memory_resend(void);
 struct nvshare_mem_numbers {

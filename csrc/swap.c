@@ -656,7 +656,7 @@ static void start_prepin(struct nvshare_gpu *g)
     pthread_attr_destroy(&attr);
 }
 
-void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes)
+static void pin_ahead(struct nvshare_gpu *g, uint64_t bytes)
 {
     if (nvshare_cfg.swap_prepin != NVSHARE_PREPIN_AHEAD)
         return;
@@ -674,6 +674,14 @@ void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes)
                           g->uuid);
     }
     start_prepin(g);
+}
+
+void nvshare_swap_on_grant(struct nvshare_gpu *g, int stop_out, int ahead, uint64_t bytes)
+{
+    if (stop_out)
+        nvshare_swap_set_abort(g, 1);
+    if (ahead)
+        pin_ahead(g, bytes);
 }
 
 uint64_t nvshare_swap_out(struct nvshare_gpu *g, uint64_t bytes, void (*progress)(struct nvshare_gpu *))

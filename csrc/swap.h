@@ -26,10 +26,12 @@ void nvshare_swap_unlock(struct nvshare_gpu *g);
 /* Stop a swap-out between chunks (on: a grant came during a PREPARE_SWAP_OUT swap, or the job runs
  * again after the suspend that asked for it) / the next swap-out may run to its end (off). */
 void nvshare_swap_set_abort(struct nvshare_gpu *g, int on);
-/* A grant said NVSHARE_GRANT_SWAP_AHEAD: with NVSHARE_SWAP_PREPIN=ahead (the default when unset), pin
- * the host copies of the newest chunks up to `bytes` ahead (0: all), in the prepin thread (any
- * thread; returns at once). */
-void nvshare_swap_pin_ahead(struct nvshare_gpu *g, uint64_t bytes);
+/* A grant of g: swap.c's part, called once by the gate under g's gate mutex before the gate opens.
+ * stop_out: a swap-out for a PREPARE_SWAP_OUT is under way, and the grant overtakes it: it stops
+ * between chunks (as nvshare_swap_set_abort(g, 1)). ahead: the grant said NVSHARE_GRANT_SWAP_AHEAD:
+ * with NVSHARE_SWAP_PREPIN=ahead (the default when unset), the host copies of the newest chunks up to
+ * `bytes` (0: all) are pinned ahead, in the prepin thread (returns at once). */
+void nvshare_swap_on_grant(struct nvshare_gpu *g, int stop_out, int ahead, uint64_t bytes);
 /* Under nvshare_swap_lock, with g's gate shut and its work drained: moves at least `bytes`
  * (UINT64_MAX: all) to host memory; returns the bytes moved. The counters follow each chunk (at
  * most 256 MiB), and progress(g), when given, is called after each chunk but the last, so that the

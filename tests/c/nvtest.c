@@ -4,6 +4,7 @@
  * itself first), then runs the actions given on the command line, one output line each.
  *
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
+ *   allocfree:BYTES:N (N times alloc of BYTES and its free, each call timed: mean and median ns of each)
  *   free:I (the I-th live allocation; kept when the free fails)
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
  *   waitfile:PATH (until PATH exists: the test acts between two steps)
@@ -262,6 +263,34 @@ static void launch(unsigned long long us, int n)
     void *params[] = {&us};
     for (int i = 0; i < n; i++)
         check("cuLaunchKernel", api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static double mean_of(const double *v, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += v[i];
+    return n ? sum / n : 0;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v. */
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    return n ? v[n / 2] : 0;
 }
 
 #define MAX_ALLOCS 256
@@ -888,6 +917,28 @@ static void run(char *action)
         if (rc == CUDA_SUCCESS && n_allocs < MAX_ALLOCS)
             allocs[n_allocs++] = p;
         printf("alloc %s rc=%d\n", arg, rc);
+    } else if (strcmp(action, "allocfree") == 0) {
+        /* allocfree:BYTES:N: N times cuMemAlloc_v2 of BYTES, then its cuMemFree_v2, each call timed;
+         * one line: BYTES N, then the mean and median ns of the allocations and of the frees */
+        char *n = strchr(arg, ':');
+        int count = n && atoi(n + 1) > 0 ? atoi(n + 1) : 1;
+        size_t bytes = strtoull(arg, NULL, 10);
+        double *alloc_ns = calloc((size_t)count, sizeof *alloc_ns), *free_ns = calloc((size_t)count, sizeof *free_ns);
+        CUresult rc = alloc_ns && free_ns ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        for (int i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+            CUdeviceptr p = 0;
+            uint64_t t0 = now_ns();
+            rc = api.cuMemAlloc_v2(&p, bytes);
+            uint64_t t1 = now_ns();
+            if (rc == CUDA_SUCCESS)
+                rc = api.cuMemFree_v2(p);
+            alloc_ns[i] = (double)(t1 - t0);
+            free_ns[i] = (double)(now_ns() - t1);
+        }
+        printf("allocfree %zu %d %.0f %.0f %.0f %.0f rc=%d\n", bytes, count, mean_of(alloc_ns, count),
+               median_of(alloc_ns, count), mean_of(free_ns, count), median_of(free_ns, count), rc);
+        free(alloc_ns);
+        free(free_ns);
     } else if (strcmp(action, "allocpitch") == 0) {
         char *h = strchr(arg, ':');
         CUdeviceptr p = 0;
