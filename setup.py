@@ -3,7 +3,7 @@
 libnvshare.so is a plain shared library (LD_PRELOAD), not a Python extension: it is compiled by
 setuptools' own compiler step, named without an ABI suffix, and the wheel is tagged py3-none-<platform>
 so one wheel serves every Python 3 on that platform. The wire-format header ships beside it, where
-nvshare_slurm/proto.py reads it.
+nvshare_slurm/wire/proto.py reads it.
 
 The hook is preloaded into every program of a job, containers with old images included: every build
 must need no glibc newer than 2.17 (MANYLINUX_BASELINE in buildtools/elf_needs.py; EL7, and the first

@@ -43,9 +43,9 @@ import psutil
 
 import bench_daemon
 from docsection import replace_section
-from nvshare_slurm import proto
-from nvshare_slurm.client import Client
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.client import Client
+from nvshare_slurm.wire.proto import C
 
 REPO = Path(__file__).resolve().parent.parent
 GPUS = [f"GPU-hostile0-0000-0000-0000-00000000000{i}" for i in range(2)]
@@ -57,8 +57,8 @@ SCENARIOS = ["quiet", "report4", "report256", "heartbeat", "query", "churn", "sl
 ATTACK = r"""
 import os, socket, sys, time
 sys.path[:0] = {path!r}
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 kind, count, sock_path, uid, job, gpu = {kind!r}, {count}, {sock!r}, {uid}, {job}, {gpu!r}
 if {cpus!r}:
     os.sched_setaffinity(0, {cpus!r})

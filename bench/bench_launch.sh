@@ -55,7 +55,7 @@ if [[ $(id -u) == 0 ]]; then
     for _ in $(seq 200); do [[ -S "$WORK/s.sock" ]] && break; sleep 0.05; done
     [[ -S "$WORK/s.sock" ]] || { echo "bench_launch.sh: nvshare-scheduler did not start:" >&2; cat "$WORK/daemon.log" >&2; exit 1; }
     UUID=$("$PY" -c "
-from nvshare_slurm.client import Client
+from nvshare_slurm.wire.client import Client
 print(Client('$WORK/s.sock').register_job(4242, uid=0, gid=0, gpu_index=[0])['gpu_uuid'][0])")
     export NVSHARE_SOCKET="$WORK/s.sock" NVSHARE_JOB_ID=4242 SLURM_STEP_ID=0 NVSHARE_MANAGED_GPUS="$UUID"
     echo "bench_launch: $DRIVER, hook $LIB, lock of $UUID held through nvshare-scheduler"

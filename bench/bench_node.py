@@ -40,7 +40,7 @@ import psutil
 import bench_daemon
 from docsection import replace_section
 from nvshare_slurm import libnvshare_path
-from nvshare_slurm.client import Client
+from nvshare_slurm.wire.client import Client
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "tests" / "c" / "build"

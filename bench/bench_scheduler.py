@@ -34,9 +34,9 @@ import psutil
 
 import bench_daemon
 from docsection import replace_section
-from nvshare_slurm import proto
-from nvshare_slurm.client import Client
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.client import Client
+from nvshare_slurm.wire.proto import C
 
 REPO = Path(__file__).resolve().parent.parent
 N_GPUS = 8
@@ -112,7 +112,7 @@ def write_section(text: str) -> None:
 CHURN = """
 import os, sys, time
 sys.path[:0] = {path!r}
-from nvshare_slurm.client import Client
+from nvshare_slurm.wire.client import Client
 client, rate, job_id = Client({sock!r}), {rate}, 900000
 start = time.monotonic()
 while True:
@@ -125,8 +125,8 @@ while True:
 HOSTILE = """
 import os, socket, sys, time
 sys.path[:0] = {path!r}
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 uid = {uid}
 if uid is not None:
     os.setgroups([]); os.setgid(uid); os.setuid(uid)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench_scheduler import start_daemon
 from docsection import replace_section
-from nvshare_slurm.client import Client
+from nvshare_slurm.wire.client import Client
 
 REPO = Path(__file__).resolve().parent.parent
 JOB_ID = 4242

@@ -306,7 +306,7 @@ class Scheduler(SchedulerProcess):
         env["NVSHARE_CONFIG"] = str(workdir / "nvshare.yaml")
         env.update(daemon_env or {})
         self.start([sys.executable, str(Path(__file__).resolve()), "--run-daemon"], env, log_path)
-        from nvshare_slurm.client import Client
+        from nvshare_slurm.wire.client import Client
         self.client = Client(self.socket)
         self.next_job = 500
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from nvshare_slurm import localcluster
+from nvshare_slurm.node import localcluster
 
 
 class OneNodeSlurm:

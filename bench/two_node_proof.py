@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_node import OneNodeSlurm, stop_leftovers  # noqa: E402
 from two_gpu_proof import NO_MULTICAST, inventory  # noqa: E402
 
-from nvshare_slurm import localcluster  # noqa: E402
+from nvshare_slurm.node import localcluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = Path("/tmp/nvshare-2node")

@@ -2,7 +2,7 @@
  *
  * Every frame is a struct nvshare_hdr followed by `length` payload bytes. A frame whose magic,
  * version or length is wrong is refused and that connection is closed; nothing else is disturbed.
- * Python's codec (nvshare_slurm/wire.py) reads the text between NVSHARE_CDEF_BEGIN and
+ * Python's codec (nvshare_slurm/wire/wire.py) reads the text between NVSHARE_CDEF_BEGIN and
  * NVSHARE_CDEF_END, so that block holds only integer #defines, enums and structs of fixed-width
  * fields with literal array sizes; each message's comment in enum nvshare_msg_type names its
  * payload struct first, which is how the codec knows it. Fields are laid out naturally aligned, so

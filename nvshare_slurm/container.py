@@ -30,10 +30,11 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from . import libnvshare_file, taskconfig
-from .jobenv import DAEMON_WAIT_SEC
-from .jobenv import say as say_line
-from .taskenv import UnsafeValue, export_lines, full_config, placement_of, valid_job_id
+from . import libnvshare_file
+from .base import taskconfig
+from .node.jobenv import DAEMON_WAIT_SEC
+from .node.jobenv import say as say_line
+from .node.taskenv import UnsafeValue, export_lines, full_config, placement_of, valid_job_id
 
 ME = "nvshare-container"
 

@@ -19,29 +19,30 @@ import sys
 import time
 from typing import Any
 
-from . import config, log, proto
-from .accounting import UsageLedger
-from .burstpage import BurstPages
-from .clienthandlers import ClientHandlers
-from .connection import (Connection, Limits, Listener, Violation, listening_socket,
-                         prepare_socket_path, raise_fd_limit, remove_socket)
-from .daemoncore import Handler, RepeatedWarnings
-from .devices import GpuDevices
-from .driverwatch import DriverWatch
-from .gang import GangPolicy
-from .gpustate import GpuState
-from .hookwatch import HookWatch
-from .inventory import ConfiguredInventory, Inventory, InventoryError, from_config
-from .placement import GpuLoad, place_job
-from .policytypes import Action, GpuSettings
-from .proto import C
-from .registry import Job, Registry
-from .requesthandlers import RequestHandlers
-from .rogue import RogueTracker, RogueWatch
-from .sender import ActionSender
-from .statekeeper import StateKeeper
-from .statusreply import status_reply
-from .suspend import SuspendWatch
+from .base import config, log
+from .node.inventory import ConfiguredInventory, Inventory, InventoryError, from_config
+from .policy.gang import GangPolicy
+from .policy.gpustate import GpuState
+from .policy.placement import GpuLoad, place_job
+from .policy.policytypes import Action, GpuSettings
+from .scheduler.accounting import UsageLedger
+from .scheduler.burstpage import BurstPages
+from .scheduler.clienthandlers import ClientHandlers
+from .scheduler.connection import (Connection, Limits, Listener, Violation, listening_socket,
+                                   prepare_socket_path, raise_fd_limit, remove_socket)
+from .scheduler.daemoncore import Handler, RepeatedWarnings
+from .scheduler.devices import GpuDevices
+from .scheduler.driverwatch import DriverWatch
+from .scheduler.hookwatch import HookWatch
+from .scheduler.registry import Job, Registry
+from .scheduler.requesthandlers import RequestHandlers
+from .scheduler.rogue import RogueTracker, RogueWatch
+from .scheduler.sender import ActionSender
+from .scheduler.statekeeper import StateKeeper
+from .scheduler.statusreply import status_reply
+from .scheduler.suspend import SuspendWatch
+from .wire import proto
+from .wire.proto import C
 
 # Settings that only a restart can change (the socket is bound, the GPUs are enumerated).
 _RESTART_ONLY = ("socket", "state_dir", "gpus", "metrics_port")
@@ -293,7 +294,7 @@ class Daemon:
         # Before the socket appears: whoever sees the socket finds the metrics too.
         metrics = None
         if self.cfg.metrics_port:
-            from .metrics import MetricsServer   # prometheus-client only where metrics are on
+            from .scheduler.metrics import MetricsServer   # prometheus-client only where metrics are on
             metrics = MetricsServer(self, self.cfg.metrics_port, self.cfg.metrics_bind,
                                     self.cfg.metrics_user_labels)
             try:
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if not daemon.gpus:
         logger.warning("no GPUs found: job registrations will be refused")
     daemon.state.restore()
-    from .sitecheck import admin_comment_problem
+    from .scheduler.sitecheck import admin_comment_problem
     problem = admin_comment_problem(cfg)
     if problem:
         logger.warning(problem)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import sys
 
-from . import config as config_mod
-from . import slurm
-from .accounting import usage_line
-from .client import Client, DaemonUnavailable, RequestFailed
-from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
-from .statefile import job_in_state
-from .wire import C
+from .base import config as config_mod
+from .node import slurm
+from .node.jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
+from .node.statefile import job_in_state
+from .scheduler.accounting import usage_line
+from .wire.client import Client, DaemonUnavailable, RequestFailed
+from .wire.wire import C
 
 ME = "nvshare-epilog"
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from . import config as config_mod
-from . import containerconf
-from . import inventory as inventory_mod
 from . import libnvshare_file
-from .inventory import GpuInfo
+from .base import config as config_mod
+from .node import containerconf
+from .node import inventory as inventory_mod
+from .node.inventory import GpuInfo
 
 PROG = "nvshare-node-config"
 DEFAULT_SHARERS = 4

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 
-from . import config as config_mod
-from . import priority, slurm
-from .client import Client, DaemonUnavailable, RequestFailed
-from .jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
-from .wire import C
+from .base import config as config_mod
+from .base import priority
+from .node import slurm
+from .node.jobenv import DAEMON_WAIT_SEC, answer_help, drain, node_name, say, with_daemon
+from .wire.client import Client, DaemonUnavailable, RequestFailed
+from .wire.wire import C
 
 
 def run(environ: dict[str, str], wait_sec: float = DAEMON_WAIT_SEC) -> int:

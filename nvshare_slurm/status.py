@@ -18,9 +18,11 @@ import sys
 from typing import Any, TextIO
 from collections.abc import Sequence
 
-from . import __version__, config, render
-from .client import Client, DaemonUnavailable, RequestFailed
-from .wire import C, ProtocolError
+from . import __version__
+from .base import config
+from .node import render
+from .wire.client import Client, DaemonUnavailable, RequestFailed
+from .wire.wire import C, ProtocolError
 
 PROG = "nvshare-status"
 

@@ -36,15 +36,16 @@ from __future__ import annotations
 import os
 import sys
 
-from . import libnvshare_file, taskconfig
-from .jobenv import DAEMON_WAIT_SEC
-from .taskenv import UnsafeValue, config_or_fallback, export_lines, placement_of, say, valid_job_id
+from . import libnvshare_file
+from .base import taskconfig
+from .node.jobenv import DAEMON_WAIT_SEC
+from .node.taskenv import UnsafeValue, config_or_fallback, export_lines, placement_of, say, valid_job_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-    from .config import Config
+    from .base.config import Config
 
 CHAIN_VAR = "NVSHARE_TASKPROLOG_PID"   # in the site's program's environment only
 USAGE = """usage: nvshare-taskprolog
@@ -87,7 +88,7 @@ def run(environ: dict[str, str], out: TextIO = sys.stdout,
         result = site.finish()
         write_bytes(out, result.output)
         if result.output:
-            from .sitetask import changes
+            from .node.sitetask import changes
             existing_preload = changes(result.output).get("LD_PRELOAD", existing_preload)
         if result.status:
             say(job_id, f"site TaskProlog: {result.problem}: the task fails (status {result.status})")
@@ -118,12 +119,12 @@ def start_site(cfg: Config | taskconfig.TaskConfig | None, config_path: str,
         program, timeout = taskconfig.site_task_prolog_line(config_path), \
             taskconfig.TaskConfig().site_task_prolog_timeout
         if program is None:
-            from .sitetask import NotStarted
+            from .node.sitetask import NotStarted
             return NotStarted(f"{config_path} cannot be read, and it may name one "
                               f"(site_task_prolog) that must run")
     if not program:
         return None
-    from .sitetask import SiteTaskProlog
+    from .node.sitetask import SiteTaskProlog
     return SiteTaskProlog(program, timeout, dict(environ, **{CHAIN_VAR: str(os.getpid())}))
 
 

@@ -123,7 +123,7 @@ $GPUS_YAML
 YAML
 # slurm.conf, gres.conf, cgroup.conf where one is needed, and the Prolog, Epilog and TaskProlog
 # wrappers (slurmd passes no environment: they name the config files and, when nvshare-slurm or Slurm
-# are not installed, where Python and scontrol find their libraries). nvshare_slurm/localcluster.py
+# are not installed, where Python and scontrol find their libraries). nvshare_slurm/node/localcluster.py
 # writes them, as it does for the tests' and the benchmarks' clusters; this checkout's copy of it.
 CLUSTER=(--name nvsdemo --host "$HOST" --partition demo --cpus 4 --gres "$NODE_GRES"
   --gres-conf "NodeName=$HOST Name=nvshare Type=gpu0 Count=4" --gres-types "$GRES_TYPES"
@@ -144,7 +144,7 @@ if [ -n "$CONSTRAIN" ]; then
   CLUSTER+=(--constrain-devices --gres-conf "NodeName=$HOST Name=gpu File=$GPU_DEVICE")
   echo "== a site's device cgroups: $TASK_PLUGIN, $PROCTRACK, ConstrainDevices=yes, gpu GRES on $GPU_DEVICE"
 fi
-PYTHONPATH=$REPO "${PY_BIN:-python3}" -m nvshare_slurm.localcluster "$DEMO" "${CLUSTER[@]}"
+PYTHONPATH=$REPO "${PY_BIN:-python3}" -m nvshare_slurm.node.localcluster "$DEMO" "${CLUSTER[@]}"
 # Slurm OCI (`srun --container`): slurmstepd reads oci.conf from slurm.conf's directory.
 [ -z "${NVSHARE_DEMO_OCI_CONF:-}" ] || install -m 644 "$NVSHARE_DEMO_OCI_CONF" "$DEMO/oci.conf"
 

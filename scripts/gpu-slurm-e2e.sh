@@ -54,7 +54,7 @@ OCI_CONF=/tmp/nvshare-e2e-oci.conf
 PY=${E2E_PYTHON:-$(command -v python3)} || fail "no python3"
 if [ -n "$FAKE" ]; then
   GPU_UUID=GPU-fa4e0000-0000-0000-0000-000000000000 GPU_NAME="fake GPU"   # demo.sh's fake GPU
-  timeout 60 "$PY" -c 'import nvshare_slurm.proto, yaml' \
+  timeout 60 "$PY" -c 'import nvshare_slurm.wire.proto, yaml' \
     || fail "$PY cannot import nvshare_slurm, yaml"
   make -s -C tests/c >/dev/null || fail "cannot build the fake driver (tests/c)"
   # The gpu GRES's device file under ConstrainDevices: a node nothing here uses (NVIDIA's major).
@@ -64,7 +64,7 @@ else
   GPU_UUID=$(timeout 30 nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 2>/dev/null | head -1)
   GPU_NAME=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -1)
   [ -n "$GPU_UUID" ] || fail "no NVIDIA GPU (nvidia-smi)"
-  timeout 60 "$PY" -c 'import nvshare_slurm.proto, torch, yaml, pynvml' \
+  timeout 60 "$PY" -c 'import nvshare_slurm.wire.proto, torch, yaml, pynvml' \
     || fail "python3 cannot import nvshare_slurm, torch, yaml, pynvml: run '. scripts/gpu-setup.sh' first"
 fi
 [ -f nvshare_slurm/libnvshare.so ] || fail "nvshare_slurm/libnvshare.so not built: run '. scripts/gpu-setup.sh' first"

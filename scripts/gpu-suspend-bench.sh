@@ -57,14 +57,14 @@ PY=$(command -v "$PY")
 if [ -n "$FAKE" ]; then
   HOLD=${BENCH_HOLD_GIB:-0.6} LOW_STEPS=${BENCH_LOW_STEPS:-250} HIGH_STEPS=${BENCH_HIGH_STEPS:-150}
   AFTER=${BENCH_SUSPEND_AFTER:-40}
-  timeout 60 "$PY" -c 'import nvshare_slurm.proto, yaml' || fail "$PY cannot import nvshare_slurm, yaml"
+  timeout 60 "$PY" -c 'import nvshare_slurm.wire.proto, yaml' || fail "$PY cannot import nvshare_slurm, yaml"
   make -s -C tests/c >/dev/null || fail "cannot build the fake driver (tests/c)"
   GPUS_YAML="gpus: [{uuid: $FAKE_UUID, memory: 1G}]"
 else
   HOLD=${BENCH_HOLD_GIB:-60} LOW_STEPS=${BENCH_LOW_STEPS:-300} HIGH_STEPS=${BENCH_HIGH_STEPS:-150}
   AFTER=${BENCH_SUSPEND_AFTER:-50}
   say "GPU: $(timeout 30 nvidia-smi --query-gpu=name,uuid,memory.total,memory.used --format=csv,noheader 2>&1 | head -1)"
-  timeout 60 "$PY" -c 'import nvshare_slurm.proto, torch, yaml, pynvml' \
+  timeout 60 "$PY" -c 'import nvshare_slurm.wire.proto, torch, yaml, pynvml' \
     || fail "$PY cannot import nvshare_slurm, torch, yaml, pynvml: run '. scripts/gpu-setup.sh' first"
   GPUS_YAML=
 fi
@@ -143,8 +143,8 @@ CLUSTER=(--name nvssusb --host "$HOST" --partition bench --cpus 4 --gres nvshare
   --proctrack proctrack/cgroup --task-plugin task/cgroup --nvshare-config "$DIR/nvshare/nvshare.yaml"
   --python "$PY" --wrapper-env "PYTHONPATH=${PYTHONPATH:-$REPO}")
 [ -n "$SLURM_ROOT" ] && CLUSTER+=(--slurm-root "$SLURM_ROOT" --wrapper-env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
-PYTHONPATH=${PYTHONPATH:-$REPO} "$PY" -m nvshare_slurm.localcluster "$DIR" "${CLUSTER[@]}" \
-  || fail "nvshare_slurm.localcluster failed"
+PYTHONPATH=${PYTHONPATH:-$REPO} "$PY" -m nvshare_slurm.node.localcluster "$DIR" "${CLUSTER[@]}" \
+  || fail "nvshare_slurm.node.localcluster failed"
 export PYTHONPATH=${PYTHONPATH:-$REPO}
 # proctrack/cgroup on a cgroup v1 host (localcluster writes a cgroup.conf only for v2 or devices):
 # Slurm's autodetection would pick v2 from a hybrid mount and find no freezer.

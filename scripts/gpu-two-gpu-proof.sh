@@ -34,7 +34,7 @@ if [ -n "$FAKE" ]; then
   SLURM_ROOT=/
 else
   nvidia-smi -L 2>/dev/null | sed 's/^/gpu-two-gpu-proof: /' || fail "no NVIDIA GPU (nvidia-smi)"
-  timeout 120 "$PY" -c 'import nvshare_slurm.proto, torch, pynvml' \
+  timeout 120 "$PY" -c 'import nvshare_slurm.wire.proto, torch, pynvml' \
     || fail "$PY cannot import nvshare_slurm, torch, pynvml: run '. scripts/gpu-setup.sh' first"
   [ -f nvshare_slurm/libnvshare.so ] || fail "nvshare_slurm/libnvshare.so not built: run '. scripts/gpu-setup.sh' first"
   SLURM_ROOT=/opt/slurmroot

@@ -103,7 +103,7 @@ class Scheduler:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def client(self):
-        from nvshare_slurm.client import Client
+        from nvshare_slurm.wire.client import Client
         return Client(self.socket)
 
 

@@ -7,8 +7,8 @@ import time
 
 from conftest import FAKE_GPUS, become
 from lockclient import connect_and_register, gpu_frame
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 GPU0 = FAKE_GPUS[0]["uuid"]
 GPU1 = FAKE_GPUS[1]["uuid"]

@@ -21,8 +21,8 @@ CLIENT = """
 import os, socket, sys
 sys.path.insert(0, {tests!r})
 from lockclient import connect_and_register, gpu_frame
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 path, job, gpu, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 try:
     sock, body = connect_and_register(path, job, timeout=wait)

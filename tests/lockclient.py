@@ -40,8 +40,8 @@ import threading
 import time
 from typing import Any
 
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 
 def register_frame(job_id: int, step_id: int, pid: int, mem_limit: int = 0) -> bytes:

@@ -1,4 +1,4 @@
-"""Co-runners take turns burst by burst (csrc/burst.c, nvshare_slurm/burstpage.py): the daemon
+"""Co-runners take turns burst by burst (csrc/burst.c, nvshare_slurm/scheduler/burstpage.py): the daemon
 hands each adaptive co-runner its GPU's sealed page before the grant; the hooks' bursts then take
 turns through it, with no daemon round trip; nothing a job writes into the page holds another back
 for long."""
@@ -17,9 +17,9 @@ import pytest
 
 from conftest import FAKE_GPUS
 from lockclient import connect_and_register, gpu_frame
-from nvshare_slurm import proto
-from nvshare_slurm.burstpage import PAGE_BYTES
-from nvshare_slurm.proto import C
+from nvshare_slurm.scheduler.burstpage import PAGE_BYTES
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 from helpers_hook import GPU0 as TRACE_GPU0, Job, finish, read_trace, start_nvtest
 
 GPU0 = FAKE_GPUS[0]["uuid"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAKE_GPUS, REPO, become
-from nvshare_slurm import devices
+from nvshare_slurm.scheduler import devices
 
 BUILD = REPO / "tests" / "c" / "build"
 NVTEST = BUILD / "nvtest"

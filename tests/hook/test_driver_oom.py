@@ -27,8 +27,8 @@ import pytest
 from conftest import SMALL_GPU, SMALL_GPU_MEMORY
 from helpers_hook import BUILD, NVTEST, Job, finish, start_nvtest
 from helpers_scripted import ScriptedDaemon
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 MiB = 1 << 20
 OTHER_BYTES = 700 * MiB    # held outside nvshare: 324 MiB of the fake GPU's 1024 stay free

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 from helpers_hook import GPU0, GPU1, Job, finish, overlaps, read_trace, run_nvtest, start_nvtest
 
 MIB = 1 << 20

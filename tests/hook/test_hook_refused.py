@@ -24,8 +24,8 @@ from conftest import become
 from helpers_daemon import NOBODY
 from helpers_hook import BUILD, GPU0, NVTEST, finish, start_nvtest
 from helpers_scripted import ScriptedDaemon
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 MIB = 1 << 20
 # The daemon's reason, as a hostile peer might shape it: a newline, a terminal escape, a backslash.

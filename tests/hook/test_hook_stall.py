@@ -23,8 +23,8 @@ import pytest
 
 from helpers_hook import GPU0, Job, finish, read_trace, start_nvtest
 from helpers_scripted import ScriptedDaemon
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 MIB = 1 << 20
 DEADLINE_MS = 500

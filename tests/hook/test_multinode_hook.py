@@ -180,7 +180,7 @@ def test_the_order_survives_a_restart_of_one_nodes_scheduler(hook_lib, scheduler
             sched.client().register_job(job_id, uid=os.getuid(), gid=os.getgid(), gpu_index=[0],
                                         multinode=True)
     scheds[1].restart()
-    from nvshare_slurm.proto import C
+    from nvshare_slurm.wire.proto import C
     status = scheds[1].client().status(C.NVSHARE_STATUS_JOB, job_id=642)
     assert status["jobs"][0]["multinode"] is True, status
     pid_where = start_job(hook_lib, procs, scheds, 642, trace, groups(642), [1, 0])

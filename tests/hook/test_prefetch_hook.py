@@ -13,8 +13,8 @@ import time
 from helpers_hook import GPU0, Job, finish, overlaps, read_copies, read_trace, start_nvtest
 from lockclient import connect_and_register, gpu_frame, mem_frame
 
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 MiB = 1 << 20
 COPY_MS = 300

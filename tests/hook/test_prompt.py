@@ -1,4 +1,4 @@
-"""Prompt bursts (csrc/burst.c, nvshare_slurm/corunners.py; issue 27's serving member): a co-runner
+"""Prompt bursts (csrc/burst.c, nvshare_slurm/policy/corunners.py; issue 27's serving member): a co-runner
 whose bursts are short and rare (a request served, a command at a prompt) runs each burst at once,
 and the compute-bound turn holder beside it, told YIELD with its grant, launches nothing new until
 that burst ends. Its kernels then share the GPU only with what the holder had queued before.

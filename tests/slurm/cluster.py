@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvshare_slurm import localcluster
+from nvshare_slurm.node import localcluster
 
 # Where Slurm's daemons and commands are; a Slurm built into another prefix names its own.
 SBIN = Path(os.environ.get("NVSHARE_TEST_SLURM_SBIN", "/usr/sbin"))
@@ -111,7 +111,7 @@ class SlurmCluster:
 
     # ---- configuration -------------------------------------------------------------------------
     def description(self) -> localcluster.LocalCluster:
-        """The cluster's Slurm files as nvshare_slurm.localcluster writes them: every node on this
+        """The cluster's Slurm files as nvshare_slurm.node.localcluster writes them: every node on this
         host, three partitions over all of them."""
         names = tuple(self.nodes)
         nodes = tuple(localcluster.Node(n.name, n.port, n.gres, tuple(n.gres_conf), cpus=8,
@@ -383,12 +383,12 @@ def stand_in_gpu(path: Path, major: int = 1, minor: int = 7) -> str:
 
 
 def client(node: Node):
-    from nvshare_slurm.client import Client
+    from nvshare_slurm.wire.client import Client
     return Client(node.socket, timeout=5.0)
 
 
 def registered_jobs(node: Node) -> dict[int, dict]:
-    from nvshare_slurm.proto import C
+    from nvshare_slurm.wire.proto import C
     return {j["job_id"]: j for j in client(node).status(C.NVSHARE_STATUS_JOBS)["jobs"]}
 
 

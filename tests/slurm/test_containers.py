@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 
 from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, FAKE_GPUS, SlurmCluster, client,
                       cluster_dir, entry_point, job_dir, need_real_slurm, running, wait_until)

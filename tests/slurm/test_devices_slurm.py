@@ -2,7 +2,7 @@
 
 Slurm denies each job the device files of gres.conf's `gpu` lines that its GRES do not cover, and
 `--gres=nvshare:N` covers none: the job's hook gets its GPU's device file from the daemon instead
-(csrc/devices.c, nvshare_slurm/devices.py). The stand-in GPUs are character devices with a live
+(csrc/devices.c, nvshare_slurm/scheduler/devices.py). The stand-in GPUs are character devices with a live
 driver (/dev/full's 1:7, /dev/random's 1:8), so an allowed open succeeds and a denied one fails
 with EPERM. Node c1 has two GPUs, node c2 one. Its own cluster, beside the session's.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 
 from .cluster import (BIN, CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
                       job_workdir, need_real_slurm, running, stand_in_gpu)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 
 from .cluster import BIN, client
 from .helpers import BUILD, GPU0

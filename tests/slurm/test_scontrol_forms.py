@@ -3,7 +3,7 @@ chroot): the form it reads (JSON from 23.02 on), and that a job's comment shaped
 own lines gives the job nothing, through the prolog as through the daemon's rebuild query."""
 from __future__ import annotations
 
-from nvshare_slurm import slurm
+from nvshare_slurm.node import slurm
 
 from .cluster import BIN, registered_jobs, wait_until
 

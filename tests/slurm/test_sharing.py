@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 
 from .cluster import BIN, client, wait_until
 from .helpers import BUILD, GPU0, kernels, submit

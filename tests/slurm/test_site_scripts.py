@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import libnvshare_file, localcluster
+from nvshare_slurm import libnvshare_file
+from nvshare_slurm.node import localcluster
 
 from .cluster import (BIN, SlurmCluster, cluster_dir, need_real_slurm, read_env, registered_jobs, running,
                       wait_until)
@@ -161,7 +162,7 @@ def submit(cluster, jobdir: Path, user: str, *args: str) -> int:
 def can_run_as(user: str) -> str:
     """'' when `user` can run this checkout's TaskProlog, else why not."""
     probe = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c",
-                            "import nvshare_slurm.taskprolog, nvshare_slurm.sitetask"],
+                            "import nvshare_slurm.taskprolog, nvshare_slurm.node.sitetask"],
                            capture_output=True, text=True, timeout=60)
     return "" if probe.returncode == 0 else probe.stderr.strip()[-300:]
 

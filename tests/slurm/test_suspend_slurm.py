@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import localcluster
-from nvshare_slurm.proto import C
+from nvshare_slurm.node import localcluster
+from nvshare_slurm.wire.proto import C
 
 from .cluster import (CONSTRAINED, CONSTRAINED_CGROUP_CONF, SlurmCluster, client, cluster_dir,
                       entry_point, job_workdir, need_real_slurm, running, wait_until)

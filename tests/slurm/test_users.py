@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvshare_slurm import localcluster
+from nvshare_slurm.node import localcluster
 
 from .cluster import (BIN, FAKE_GPUS, SBIN, SlurmCluster, entry_point, registered_jobs, stand_in_gpu,
                       wait_until)

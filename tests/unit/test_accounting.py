@@ -1,11 +1,12 @@
-"""Per-job GPU accounting (nvshare_slurm/accounting.py) driven by the real policy with a fake clock."""
+"""Per-job GPU accounting (nvshare_slurm/scheduler/accounting.py) driven by the real policy with a
+fake clock."""
 from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.accounting import UsageLedger, usage_line
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import ClientInfo, GpuSettings
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import ClientInfo, GpuSettings
+from nvshare_slurm.scheduler.accounting import UsageLedger, usage_line
 
 G = 1 << 30
 

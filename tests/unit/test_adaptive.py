@@ -1,13 +1,13 @@
-"""auto_share: adaptive (nvshare_slurm/gpustate.py) with a fake clock: who takes turns and who
+"""auto_share: adaptive (nvshare_slurm/policy/gpustate.py) with a fake clock: who takes turns and who
 co-runs follows each client's reported demand; the defaults are what a new site gets."""
 from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.demand import Demand
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, GpuSettings
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.demand import Demand
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, GpuSettings
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 SHARED, EXCLUSIVE = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE

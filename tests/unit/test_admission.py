@@ -1,12 +1,12 @@
-"""Admission of allocations (nvshare_slurm/gpumemory.py) while another one is still being made:
+"""Admission of allocations (nvshare_slurm/policy/gpumemory.py) while another one is still being made:
 the room an admitted allocation takes is counted from the answer, not from its report. Fake clock,
 no sockets (tests/hook/test_swap_admission.py has the same with the hook and the fake driver)."""
 from __future__ import annotations
 
-from nvshare_slurm.gpumemory import SETTLE_SEC, why_refused
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import GRANT, ClientInfo, GpuSettings
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.gpumemory import SETTLE_SEC, why_refused
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import GRANT, ClientInfo, GpuSettings
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 DEFER = C.NVSHARE_MEM_CAN_DEFER

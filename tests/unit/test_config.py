@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvshare_slurm import config
-from nvshare_slurm.config import Config, ConfigError
-from nvshare_slurm.priority import ClassMap
+from nvshare_slurm.base import config
+from nvshare_slurm.base.config import Config, ConfigError
+from nvshare_slurm.base.priority import ClassMap
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "slurm" / "nvshare.yaml.example"
 FIELDS = [f.name for f in dataclasses.fields(Config)]

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import become
-from nvshare_slurm import connection, log, proto
-from nvshare_slurm.connection import Limits, Listener, peer_pidfd
-from nvshare_slurm.proto import C
+from nvshare_slurm.base import log
+from nvshare_slurm.scheduler import connection
+from nvshare_slurm.scheduler.connection import Limits, Listener, peer_pidfd
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 STATUS = proto.encode(C.NVSHARE_MSG_STATUS_QUERY, {"what": C.NVSHARE_STATUS_GPUS})
 HEARTBEAT = proto.encode(C.NVSHARE_MSG_HEARTBEAT, {"timestamp_ns": 1})
@@ -235,8 +237,10 @@ def test_accept_at_the_fd_limit_backs_off_and_logs_rarely(tmp_path):
 import asyncio, resource, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
-from nvshare_slurm import connection, log, proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.scheduler import connection
+from nvshare_slurm.base import log
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 log.setup("test", "debug")
 def echo(conn, frame):
     conn.send(C.NVSHARE_MSG_HEARTBEAT, {{"timestamp_ns": 2}}, frame.seq)

@@ -109,7 +109,7 @@ for line in open({str(mounts)!r}):
     mount("--bind", source, target)
     mount("-o", "remount,bind,ro", target)
 sys.path.insert(0, {str(REPO)!r})
-from nvshare_slurm.client import Client
+from nvshare_slurm.wire.client import Client
 print(len(Client(rootfs + {sched.socket!r}, timeout=5.0).status()["gpus"]),
       os.path.getsize(rootfs + {libnvshare_file()!r}) > 0)
 """

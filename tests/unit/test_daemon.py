@@ -9,8 +9,8 @@ import pytest
 
 from helpers_daemon import (G, GPU0, GPU1, gpu_status, register, wait_for_log, wait_for_status,
                             wait_for_waiters)
-from nvshare_slurm.client import RequestFailed
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.client import RequestFailed
+from nvshare_slurm.wire.proto import C
 
 
 def test_fcfs_hand_over_order(scheduler_factory, clients):

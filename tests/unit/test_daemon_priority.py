@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from nvshare_slurm import proto
-from nvshare_slurm.client import RequestFailed
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.client import RequestFailed
+from nvshare_slurm.wire.proto import C
 from helpers_daemon import GPU0, gpu_status, register, wait_for_waiters
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from helpers_daemon import GPU0, NOBODY, OTHER, as_uid, healthy
 from lockclient import connect_and_register, gpu_frame, register_frame
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 
 def request_status(path: str, data: bytes) -> int:

@@ -1,14 +1,14 @@
-"""The scheduler's memory picture follows the driver's (issue 39; nvshare_slurm/drivermemory.py): an
+"""The scheduler's memory picture follows the driver's (issue 39; nvshare_slurm/policy/drivermemory.py): an
 ended client's memory counts until the driver (NVML) shows it released, a live client's memory
 beyond its reports (context, workspaces) and unregistered processes' memory count against the
 room. Fake clock, no sockets; tests/hook/test_exit_release.py has the same race with the hook, the
 daemon and the fake driver's release delay."""
 from __future__ import annotations
 
-from nvshare_slurm.drivermemory import ENDED_RELEASE_SEC, REFUSED_HOLD_SEC
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import ENDED_MEMORY, GRANT, MEM_REPLY, ClientInfo, GpuSettings
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.drivermemory import ENDED_RELEASE_SEC, REFUSED_HOLD_SEC
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import ENDED_MEMORY, GRANT, MEM_REPLY, ClientInfo, GpuSettings
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import FAKE_GPUS
 from lockclient import ClientProc
 from nvshare_slurm import epilog
-from nvshare_slurm.admincomment import merge
+from nvshare_slurm.scheduler.admincomment import merge
 from helpers_daemon import wait_for_log
 from helpers_slurm import DATA, slurm_env
 
@@ -90,7 +90,7 @@ def test_merge_admin_comment_keeps_others_and_replaces_this_node():
 
 def test_a_finished_job_gets_its_admin_comment_through_the_accounting_database(tmp_path):
     """slurmctld refuses to update a finished job (Slurm 22.05, in the epilog): sacctmgr takes it."""
-    from nvshare_slurm import slurm
+    from nvshare_slurm.node import slurm
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"

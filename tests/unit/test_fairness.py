@@ -17,11 +17,11 @@ import pytest
 from conftest import become
 from helpers_daemon import GPU0, NOBODY, OTHER, as_uid, wait_for_waiters
 from lockclient import connect_and_register, gpu_frame, mem_frame
-from nvshare_slurm import proto
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import DROP, GRANT, UNRESPONSIVE, GpuSettings
-from nvshare_slurm.proto import C
-from nvshare_slurm.registry import RegisteredClient
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import DROP, GRANT, UNRESPONSIVE, GpuSettings
+from nvshare_slurm.scheduler.registry import RegisteredClient
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 GPU1_FLOOD = "GPU-fa4e0000-0000-0000-0000-000000000001"
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="acts as other uids: needs root")

@@ -9,9 +9,9 @@ import socket
 import subprocess
 import sys
 
-from nvshare_slurm import connection
-from nvshare_slurm.policytypes import ClientInfo
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.policytypes import ClientInfo
+from nvshare_slurm.scheduler import connection
+from nvshare_slurm.wire.proto import C
 
 
 def test_log_labels_name_slurms_special_steps():
@@ -120,7 +120,8 @@ def test_admin_comment_without_slurmdbd_is_logged_at_start(tmp_path, scheduler_f
 
 
 def test_admin_comment_with_slurmdbd_is_quiet(tmp_path):
-    from nvshare_slurm import config, sitecheck
+    from nvshare_slurm.base import config
+    from nvshare_slurm.scheduler import sitecheck
     cfg = config.Config(usage_admin_comment=True,
                         slurm_bin_dir=_fake_scontrol(tmp_path, "accounting_storage/slurmdbd"))
     assert sitecheck.admin_comment_problem(cfg) == ""

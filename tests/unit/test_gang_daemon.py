@@ -10,7 +10,7 @@ import pytest
 from conftest import FAKE_GPUS
 from lockclient import ClientProc
 from nvshare_slurm import status as status_cli
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 from helpers_daemon import register, wait_for_log, wait_for_status
 
 GPU0 = FAKE_GPUS[0]["uuid"]

@@ -1,4 +1,4 @@
-"""Gang turns (nvshare_slurm/gang.py) over per-GPU states, driven with a fake clock.
+"""Gang turns (nvshare_slurm/policy/gang.py) over per-GPU states, driven with a fake clock.
 
 `Node` plays the daemon: it sends each event to one GPU, then runs the gang pass, and collects
 what would go out. `simulate` plays compute-bound clients that never idle: a DROP_LOCK is
@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 
-from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
-                                       ClientInfo, GpuSettings)
+from nvshare_slurm.policy.gang import GangPolicy
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
+                                              ClientInfo, GpuSettings)
 
 G = 1 << 30
 

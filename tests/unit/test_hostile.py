@@ -17,8 +17,9 @@ import pytest
 
 from conftest import FAKE_GPUS, become
 from lockclient import ClientProc, connect_and_register, gpu_frame, mem_frame
-from nvshare_slurm import proto, taskprolog
-from nvshare_slurm.proto import C
+from nvshare_slurm import taskprolog
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 from helpers_daemon import as_uid, healthy, wait_for
 
 GPU0, GPU1 = FAKE_GPUS[0]["uuid"], FAKE_GPUS[1]["uuid"]
@@ -204,7 +205,7 @@ def test_taskprolog_without_daemon_or_state_gates_every_managed_gpu(tmp_path):
 
 
 def test_client_waits_out_a_full_listen_backlog(tmp_path):
-    from nvshare_slurm.client import Client
+    from nvshare_slurm.wire.client import Client
     path = str(tmp_path / "s.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

@@ -15,10 +15,10 @@ import pytest
 from conftest import become
 from helpers_daemon import NOBODY, OTHER
 from helpers_procs import JobCgroup
-from nvshare_slurm import config
+from nvshare_slurm.base import config
 from nvshare_slurm.daemon import Daemon
-from nvshare_slurm.inventory import GpuInfo, GpuProcess
-from nvshare_slurm.procinfo import read_identity, signal_checked
+from nvshare_slurm.node.inventory import GpuInfo, GpuProcess
+from nvshare_slurm.scheduler.procinfo import read_identity, signal_checked
 
 
 def _sleeper(uid: int | None = None, preexec=None) -> subprocess.Popen:
@@ -166,7 +166,7 @@ def test_every_kill_in_the_daemon_goes_through_the_checked_helper():
     package = Path(nvshare_slurm.__file__).parent
     signalling = re.compile(r"(os\.kill|os\.killpg|pidfd_send_signal|signal_pidfd)\(([^()]*)\)")
     offenders = []
-    for path in sorted(package.glob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         if path.name in ("procinfo.py", "sitetask.py"):
             continue
         for match in signalling.finditer(path.read_text()):

@@ -1,4 +1,4 @@
-"""nvshare_slurm.localcluster: the one writer of a local cluster's Slurm files, for the real-Slurm
+"""nvshare_slurm.node.localcluster: the one writer of a local cluster's Slurm files, for the real-Slurm
 tests (tests/slurm/cluster.py), the benchmarks' node (bench/slurm_node.py) and the demo
 (scripts/demo.sh, through the command line).
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import localcluster
-from nvshare_slurm.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, LocalClusterError, Node,
-                                        Partition, Wrappers)
+from nvshare_slurm.node import localcluster
+from nvshare_slurm.node.localcluster import (ENTRY_POINTS, CgroupConf, LocalCluster, LocalClusterError, Node,
+                                             Partition, Wrappers)
 from slurm.cluster import entry_point
 from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
@@ -105,8 +105,8 @@ def test_the_demos_files(tmp_path, machine, unpacked, constrain):
 def test_the_demo_script_gives_the_command_line_the_goldens_use():
     """demo_argv above stands for scripts/demo.sh: the flags it passes are the ones the script has."""
     script = (REPO / "scripts" / "demo.sh").read_text()
-    assert "-m nvshare_slurm.localcluster \"$DEMO\"" in script
-    call = script.split("CLUSTER=(", 1)[1].split("nvshare_slurm.localcluster", 1)[0]
+    assert "-m nvshare_slurm.node.localcluster \"$DEMO\"" in script
+    call = script.split("CLUSTER=(", 1)[1].split("nvshare_slurm.node.localcluster", 1)[0]
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", call))
     argvs = demo_argv(Path("/x"), True, True) + demo_argv(Path("/x"), False, False)
     assert flags == {word for word in argvs if word.startswith("--")}

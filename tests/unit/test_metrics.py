@@ -89,7 +89,7 @@ def test_status_and_unregister_report_a_jobs_usage(scheduler_factory, clients):
     a.expect("grant", gpu=GPU0)
     a.send(f"mem {GPU0} {3 * G} 0 0 0")
     time.sleep(0.2)
-    from nvshare_slurm.proto import C
+    from nvshare_slurm.wire.proto import C
     deadline = time.monotonic() + 5
     while True:
         usage = sched.client().status(C.NVSHARE_STATUS_JOB, 7)["jobs"][0]["usage"][GPU0]

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, become
 from helpers_daemon import NOBODY, wait_for_log
 from helpers_procs import JobCgroup
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire.proto import C
 
 FAKE_DRIVER = REPO / "tests" / "c" / "build" / "libcuda.so.1"
 # Maps the driver (and, given a second path, the hook too), says so, then sleeps.

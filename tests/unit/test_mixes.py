@@ -13,10 +13,10 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from nvshare_slurm.demand import Demand, turn_length
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import DROP, GRANT, SWAP_OUT, ClientInfo, GpuSettings
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.demand import Demand, turn_length
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import DROP, GRANT, SWAP_OUT, ClientInfo, GpuSettings
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 SHARED, EXCLUSIVE, SWAP_AHEAD = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE, C.NVSHARE_GRANT_SWAP_AHEAD

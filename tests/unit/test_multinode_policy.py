@@ -1,4 +1,4 @@
-"""Multi-node jobs' turns (issue 40; nvshare_slurm/gang.py "Multi-node jobs"), on a fake clock.
+"""Multi-node jobs' turns (issue 40; nvshare_slurm/policy/gang.py "Multi-node jobs"), on a fake clock.
 
 Each node's scheduler decides alone, from the same inputs on every node: the jobs registered by
 their prologs, each flagged multi-node from slurmctld's record. A multi-node job takes its turns as
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from test_gang_policy import Node
 
-from nvshare_slurm.policytypes import DROP, GRANT, UNRESPONSIVE
+from nvshare_slurm.policy.policytypes import DROP, GRANT, UNRESPONSIVE
 
 X, Y = 701, 702
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from conftest import FAKE_GPUS
-from nvshare_slurm import config as config_mod
 from nvshare_slurm import nodeconfig
-from nvshare_slurm.inventory import GpuInfo
+from nvshare_slurm.base import config as config_mod
+from nvshare_slurm.node.inventory import GpuInfo
 from helpers_golden import check_golden   # tests/data/golden/, NVSHARE_UPDATE_GOLDEN=1 rewrites
 
 GIB = 1 << 30

@@ -10,11 +10,12 @@ from dataclasses import fields
 import pytest
 
 from helpers_daemon import GPU0, gpu_status
-from nvshare_slurm import config, status
-from nvshare_slurm.client import RequestFailed
-from nvshare_slurm.policytypes import GpuSettings
-from nvshare_slurm.proto import C
-from nvshare_slurm.registry import overrides_from_json
+from nvshare_slurm import status
+from nvshare_slurm.base import config
+from nvshare_slurm.policy.policytypes import GpuSettings
+from nvshare_slurm.scheduler.registry import overrides_from_json
+from nvshare_slurm.wire.client import RequestFailed
+from nvshare_slurm.wire.proto import C
 
 ROWS = sorted(config.OVERRIDABLE)
 

@@ -5,10 +5,10 @@ import asyncio
 import json
 import subprocess
 
-from nvshare_slurm import config
+from nvshare_slurm.base import config
 from nvshare_slurm.daemon import Daemon
-from nvshare_slurm.inventory import GpuInfo, GpuProcess
-from nvshare_slurm.registry import Job, Registry
+from nvshare_slurm.node.inventory import GpuInfo, GpuProcess
+from nvshare_slurm.scheduler.registry import Job, Registry
 
 
 def test_state_round_trip_and_atomic_write(tmp_path):

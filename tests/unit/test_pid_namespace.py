@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from helpers_daemon import GPU0
-from nvshare_slurm import render
-from nvshare_slurm.peerpid import namespace_pids
-from nvshare_slurm.proto import C
+from nvshare_slurm.node import render
+from nvshare_slurm.scheduler.peerpid import namespace_pids
+from nvshare_slurm.wire.proto import C
 
 JOB = 77
 OTHER_JOB = 78
@@ -29,7 +29,7 @@ CLIENT = textwrap.dedent("""
     import os, socket, sys
     sys.path[:0] = [{tests!r}]
     from lockclient import register_frame
-    from nvshare_slurm import proto
+    from nvshare_slurm.wire import proto
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect({socket!r})
     sock.sendall(register_frame(int(sys.argv[1]), 0, int(sys.argv[2] or os.getpid())))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.placement import GpuLoad, PlacementError, place_job
+from nvshare_slurm.policy.placement import GpuLoad, PlacementError, place_job
 
 NOGPU, INVAL = 4, 3
 

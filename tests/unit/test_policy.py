@@ -1,13 +1,13 @@
-"""The per-GPU policy (nvshare_slurm/gpustate.py) driven with a fake clock: no sockets, no sleeps."""
+"""The per-GPU policy (nvshare_slurm/policy/gpustate.py) driven with a fake clock: no sockets, no sleeps."""
 from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH,
-                                       SWAP_OUT, SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo,
-                                       GpuSettings)
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH,
+                                              SWAP_OUT, SWAP_UNANSWERED, UNRESPONSIVE, ClientInfo,
+                                              GpuSettings)
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 MiB = 1 << 20
@@ -604,7 +604,7 @@ def test_a_growing_holder_has_others_move_more_than_each_request_in_one_ask():
     50-60 ms for the other job to move that much out, one ask each: an 8 s training took 12 s in
     its turn. A holder that asks again within HOLDER_GROWTH_SEC has others move out room for its
     next ones too: 4x its largest recent request, between 2 % and 5 % of the usable memory."""
-    from nvshare_slurm.gpumemory import GROWTH_ASK_MAX_PERCENT
+    from nvshare_slurm.policy.gpumemory import GROWTH_ASK_MAX_PERCENT
     g = gpu()                                            # 16 GiB, no reserve
     a, idle = client(1), client(2)
     g.request(a, 0)

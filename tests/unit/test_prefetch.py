@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from test_policy import G, client, gpu, moves
 
-from nvshare_slurm.gpumemory import PREFETCH_QUIET_SEC
-from nvshare_slurm.gpupause import suspend_client
-from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.gpumemory import PREFETCH_QUIET_SEC
+from nvshare_slurm.policy.gpupause import suspend_client
+from nvshare_slurm.policy.policytypes import CONTENDED, DROP, GRANT, HANDOFF, MEM_REPLY, PREFETCH, SWAP_OUT
+from nvshare_slurm.wire.proto import C
 
 DONE = C.NVSHARE_MEM_PREFETCH_DONE
 SHORT = C.NVSHARE_MEM_PREFETCH_SHORT

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nvshare_slurm.demand import CLASS_DRAIN_MEMORY_SEC, CLASS_SETTLE_SEC, Demand
-from nvshare_slurm.gang import GangPolicy
-from nvshare_slurm.gpustate import GpuState
-from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, GpuSettings
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.demand import CLASS_DRAIN_MEMORY_SEC, CLASS_SETTLE_SEC, Demand
+from nvshare_slurm.policy.gang import GangPolicy
+from nvshare_slurm.policy.gpustate import GpuState
+from nvshare_slurm.policy.policytypes import CONTENDED, DROP, GRANT, SWAP_OUT, ClientInfo, GpuSettings
+from nvshare_slurm.wire.proto import C
 
 G = 1 << 30
 SHARED, EXCLUSIVE = C.NVSHARE_GRANT_SHARED, C.NVSHARE_GRANT_EXCLUSIVE

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import proto, wire
-from nvshare_slurm.proto import C, ProtocolError
+from nvshare_slurm.wire import proto, wire
+from nvshare_slurm.wire.proto import C, ProtocolError
 
 HEADER = Path(proto.header_path())
 CDEF = wire.cdef_block(HEADER.read_text())

@@ -12,7 +12,7 @@ import unicodedata
 import pytest
 
 from helpers_golden import GOLDEN, check_golden
-from nvshare_slurm import render
+from nvshare_slurm.node import render
 
 VIEWS = {"gpus": render.render_gpus, "jobs": render.render_jobs, "config": render.render_config}
 CASES = [("gpus", "gpus"), ("jobs", "jobs"), ("hostile", "jobs"), ("hostile", "gpus"),

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from helpers_slurm import DATA, slurm_env
-from nvshare_slurm import epilog, libnvshare_path, prolog, slurm, taskenv, taskprolog
-from nvshare_slurm.config import Config
-from nvshare_slurm.priority import ClassMap, ShareClass, classify
-from nvshare_slurm.proto import C
+from nvshare_slurm import epilog, libnvshare_path, prolog, taskprolog
+from nvshare_slurm.base.config import Config
+from nvshare_slurm.base.priority import ClassMap, ShareClass, classify
+from nvshare_slurm.node import slurm, taskenv
+from nvshare_slurm.wire.proto import C
 
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import slurm
+from nvshare_slurm.node import slurm
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if (p / "manifest.json").exists())

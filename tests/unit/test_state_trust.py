@@ -14,10 +14,10 @@ from helpers_daemon import GPU0, GPU1, NOBODY, gpu_status, wait_for_log
 from helpers_procs import JobCgroup, finish, read_line, start_client
 from helpers_slurm import DATA
 from lockclient import connect_and_register, gpu_frame
-from nvshare_slurm import proto
-from nvshare_slurm.proto import C
-from nvshare_slurm.registry import Registry
-from nvshare_slurm.statefile import job_in_state, nesting_depth
+from nvshare_slurm.node.statefile import job_in_state, nesting_depth
+from nvshare_slurm.scheduler.registry import Registry
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 
 def _job(job_id: int, **changes) -> dict:
@@ -53,7 +53,7 @@ def test_nesting_depth_ignores_brackets_in_strings():
 
 
 def test_state_file_past_the_size_bound_is_refused(tmp_path, monkeypatch):
-    from nvshare_slurm import statefile
+    from nvshare_slurm.node import statefile
     monkeypatch.setattr(statefile, "STATE_MAX_BYTES", 1000)
     _write_state(tmp_path, {"version": 1, "jobs": [_job(i) for i in range(1, 40)]})
     reg = Registry(str(tmp_path))

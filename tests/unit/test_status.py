@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nvshare_slurm import proto, status
-from nvshare_slurm.client import Client
-from nvshare_slurm.proto import C
+from nvshare_slurm import status
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.client import Client
+from nvshare_slurm.wire.proto import C
 
 GPU0 = "GPU-fa4e0000-0000-0000-0000-000000000000"
 GPU1 = "GPU-fa4e0000-0000-0000-0000-000000000001"

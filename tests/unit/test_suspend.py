@@ -15,12 +15,13 @@ import pytest
 
 from helpers_daemon import GPU0, gpu_status, register, wait_for, wait_for_log
 from helpers_procs import JobCgroup
-from nvshare_slurm import proto, render, slurm
-from nvshare_slurm.accounting import UsageLedger, usage_line
-from nvshare_slurm.config import ConfigError, load
-from nvshare_slurm.procinfo import cgroup_frozen, memory_headroom, pause_reason, read_identity, \
+from nvshare_slurm.base.config import ConfigError, load
+from nvshare_slurm.node import render, slurm
+from nvshare_slurm.scheduler.accounting import UsageLedger, usage_line
+from nvshare_slurm.scheduler.procinfo import cgroup_frozen, memory_headroom, pause_reason, read_identity, \
     signal_checked
-from nvshare_slurm.proto import C
+from nvshare_slurm.wire import proto
+from nvshare_slurm.wire.proto import C
 
 MiB = 1 << 20
 
@@ -384,8 +385,8 @@ def test_a_stopped_client_is_asked_to_move_no_memory_until_it_runs_again():
     once, and its hook gave the grant back NO_ROOM every 250 ms); once it runs it may be asked."""
     from test_policy import G, client, gpu, moves
 
-    from nvshare_slurm.gpupause import resume_client, suspend_client
-    from nvshare_slurm.policytypes import PREFETCH, SWAP_OUT
+    from nvshare_slurm.policy.gpupause import resume_client, suspend_client
+    from nvshare_slurm.policy.policytypes import PREFETCH, SWAP_OUT
     g = gpu()                                                     # 16G
     head, stopped = client(1), client(2)
     g.mem_update(stopped, 0, 12 * G, 2 * G, 0)                   # 10G of it can move
@@ -405,7 +406,7 @@ def stopped_holder_and_waiter():
     client 2's 10G are in host memory, so its grant lacks 6G that only client 1 can make."""
     from test_policy import G, client, gpu
 
-    from nvshare_slurm.gpupause import suspend_client
+    from nvshare_slurm.policy.gpupause import suspend_client
     g = gpu()
     stopped, waiter = client(1), client(2)
     g.request(stopped, 0)
@@ -421,7 +422,7 @@ def test_a_waiter_that_needs_a_stopped_holders_memory_is_not_granted_in_a_loop()
     wanted for the 6G, and status says why."""
     from test_policy import G, moves
 
-    from nvshare_slurm.policytypes import GRANT
+    from nvshare_slurm.policy.policytypes import GRANT
     g, _, _ = stopped_holder_and_waiter()
     assert GRANT not in [kind for kind, _, _ in moves(g.request(g.clients[2], 3))]
     assert g.stopped.wanted == {1: 6 * G}
@@ -437,8 +438,8 @@ def test_a_waiter_that_needs_a_stopped_holders_memory_is_not_granted_in_a_loop()
 def test_a_stopped_holder_is_let_run_asked_once_released_and_stopped_again_after_its_answer():
     from test_policy import G, moves
 
-    from nvshare_slurm.gpupause import let_run, stopped_again
-    from nvshare_slurm.policytypes import GRANT, SWAP_OUT
+    from nvshare_slurm.policy.gpupause import let_run, stopped_again
+    from nvshare_slurm.policy.policytypes import GRANT, SWAP_OUT
     g, stopped, waiter = stopped_holder_and_waiter()
     g.request(waiter, 3)
     # SIGCONT: its hook still holds (the DROP_LOCK(SUSPEND) waits for it), so nothing is asked
@@ -464,8 +465,8 @@ def test_a_stopped_client_that_cannot_be_let_run_keeps_the_waiter_waiting_until_
     granted to give it back NO_ROOM; once the client runs it is asked like any other."""
     from test_policy import G, client, gpu, moves
 
-    from nvshare_slurm.gpupause import cannot_run, resume_client, suspend_client
-    from nvshare_slurm.policytypes import GRANT, SWAP_OUT
+    from nvshare_slurm.policy.gpupause import cannot_run, resume_client, suspend_client
+    from nvshare_slurm.policy.policytypes import GRANT, SWAP_OUT
     g = gpu()
     frozen, waiter = client(1), client(2)
     g.mem_update(frozen, 0, 12 * G, 0, 0)
@@ -488,8 +489,8 @@ def test_what_stopped_memory_cannot_make_is_granted_anyway_as_before():
     by letting them run: the grant goes out with what did not fit, as it did."""
     from test_policy import G, client, gpu, moves
 
-    from nvshare_slurm.gpupause import suspend_client
-    from nvshare_slurm.policytypes import GRANT
+    from nvshare_slurm.policy.gpupause import suspend_client
+    from nvshare_slurm.policy.policytypes import GRANT
     g = gpu()
     stopped, fixed, waiter = client(1), client(3), client(2)
     g.mem_update(stopped, 0, 2 * G, 0, 0)
@@ -507,8 +508,8 @@ class MoveOutCore:
     def __init__(self, proc: subprocess.Popen, job_id: int = 1):
         from test_policy import G, client, gpu
 
-        from nvshare_slurm.gpupause import suspend_client
-        from nvshare_slurm.registry import RegisteredClient
+        from nvshare_slurm.policy.gpupause import suspend_client
+        from nvshare_slurm.scheduler.registry import RegisteredClient
         self.logger = __import__("logging").getLogger("test_suspend")
         self.clock = 10.0
         self.sent: list = []
@@ -537,7 +538,7 @@ class MoveOutCore:
         """Its hook's late release, then its report after moving 6G out: the waiter is granted."""
         from test_policy import G
 
-        from nvshare_slurm.policytypes import GRANT
+        from nvshare_slurm.policy.policytypes import GRANT
         g = self.gpu
         self.sent.extend(g.release(1, self.clock))
         actions, _ = g.mem_update(self.stopped, self.clock + 0.5, 6 * G, 0, 6 * G)
@@ -562,8 +563,8 @@ def stopped_sleep():
 
 
 def test_a_stopped_process_is_let_run_for_its_move_out_and_stopped_again(stopped_sleep, caplog):
-    from nvshare_slurm.moveout import MoveOuts
-    from nvshare_slurm.policytypes import SWAP_OUT
+    from nvshare_slurm.policy.policytypes import SWAP_OUT
+    from nvshare_slurm.scheduler.moveout import MoveOuts
     core = MoveOutCore(stopped_sleep)
     moves = MoveOuts(core)
     caplog.set_level("INFO")
@@ -585,7 +586,7 @@ def test_a_stopped_process_is_let_run_for_its_move_out_and_stopped_again(stopped
 
 
 def test_a_process_slurm_resumes_during_its_move_out_is_not_stopped_again(stopped_sleep, caplog):
-    from nvshare_slurm.moveout import MoveOuts
+    from nvshare_slurm.scheduler.moveout import MoveOuts
     core = MoveOutCore(stopped_sleep, job_id=7)
     moves = MoveOuts(core)
     caplog.set_level("INFO")
@@ -602,7 +603,7 @@ def test_a_process_stopped_again_just_as_slurm_resumed_it_is_continued_at_slurms
         stopped_sleep, caplog):
     """Slurm marks the job RUNNING before slurmd's SIGCONT: when squeue showed SUSPENDED at the
     answer and the SIGCONT came before nvshare's SIGSTOP, the next squeue answer undoes it."""
-    from nvshare_slurm.moveout import MoveOuts
+    from nvshare_slurm.scheduler.moveout import MoveOuts
     core = MoveOutCore(stopped_sleep, job_id=7)
     moves = MoveOuts(core)
     caplog.set_level("INFO")
@@ -622,7 +623,7 @@ def test_a_process_stopped_again_just_as_slurm_resumed_it_is_continued_at_slurms
 def test_a_process_group_resumed_during_the_move_out_is_not_stopped_again(caplog):
     """kill -STOP -PGID (or Ctrl-Z, or Slurm under linuxproc with the batch shell) stops its
     relatives too; one of them running again says the group was resumed (fg, kill -CONT -PGID)."""
-    from nvshare_slurm.moveout import MoveOuts
+    from nvshare_slurm.scheduler.moveout import MoveOuts
     shell = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
     try:
@@ -652,7 +653,7 @@ def test_a_process_group_resumed_during_the_move_out_is_not_stopped_again(caplog
 def test_a_daemon_that_stops_during_a_move_out_stops_the_process_again(stopped_sleep, caplog):
     """Nobody would stop it later: a suspended job must not run on for the daemon's restart. The
     watch's own pidfd copy outlives the connection, which the daemon closes first."""
-    from nvshare_slurm.moveout import MoveOuts
+    from nvshare_slurm.scheduler.moveout import MoveOuts
     core = MoveOutCore(stopped_sleep)
     moves = MoveOuts(core)
     moves.follow(core.gpu, set())
@@ -670,8 +671,8 @@ def test_a_holders_allocation_waits_for_a_stopped_clients_move_out_not_answered_
     allocation gets its room."""
     from test_policy import G, client, gpu, moves
 
-    from nvshare_slurm.gpupause import let_run, suspend_client
-    from nvshare_slurm.policytypes import GRANT, MEM_REPLY, SWAP_OUT
+    from nvshare_slurm.policy.gpupause import let_run, suspend_client
+    from nvshare_slurm.policy.policytypes import GRANT, MEM_REPLY, SWAP_OUT
     g = gpu()                                                     # 16G
     stopped, holder = client(1), client(2)
     g.mem_update(stopped, 0, 12 * G, 0, 0)

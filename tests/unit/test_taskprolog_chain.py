@@ -21,7 +21,9 @@ import pytest
 import yaml
 from conftest import FAKE_GPUS
 
-from nvshare_slurm import config, libnvshare_file, sitetask, taskconfig, taskprolog
+from nvshare_slurm import libnvshare_file, taskprolog
+from nvshare_slurm.base import config, taskconfig
+from nvshare_slurm.node import sitetask
 
 HOOK = libnvshare_file()
 

@@ -12,15 +12,17 @@ import pytest
 import yaml
 from conftest import FAKE_GPUS
 
-from nvshare_slurm import config, slurm, taskconfig, taskenv, taskprolog
-from nvshare_slurm.config import Config
+from nvshare_slurm import taskprolog
+from nvshare_slurm.base import config, taskconfig
+from nvshare_slurm.base.config import Config
+from nvshare_slurm.node import slurm, taskenv
 
 # The modules the fast path must not import: cffi (and its parser), yaml, the standard library's
-# slow ones, and ours that load them. (nvshare_slurm.client is the one client, light since it
+# slow ones, and ours that load them. (nvshare_slurm.wire.client is the one client, light since it
 # holds jobquery's fast path.)
 SLOW = ("cffi", "pycparser", "yaml", "_yaml", "asyncio", "dataclasses", "json",
-        "nvshare_slurm.proto", "nvshare_slurm.config", "nvshare_slurm.prolog",
-        "nvshare_slurm.slurm")
+        "nvshare_slurm.wire.proto", "nvshare_slurm.base.config", "nvshare_slurm.prolog",
+        "nvshare_slurm.node.slurm")
 # What the installed nvshare-taskprolog script runs, then a look at what it imported.
 ENTRY = f"""
 import sys

@@ -1,4 +1,4 @@
-"""The rest of a turn given back idle (nvshare_slurm/turnloan.py, issue 27), driven with a fake
+"""The rest of a turn given back idle (nvshare_slurm/policy/turnloan.py, issue 27), driven with a fake
 clock. A holder that gives the GPU back idle keeps its turn: where the waiters' drains are long
 against its pauses the GPU waits for it a little, else (and after that) it is lent and the holder
 gets it back first; a borrower keeps its own place."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from test_policy import G, client, gpu, kinds
 
-from nvshare_slurm.demand import Demand
-from nvshare_slurm.policytypes import CONTENDED, DROP, GRANT, HANDOFF
-from nvshare_slurm.proto import C
+from nvshare_slurm.policy.demand import Demand
+from nvshare_slurm.policy.policytypes import CONTENDED, DROP, GRANT, HANDOFF
+from nvshare_slurm.wire.proto import C
 
 LONG_PAUSES = Demand(busy=0.5, burst=0.2, gap=0.2)    # 200 ms pauses
 SHORT_PAUSES = Demand(busy=0.7, burst=0.02, gap=0.01)  # 10 ms pauses
