@@ -99,6 +99,19 @@ def test_the_wheel_carries_the_admins_files(wheel):
     assert "Apache License" in (docs / "LICENSE").read_text()
 
 
+
+def test_the_wheel_carries_every_module_of_the_package(wheel):
+    """The sub-packages too (pyproject's [tool.setuptools] packages names each), their empty
+    __init__.py files, and the header wire/wire.py reads beside the package."""
+    package = wheel[1] / "nvshare_slurm"
+    shipped = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    checkout = REPO / "nvshare_slurm"
+    source = {p.relative_to(checkout).as_posix() for p in checkout.rglob("*.py")}
+    assert shipped == source, f"not in the wheel: {sorted(source - shipped)}; " \
+                              f"not in the checkout: {sorted(shipped - source)}"
+    assert {"policy/__init__.py", "scheduler/__init__.py", "wire/wire.py"} <= shipped
+    assert (package / "nvshare_proto.h").is_file()
+
 def test_its_hook_loads_in_old_images(wheel):
     """tests/hook/test_glibc_floor.py's checks of the installed hook, on the wheel's: its references
     (elf_needs.py, and objdump where binutils is) and, where the Debian 11 root is cached, programs

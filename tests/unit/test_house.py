@@ -6,7 +6,9 @@ docs/design-scheduler.md's module table, and every csrc/*.c its row in docs/desi
 table, so that a reader who starts from the docs finds every part.
 
 And the entry points stay thin (issue 41): none imports another (what two share has a module of
-its own), and the Slurm-facing ones load no policy module and no asyncio frame reader."""
+its own), the Slurm-facing ones load nothing of policy/ and no asyncio frame reader, and what each
+loads is what docs/design-scheduler.md says. (tests/unit/test_layers.py holds every import to the
+layers drawn there.)"""
 from __future__ import annotations
 
 import ast
@@ -17,6 +19,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers_imports import package_graph
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "nvshare_slurm"
@@ -31,7 +34,11 @@ def test_the_package_is_found():
     assert len(MODULES) > 20 and (PACKAGE / "daemon.py") in MODULES
 
 
-@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.name)
+def module_id(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("module", MODULES, ids=module_id)
 def test_no_module_or_class_outgrows_a_reader(module):
     source = module.read_text()
     assert source.count("\n") <= MAX_MODULE_LINES, f"{module.name}: {source.count(chr(10))} lines"
@@ -75,38 +82,33 @@ def test_every_c_file_has_a_row_in_the_hook_design():
 ENTRY_POINTS = sorted({target.split(":")[0].rsplit(".", 1)[1] for target in
                        tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
                        .values()})
-POLICY = {"gpustate", "gpulock", "gpumemory", "drivermemory", "stoppedroom", "demand", "corunners",
-          "turnloan", "gang", "gpupause", "policytypes"}
+GRAPH = package_graph(PACKAGE)     # {dotted module name: its imports}
 
 
-def package_imports(module: Path) -> set[str]:
-    """The package's modules that `module` imports, at import or inside a function."""
-    names = set()
-    for node in ast.walk(ast.parse(module.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names |= {node.module.split(".")[0]} if node.module else \
-                {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nvshare_slurm."):
-            names.add(node.module.split(".")[1])
-    return names
+def dotted(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def test_entry_points_are_found():
     assert {"daemon", "prolog", "epilog", "taskprolog", "container", "status"} <= set(ENTRY_POINTS)
 
 
-@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("module", MODULES, ids=module_id)
 def test_no_module_imports_an_entry_point(module):
-    borrowed = sorted(package_imports(module) & set(ENTRY_POINTS) - {module.stem})
-    assert borrowed == [], f"{module.name} imports the entry points {borrowed}: move what it " \
+    imports = GRAPH[dotted(module)]
+    entries = {f"nvshare_slurm.{entry}" for entry in ENTRY_POINTS} - {dotted(module)}
+    borrowed = sorted((imports.runtime | imports.typing) & entries)
+    assert borrowed == [], f"{module_id(module)} imports the entry points {borrowed}: move what it " \
                            f"uses to a module of its own"
 
 
 def loaded_modules(entry: str) -> set[str]:
-    """The package's modules that importing nvshare_slurm.<entry> loads, in a fresh interpreter."""
+    """The package's modules that importing nvshare_slurm.<entry> loads, in a fresh interpreter,
+    named from the package (`policy.gpustate`); its packages' __init__.py not."""
     probe = (f"import sys, nvshare_slurm.{entry}\n"
-             "print(' '.join(m.split('.', 1)[1] for m in sys.modules "
-             "if m.startswith('nvshare_slurm.')))")
+             "print(' '.join(m.split('.', 1)[1] for m, mod in list(sys.modules.items()) "
+             "if m.startswith('nvshare_slurm.') and not hasattr(mod, '__path__')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                          timeout=60, check=True)
     return set(out.stdout.split())
@@ -115,10 +117,33 @@ def loaded_modules(entry: str) -> set[str]:
 @pytest.mark.parametrize("entry", ["prolog", "epilog", "taskprolog"])
 def test_slurm_entry_points_load_no_policy(entry):
     loaded = loaded_modules(entry)
-    assert entry in loaded and sorted(loaded & POLICY) == [], \
-        f"nvshare_slurm.{entry} loads policy modules {sorted(loaded & POLICY)}"
+    policy = sorted(m for m in loaded if m.startswith("policy."))
+    assert entry in loaded and policy == [], f"nvshare_slurm.{entry} loads policy modules {policy}"
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRY_POINTS if e != "daemon"])
 def test_only_the_daemon_loads_the_stream_reader(entry):
-    assert "proto" not in loaded_modules(entry), f"{entry}: use wire.py, not proto.py"
+    assert "wire.proto" not in loaded_modules(entry), f"{entry}: use wire/wire.py, not wire/proto.py"
+
+
+def documented_loads() -> dict[str, tuple[int, set[str]]]:
+    """docs/design-scheduler.md's table of what each entry point loads: {entry: (modules, boxes)}."""
+    row = re.compile(r"^\| `(\w+)` \| (\d+) \| ([^|]*) \|$")
+    return {m[1]: (int(m[2]), set(re.findall(r"(\w+)/", m[3].split("(")[0])))
+            for m in map(row.match, SCHEDULER_DOC.read_text().splitlines()) if m}
+
+
+def test_every_entry_point_has_a_row_of_what_it_loads():
+    assert sorted(documented_loads()) == ENTRY_POINTS, \
+        f"{SCHEDULER_DOC.name}'s table of what the entry points load names {sorted(documented_loads())}"
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_each_entry_point_loads_what_the_design_says(entry):
+    loaded = loaded_modules(entry)
+    boxes = {m.split(".")[0] + "/" for m in loaded if "." in m}
+    count, documented = documented_loads()[entry]
+    assert (len(loaded), boxes) == (count, {b + "/" for b in documented}), (
+        f"nvshare_slurm.{entry} loads {len(loaded)} modules from {sorted(boxes)}; "
+        f"{SCHEDULER_DOC.name} says {count} from {sorted(documented)}: update its table "
+        f"(and keep the Slurm-facing ones light): {sorted(loaded)}")

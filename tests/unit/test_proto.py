@@ -8,6 +8,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,21 @@ def header_structs() -> dict[str, list[tuple[str, str, list[int], str]]]:
                          for ctype, field, dims, comment in _FIELD_RE.findall(body)]
     return structs
 
+
+
+def test_an_installed_package_reads_the_header_it_ships(tmp_path):
+    """setup.py installs csrc/nvshare_proto.h beside the package's __init__.py; wire.py, in wire/ one
+    folder below, reads that copy where no csrc/ lies beside the package (a wheel, a pip install)."""
+    installed = tmp_path / "site-packages"
+    shutil.copytree(Path(proto.__file__).parents[1], installed / "nvshare_slurm",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(HEADER, installed / "nvshare_slurm" / "nvshare_proto.h")
+    probe = "import nvshare_slurm.wire.proto as p; print(p.header_path()); print(p.C.NVSHARE_MAGIC)"
+    out = subprocess.run([sys.executable, "-S", "-c", probe], cwd=installed, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(installed / "nvshare_slurm" / "nvshare_proto.h"),
+                                  str(C.NVSHARE_MAGIC)]
 
 def test_header_parse_sees_what_the_codec_sees():
     # The C side's field list is generated from this parse; it must miss nothing the codec knows.
