@@ -1,5 +1,6 @@
 """The package's import graph, read from its source with ast: what tests/unit/test_layers.py holds
-against docs/design-scheduler.md's layers, and tests/unit/test_house.py against the entry points.
+against docs/design-scheduler.md's layers, and tests/unit/test_house.py against the entry points;
+and find_cycle, which tests/hook/test_hook_layers.py uses for the hook's files too.
 
 A module is named by its dotted name (`nvshare_slurm.policy.gpustate`; a package by its own name, for
 its __init__.py). An import of a name that is a module (`from ..wire import proto`) is an arrow to
@@ -120,3 +121,30 @@ def used_at_run_time(source: str, names: set[str]) -> list[str]:
 def has_postponed_annotations(source: str) -> bool:
     return any(isinstance(node, ast.ImportFrom) and node.module == "__future__"
                and any(a.name == "annotations" for a in node.names) for node in ast.parse(source).body)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None

@@ -21,6 +21,7 @@ LAYERS_MARK = "<!-- hook layers: read by tests/hook/test_hook_layers.py -->"
 
 sys.path.insert(0, str(REPO / "buildtools"))
 from hook_build import HOOK_CFLAGS  # noqa: E402
+from helpers_imports import find_cycle  # noqa: E402
 
 
 def documented_layers() -> list[list[str]]:
@@ -56,33 +57,6 @@ def file_graph(objects: dict[str, Path]) -> dict[str, set[str]]:
             owner[sym] = name
     return {name: {owner[s] for s in undefined[name] if s in owner and owner[s] != name}
             for name in objects}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A cycle as [a, b, ..., a], or None."""
-    state: dict[str, int] = {}   # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from helpers_imports import (Imports, has_postponed_annotations, imports_of, module_names, package_graph,
-                             used_at_run_time)
+from helpers_imports import (Imports, find_cycle, has_postponed_annotations, imports_of, module_names,
+                             package_graph, used_at_run_time)
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "nvshare_slurm"
@@ -50,33 +50,6 @@ def against_layers(graph: dict[str, set[str]], box: dict[str, str], row: dict[st
     return [f"{a} -> {b} ({box[a]} on row {row[box[a]] + 1}, {box[b]} on row {row[box[b]] + 1})"
             for a in sorted(graph) for b in sorted(graph[a])
             if box[a] != box[b] and row[box[b]] <= row[box[a]]]
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A cycle as [a, b, ..., a], or None."""
-    state: dict[str, int] = {}   # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
 
 
 @pytest.fixture(scope="module")
