@@ -503,9 +503,10 @@ class GpuState:
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         holders = turn_holders(self, now, out)      # adaptive: who gains nothing by turns co-runs
         if len(holders) > 1:
-            # Co-runners no longer fit (or the mode changed): the turn holder keeps it, else the oldest;
-            # the rest requeue, beside a turn holder with their memory resident (make_room moves it).
-            holders.sort(key=lambda h: h.shared)
+            # Co-runners no longer fit (or the mode changed): the turn holder keeps it, else the oldest
+            # that does not give way for its own allocation (gpumemory._gives_way); the rest requeue,
+            # beside a turn holder with their memory resident (make_room moves it).
+            holders.sort(key=lambda h: (h.shared, self.memory.yielding(h.client.client_id)))
             memory = not admin and self.settings.mode == "auto"
             reason = C.NVSHARE_DROP_MEMORY if memory else C.NVSHARE_DROP_ADMIN
             moves = memory and holders[0].shared

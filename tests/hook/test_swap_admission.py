@@ -54,3 +54,36 @@ def test_an_allocation_made_while_another_is_under_way_is_deferred_not_failed(
         assert "pattern ok rounds=4" in out, out + p.stderr_text
     # The daemon deferred the second job's allocation (it asked while the first was under way).
     assert re.search(r"job 322 .*allocation of .* deferred", sched.log()), sched.log()
+
+
+def test_a_co_runner_whose_allocation_would_take_the_running_jobs_room_gives_the_gpu_up(
+        hook_lib, small_gpu, tmp_path, procs):
+    """Issue 39: both jobs co-run (auto_share corun: memory fits) until the second one's 600 MiB
+    allocation, which fits only if the first, running, gives up the GPU and moves memory out. The
+    second holds nothing here, so it gives the GPU up itself: its allocation waits while it is
+    dropped (its thread blocked in cuMemAlloc), then is born in host memory. The first is never
+    dropped and runs on; both jobs' data is intact. Before, the first was dropped and moved memory
+    out for it (on the H200 1.5 s into an 8 s training, which then waited out the other's turn)."""
+    sched = small_gpu(scheduling_mode="auto", auto_share="corun", switch_time_mode="fixed",
+                      switch_time_fixed=30)
+    trace, go = tmp_path / "trace", tmp_path / "go"
+    first = Job(sched, 331, trace, gpu_index=[0], **sched.fake_env)
+    second = Job(sched, 332, trace, gpu_index=[0], **sched.fake_env)
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", f"alloc:{JOB_BYTES}", "fill:0:a1",
+                                         "launch:1000", "sync", f"waitfile:{go}",
+                                         "launch:20000:50", "sync", "check:0:a1"], first.env))
+    procs.append(start_nvtest(hook_lib, ["init", "ctx:0", "launch:1000", "sync", f"waitfile:{go}",
+                                         f"alloc:{JOB_BYTES}", "fill:0:b2", "check:0:b2"],
+                              second.env))
+    deadline = time.monotonic() + 20
+    while sched.log().count("lock granted (shared") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.log().count("lock granted (shared") >= 2, sched.log()   # both co-run
+    go.touch()
+    outs = [finish(p, timeout=120) for p in procs]
+    assert "check 0 rc=0" in outs[0] and "bad=0" in outs[0], outs[0] + procs[0].stderr_text
+    assert "check 0 rc=0" in outs[1] and "bad=0" in outs[1], outs[1] + procs[1].stderr_text
+    log = sched.log()
+    assert re.search(r"job 332 .*allocation of 600\.0 MiB waits while this job gives the GPU up", log), log
+    assert not re.search(r"job 331 .*lock dropped \(memory", log), log
+    assert re.search(r"job 332 .*lock dropped \(memory", log), log
