@@ -20,16 +20,17 @@ from .policytypes import ClientInfo
 TURN_BUSY = 0.8
 TURN_BURST_SEC = 0.025
 TURN_GAP_SEC = 0.025
-# Not a server (issue 42): a client whose gaps vary as random arrivals do (mean deviation over
-# mean: ~0.74 for exponential gaps, near 0 for a training's fixed pauses) serves requests. By its
-# means alone it looked like a bursty training: on the H200 a CUDA-graph decoder's requests (busy
-# 23 %, bursts 23-38 ms, gaps 62-140 ms) took turns with a PyTorch training and their p99 was 6.6x
-# alone (co-located 2.0x). It co-runs, where the others pace beside its prompt bursts.
-SERVE_SPREAD = 0.5
 # ... and keeps taking them until its figures fall below those lines by this factor: two bursty
 # jobs alternating in each other's pauses (tests/hook/test_hook_adaptive.py) read one report of
 # "busy 40 %" on a loaded CI machine, co-ran for that report's time and their kernels overlapped.
 TURN_LEAVE = 0.75
+# Unless it serves (issue 42): a client whose gaps vary as random arrivals do (mean deviation over
+# mean: ~0.74 for exponential gaps, near 0 for a training's fixed pauses) serves requests. By its
+# means alone it looked like a bursty training: on the H200 a CUDA-graph decoder's requests (busy
+# 23 %, bursts 23-38 ms, gaps 62-140 ms) took turns with a PyTorch training and their p99 was 6.6x
+# alone (co-located 2.0x). It co-runs (the others pace beside its bursts where they are prompt:
+# csrc/burst.c).
+SERVE_SPREAD = 0.5
 # Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
 # other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
 # together (each slowed step pauses as long, or longer), so the overlap decides the result. On the

@@ -568,6 +568,12 @@ class GpuMemory:
         low = self.usable * GROWTH_ASK_MIN_PERCENT // 100
         return min(max(4 * max(recent), low), self.usable * GROWTH_ASK_MAX_PERCENT // 100)
 
+    def on_its_way_out(self) -> int:
+        """Memory already asked to move out (swap asks, dropped holders' moves) or that the driver
+        releases (ended processes')."""
+        return sum(ask.bytes for ask in self.swap_asked.values()) + self.driver.sum_ended \
+            + sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
+
     def make_room(self, now: float, out: list[Action]) -> list[tuple[Holder, int]]:
         """PREPARE_SWAP_OUT for what this pass's withheld grant and waiting requests lack.
         Returns the co-running holders the caller must drop (DROP_LOCK(MEMORY)) for the rest of
@@ -584,9 +590,7 @@ class GpuMemory:
             return dropped
         if self.alloc_need > 0:          # room for the holder's next allocations too
             need += self._growth_ask(now)
-        need -= sum(ask.bytes for ask in self.swap_asked.values())
-        need -= sum(h.drop_bytes for h in self.gpu.holders.values() if h.drop_at is not None)
-        need -= self.driver.sum_ended    # on its way out: the driver releases it
+        need -= self.on_its_way_out()
         if need <= 0:
             return dropped
         requesters = self._requesters()
@@ -640,8 +644,7 @@ def _gives_way(mem: GpuMemory, cid: int, short: int) -> bool:
                    for h in others):
         return False    # one job at a time; a worse class or its own job's process gives way
     coming = sum(size for _, size in mem._swap_candidates(mem._requesters() | {cid})) \
-        + sum(ask.bytes for ask in mem.swap_asked.values()) + mem.driver.sum_ended \
-        + sum(h.drop_bytes for h in mem.gpu.holders.values() if h.drop_at is not None)
+        + mem.on_its_way_out()
     taken = short - coming          # what running co-holders would have to move out
     return taken > 0 and mem.use(cid).allocated <= taken
 
