@@ -95,8 +95,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_family import BURST, SMOKE_UUID, build_burst, burst_env, svg  # noqa: E402
-from gpu_bench import (TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info, kill_running,  # noqa: E402
-                       percentile, run_jobs, sigterm_interrupts)
+from gpu_bench import (CPU_TRAIN_ARGS, TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info,  # noqa: E402
+                       kill_running, percentile, run_jobs, sigterm_interrupts)
 
 KINDS = {   # kind: (gpu ms per step, host ms, timed: a window of seconds rather than steps)
     "compute": (20.0, 0.0, False), "bursty": (28.0, 43.0, False), "mem": (20.0, 0.0, False),
@@ -206,8 +206,7 @@ class Mixes:
             if sync is not None:
                 out += ["--progress", str(sync / "progress")]
             if cpu:   # later options win: a tiny model on the CPU
-                out += ["--device", "cpu", "--width", "64", "--heads", "4", "--seq", "16", "--depth", "2",
-                        "--batch", "4"]
+                out += CPU_TRAIN_ARGS
         else:
             out = [py, str(SERVE_TORCH), "--model", TORCH_MODELS[kind], "--mean-ms", str(TORCH_MEAN_MS[kind]),
                    "--seed", str(i + 1), "--seconds", f"{s:.2f}"]

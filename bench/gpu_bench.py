@@ -47,6 +47,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "tests" / "gpu" / "train.py"
+# train.py's options for a tiny model on the CPU (smoke runs), after the workload's: later ones win
+CPU_TRAIN_ARGS = ["--device", "cpu", "--width", "64", "--heads", "4", "--seq", "16", "--depth", "2",
+                  "--batch", "4"]
 DOCS = REPO / "docs" / "benchmarks.md"
 FIGURES = REPO / "docs" / "bench-results"
 if str(REPO) not in sys.path:
@@ -528,8 +531,7 @@ class Bench(Harness):
         if sleep_ms:
             cmd += ["--sleep-ms", f"{sleep_ms:.2f}"]
         if self.smoke:  # later options win: a tiny model on the CPU
-            cmd += ["--device", "cpu", "--width", "64", "--heads", "4", "--seq", "16", "--depth", "2",
-                    "--batch", "4"]
+            cmd += CPU_TRAIN_ARGS
         return cmd
 
     def ballast_gb(self, wl: Workload) -> float:
