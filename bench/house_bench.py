@@ -47,6 +47,7 @@ for path in (str(REPO), str(TESTS)):
     if path not in sys.path:
         sys.path.insert(0, path)
 from conftest import FAKE_GPUS, Scheduler  # noqa: E402
+from gpu_bench import percentile  # noqa: E402
 from helpers_hook import BUILD, NVTEST  # noqa: E402
 
 GPU0 = FAKE_GPUS[0]["uuid"]
@@ -56,11 +57,6 @@ SIDES = ("before", "after")
 
 def log(msg: str) -> None:
     print(f"house_bench: {msg}", flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 # ---- building the two libraries --------------------------------------------------------------
