@@ -17,8 +17,9 @@
  * (and of in_burst when armed).
  *
  * Prompt bursts (issue 27: a request served, an interactive command). A co-runner whose own bursts
- * are short and rare (PROMPT_BURST_MAX_NS, PROMPT_BUSY_MAX_PPM, as demand.c measures them) does not
- * wait for the owner word: it writes on the page until when its burst should be done
+ * are short and rare (PROMPT_BURST_MAX_NS, PROMPT_BUSY_MAX_PPM, as demand.c measures them), or that
+ * serves requests (its gaps as irregular as random arrivals, issue 42: SERVE_*), does not wait for
+ * the owner word: it writes on the page until when its burst should be done
  * (prompt_until) and runs at once. Everyone armed to yield (co-runners, and a turn holder whose
  * grant said YIELD) launches nothing new until that burst ends or that time passes: the request
  * then shares the GPU only with what the others had already queued, not with their next launches
@@ -27,7 +28,7 @@
  * wait bound), not for the owner word, which a bursty co-runner's long burst may hold. A job that
  * writes prompt_until without end costs each yielding job at most YIELD_BUDGET_NS of every second
  * (then it ignores the page until that second ends), and no single wait is longer than
- * PROMPT_HOLD_MAX_NS: the most an honest prompt job could ask. Before its class is known (4 bursts),
+ * SERVE_HOLD_MAX_NS: the most an honest prompt job could ask. Before its class is known (4 bursts),
  * a job whose bursts so far look prompt runs them at once and has the others pace (provisional()).
  */
 #define _GNU_SOURCE
@@ -73,11 +74,32 @@
 #define PROMPT_HOLD_FACTOR 4
 #define PROMPT_HOLD_MIN_NS 2000000ull
 #define PROMPT_HOLD_MAX_NS 20000000ull
+/* A server (issue 42): its gaps vary as random arrivals do (the mean deviation of a gap from the
+ * mean before it, over that mean: ~0.74 for Poisson arrivals, near 0 for a training's fixed
+ * pauses; SERVE_SPREAD_STAY once it is one), from SERVE_MIN_GAPS gaps on, counting the one that
+ * ends as a burst begins (a server's first gap is the wait after its warm-up: its second request is
+ * its first prompt one), and busy no more than a prompt job. Its bursts are prompt whatever their
+ * length: a request's length is the model's, and the mean still counts a warm-up's long burst for
+ * several requests. On the H200 a CUDA-graph decoder's 9 ms requests read 23-38 ms beside a
+ * PyTorch training (each stretched by the training's time-slices), over the 12 ms line: the
+ * training neither yielded nor paced, and the server's p99 was 3.6x its p99 alone (co-located
+ * 2.0x). What a job that is not one costs the others is bounded as for any: the hold, and
+ * YIELD_BUDGET_NS. NVSHARE_PROMPT_BURSTS=short: no server's bursts are prompt. */
+#define SERVE_SPREAD 0.5
+#define SERVE_SPREAD_STAY 0.375
+#define SERVE_MIN_GAPS 2
+#define SERVE_RUN_WEIGHT 0.25     /* as demand.c's means */
+/* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
+ * 42 ms alone, or two that arrived together. */
+#define SERVE_HOLD_MAX_NS 200000000ull
 /* Co-runners' prompt bursts are "about" for a second after one was seen (pace.c keeps the queue
  * short meanwhile): requests at a few per second still find every launch paced. */
 #define PROMPTS_ABOUT_NS 1000000000ull
 #define YIELD_WINDOW_NS 1000000000ull
-#define YIELD_BUDGET_NS 300000000ull      /* 30 % of each second at most */
+/* Half of each second at most: what a prompt job may be busy (PROMPT_STAY_BUSY_MAX_PPM). With 30 %
+ * a server's requests that arrived close together used the budget up, and the rest of that second's
+ * requests ran beside the training's whole steps. */
+#define YIELD_BUDGET_NS 500000000ull
 
 static long futex(_Atomic uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
 {
@@ -149,11 +171,51 @@ void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
     atomic_store(&g->burst.yields, (bursts || yields) && page);
 }
 
-void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts)
+/* The gaps' spread and how many gaps it is of, counting the one under way when this process has been
+ * idle since `idle_since` (a burst begins at `now`: that gap ends). */
+static double gaps_spread(struct nvshare_gpu *g, uint64_t now, uint64_t idle_since, unsigned *gaps)
 {
-    atomic_store_explicit(&g->burst.bursts, bursts, memory_order_relaxed);
-    atomic_store_explicit(&g->burst.mean_ns, mean_ns, memory_order_relaxed);
-    atomic_store_explicit(&g->burst.busy_ppm, busy_ppm, memory_order_relaxed);
+    double mean = (double)atomic_load_explicit(&g->burst.gap_ns, memory_order_relaxed);
+    double dev = (double)atomic_load_explicit(&g->burst.gap_dev_ns, memory_order_relaxed);
+    unsigned n = atomic_load_explicit(&g->burst.gaps, memory_order_relaxed);
+    if (idle_since && now > idle_since) {
+        double open = (double)(now - idle_since);
+        if (n && mean > 0) {
+            double d = open > mean ? open - mean : mean - open;
+            dev = dev > 0 ? dev + SERVE_RUN_WEIGHT * (d - dev) : d;
+            mean += SERVE_RUN_WEIGHT * (open - mean);
+        } else {
+            mean = open;
+        }
+        n++;
+    }
+    *gaps = n;
+    return mean > 0 ? dev / mean : 0;
+}
+
+/* Is this process a server (SERVE_*) now? Kept in burst.serving. Never with NVSHARE_PROMPT_BURSTS=
+ * short or off. */
+static int serves_now(struct nvshare_gpu *g, uint64_t now, uint64_t idle_since)
+{
+    unsigned gaps = 0;
+    double spread = gaps_spread(g, now, idle_since, &gaps);
+    int was = atomic_load_explicit(&g->burst.serving, memory_order_relaxed);
+    int is = nvshare_cfg.prompt_bursts == PROMPT_ON && gaps >= SERVE_MIN_GAPS &&
+             spread >= (was ? SERVE_SPREAD_STAY : SERVE_SPREAD);
+    atomic_store_explicit(&g->burst.serving, is, memory_order_relaxed);
+    return is;
+}
+
+void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst_demand *d)
+{
+    atomic_store_explicit(&g->burst.gap_ns, d->gap_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.gap_dev_ns, d->gap_dev_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.gaps, d->gaps, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.idle_since, d->idle_since, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.bursts, d->bursts, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.mean_ns, d->burst_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.busy_ppm, d->busy_ppm, memory_order_relaxed);
+    serves_now(g, 0, 0);
 }
 
 /* How long a burst waits for another's: about its own mean burst. */
@@ -200,13 +262,18 @@ static void waited(struct nvshare_gpu *g, uint64_t start, const char *whose)
 }
 
 /* ---- prompt bursts ---------------------------------------------------------------------------- */
-/* Are this process's bursts short and rare: a mean burst measured, of at most PROMPT_BURST_MAX_NS
- * and PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job that stays prompt? Never with
- * NVSHARE_PROMPT_BURSTS=off. */
+static int serves(struct nvshare_gpu *g)
+{
+    return atomic_load_explicit(&g->burst.serving, memory_order_relaxed);
+}
+
+/* Are this process's bursts short and rare, or a server's: a mean burst measured, of at most
+ * PROMPT_BURST_MAX_NS (any for a server) and PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job
+ * that stays prompt? Never with NVSHARE_PROMPT_BURSTS=off. */
 static int light(struct nvshare_gpu *g, int stay)
 {
     uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    uint64_t max_mean = stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
+    uint64_t max_mean = serves(g) ? UINT64_MAX : stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
     unsigned max_busy = stay ? PROMPT_STAY_BUSY_MAX_PPM : PROMPT_BUSY_MAX_PPM;
     return nvshare_cfg.prompt_bursts && mean && mean <= max_mean &&
            atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_busy;
@@ -218,7 +285,8 @@ static uint64_t prompt_hold(struct nvshare_gpu *g)
         !light(g, atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed)))
         return 0;   /* not prompt (or not measured enough yet, or NVSHARE_PROMPT_BURSTS=off) */
     uint64_t h = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed) * PROMPT_HOLD_FACTOR;
-    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > PROMPT_HOLD_MAX_NS ? PROMPT_HOLD_MAX_NS : h;
+    uint64_t max = serves(g) ? SERVE_HOLD_MAX_NS : PROMPT_HOLD_MAX_NS;
+    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > max ? max : h;
 }
 
 /* A job whose class is not known yet (fewer than PROMPT_MIN_BURSTS bursts) but whose bursts so far
@@ -279,6 +347,8 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
         ;
     atomic_store(&g->burst.prompt_mine, until);
     atomic_store(&g->burst.prompting, 1);
+    atomic_store_explicit(&p->prompt_len_ns, atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed),
+                          memory_order_relaxed);
     /* The owner word too, when free: bursty co-runners then wait for us as for any burst. */
     uint32_t none = 0, me = my_token();
     if (atomic_compare_exchange_strong(&p->owner, &none, me))
@@ -308,7 +378,7 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
         atomic_store(&g->burst.yield_window_ns, now);
         atomic_store(&g->burst.yielded_ns, 0);
     }
-    uint64_t start = now, cap = now + PROMPT_HOLD_MAX_NS, used = atomic_load(&g->burst.yielded_ns);
+    uint64_t start = now, cap = now + SERVE_HOLD_MAX_NS, used = atomic_load(&g->burst.yielded_ns);
     uint64_t budget_end = now + (used < YIELD_BUDGET_NS ? YIELD_BUDGET_NS - used : 0);
     atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
     for (;;) {
@@ -357,12 +427,16 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         return;  /* another thread of this process began it */
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
+    uint64_t idle_since = atomic_load_explicit(&g->burst.idle_since, memory_order_relaxed);
+    if (p && idle_since)
+        serves_now(g, now, idle_since);   /* the gap that ends here counts */
     uint64_t hold = p ? prompt_hold(g) : 0;
     if (p && (hold != 0) != atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed)) {
         atomic_store_explicit(&g->burst.prompt_kind, hold != 0, memory_order_relaxed);
-        nvshare_debug("gpu %s: its bursts are %s (mean %.1f ms, busy %u%%)", g->uuid,
+        nvshare_debug("gpu %s: its bursts are %s (mean %.1f ms, busy %u%%, gaps' spread %.2f%s)", g->uuid,
                       hold ? "prompt: the others launch nothing new while one runs" : "not prompt",
-                      atomic_load(&g->burst.mean_ns) / 1e6, atomic_load(&g->burst.busy_ppm) / 10000);
+                      atomic_load(&g->burst.mean_ns) / 1e6, atomic_load(&g->burst.busy_ppm) / 10000,
+                      gaps_spread(g, 0, 0, &(unsigned){0}), serves(g) ? ": a server" : "");
     }
     if (hold) {
         /* Another prompt burst runs: take turns with it (two short-burst jobs would otherwise
@@ -421,4 +495,10 @@ void nvshare_burst_end(struct nvshare_gpu *g)
     atomic_fetch_add(&p->seq, 1);
     if (atomic_load(&p->waiters))
         futex(&p->seq, FUTEX_WAKE, 1, NULL);
+}
+
+uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    return p ? atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed) : 0;
 }

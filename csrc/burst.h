@@ -20,6 +20,8 @@ struct nvshare_burst_page {
                                        CLOCK_MONOTONIC time: the others launch nothing new; 0: none */
     _Atomic uint32_t prompt_seq;    /* futex word: bumped when a prompt burst ends */
     _Atomic uint32_t prompt_waiters;  /* a hint: jobs waiting on prompt_seq */
+    _Atomic uint64_t prompt_len_ns;   /* the mean length of the last prompt burst's job's bursts (the
+                                         others' queue cap follows it: pace.c) */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -28,9 +30,20 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
 void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields);
 void nvshare_burst_begin(struct nvshare_gpu *g);
 void nvshare_burst_end(struct nvshare_gpu *g);
-/* This process's mean burst on g, its busy share, and how many bursts the mean is of (demand.c
- * measures them): how long to wait for others, and whether its own bursts are prompt. */
-void nvshare_burst_note_demand(struct nvshare_gpu *g, uint64_t mean_ns, unsigned busy_ppm, unsigned bursts);
+/* What demand.c measured of this process on g: how long to wait for others, and whether its own
+ * bursts are prompt. */
+struct nvshare_burst_demand {
+    uint64_t burst_ns;        /* the mean burst */
+    unsigned busy_ppm;        /* the busy share */
+    unsigned bursts;          /* how many bursts the mean is of */
+    uint64_t gap_ns;          /* the mean gap between bursts */
+    uint64_t gap_dev_ns;      /* the gaps' mean deviation from the mean before each */
+    unsigned gaps;            /* how many gaps those are of */
+    uint64_t idle_since;      /* idle since then (0: busy now) */
+};
+void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst_demand *d);
+/* The length the last prompt burst's job announced for its bursts (0: none; untrusted). */
+uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g);
 void nvshare_burst_after_fork(void);
 
 /* Does this job yield to co-runners' prompt bursts, with one seen in the last PROMPTS_ABOUT_NS, while

@@ -37,7 +37,12 @@
 #define DEMAND_BUSY_STEP 0.05                  /* report when the busy share moved this much */
 #define DEMAND_LENGTH_STEP 0.25                /* or a mean burst or gap length this fraction */
 #define DEMAND_SPREAD_STEP 0.2                 /* or the gaps' spread this much */
-#define DEMAND_RUN_WEIGHT 0.25                 /* weight of the newest burst or gap in its mean */
+#define DEMAND_RUN_WEIGHT 0.25                 /* weight of the newest burst or gap in its mean (burst.c's
+                                                  serves_now follows it too) */
+/* The gaps' spread is told from this many gaps on (one deviation); before, the report says it is not
+ * known: a server's first gap (after its warm-up) is one wait, and a job with that one gap read as a
+ * bursty training (long burst, long gap, no spread) and took turns (issue 42). */
+#define DEMAND_SPREAD_MIN_GAPS 2
 
 struct demand {
     int seen;                 /* sampled busy at least once */
@@ -49,9 +54,11 @@ struct demand {
     double burst_ns, gap_ns;  /* means; 0 = none finished yet */
     double gap_dev_ns;        /* mean deviation of a gap from the mean before it (irregular: a server) */
     unsigned bursts;          /* bursts finished (the mean's weight, for burst.c) */
+    unsigned gaps;            /* gaps finished (the spread is known from DEMAND_SPREAD_MIN_GAPS) */
     int reported;
     uint64_t reported_at;
     double sent_busy, sent_burst, sent_gap, sent_spread;
+    int sent_spread_known;
 };
 
 static struct demand demands[NVSHARE_MAX_GPUS];
@@ -86,7 +93,8 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
             return;
         double step = d->busy > d->sent_busy ? d->busy - d->sent_busy : d->sent_busy - d->busy;
         if (step < DEMAND_BUSY_STEP && !moved(burst, d->sent_burst) && !moved(gap, d->sent_gap)
-            && spread_step < DEMAND_SPREAD_STEP && since < DEMAND_REFRESH_NS)
+            && spread_step < DEMAND_SPREAD_STEP && since < DEMAND_REFRESH_NS
+            && d->sent_spread_known == (d->gaps >= DEMAND_SPREAD_MIN_GAPS))
             return;
     } else if (d->seen_ns < DEMAND_FIRST_REPORT_NS) {
         return;
@@ -97,7 +105,8 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     msg.busy_ppm = (uint32_t)(d->busy * 1e6);
     msg.burst_us = burst / 1e3 > 4e9 ? 4000000000u : (uint32_t)(burst / 1e3);
     msg.gap_us = gap / 1e3 > 4e9 ? 4000000000u : (uint32_t)(gap / 1e3);
-    msg.gap_spread_ppm = spread > 4000 ? 4000000000u : (uint32_t)(spread * 1e6);
+    msg.gap_spread_ppm = d->gaps < DEMAND_SPREAD_MIN_GAPS ? NVSHARE_SPREAD_UNKNOWN
+                         : spread > 4000 ? 4000000000u : (uint32_t)(spread * 1e6);
     if (nvshare_outbox_demand(&msg) == 0) {
         d->reported = 1;
         d->reported_at = now;
@@ -105,6 +114,7 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         d->sent_burst = burst;
         d->sent_gap = gap;
         d->sent_spread = spread;
+        d->sent_spread_known = d->gaps >= DEMAND_SPREAD_MIN_GAPS;
     }
 }
 
@@ -123,6 +133,7 @@ static void turn_to(struct demand *d, int busy, uint64_t at)
         if (d->gap_ns != 0)
             d->gap_dev_ns = mean_of(d->gap_dev_ns, run > d->gap_ns ? run - d->gap_ns : d->gap_ns - run);
         d->gap_ns = mean_of(d->gap_ns, run);
+        d->gaps++;
     }
     d->busy_now = busy;
     d->run_start = at;
@@ -200,7 +211,10 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     d->busy += ((double)busy_ns / (double)since - d->busy) * weight;
     /* For the keeper: idle since at least the first idle sample of the stretch under way. */
     nvshare_gate_note_demand(g, d->busy_now ? 0 : d->run_start, (uint64_t)d->gap_ns, (unsigned)(d->busy * 1e6));
-    nvshare_burst_note_demand(g, (uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts);
+    struct nvshare_burst_demand note = {(uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts,
+                                        (uint64_t)d->gap_ns, (uint64_t)d->gap_dev_ns, d->gaps,
+                                        d->busy_now ? 0 : d->run_start};
+    nvshare_burst_note_demand(g, &note);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
     int idle_sample = !busy || (!d->busy_now && now - d->run_start >= DEMAND_SAMPLE_NS);
     if (idle_sample && atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))

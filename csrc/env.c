@@ -249,14 +249,18 @@ void nvshare_read_settings(void)
     nvshare_cfg.swap_prepin = !prepin || !*prepin || !strcasecmp(prepin, "ahead") ? NVSHARE_PREPIN_AHEAD
                               : on_off("NVSHARE_SWAP_PREPIN");
     nvshare_cfg.alloc_budget = on_off("NVSHARE_ALLOC_BUDGET");
-    nvshare_cfg.prompt_bursts = on_off("NVSHARE_PROMPT_BURSTS");
+    const char *prompt = getenv("NVSHARE_PROMPT_BURSTS");
+    nvshare_cfg.prompt_bursts = prompt && !strcasecmp(prompt, "short") ? PROMPT_SHORT
+                                : on_off("NVSHARE_PROMPT_BURSTS") ? PROMPT_ON : PROMPT_OFF;
     /* 1 ms: a 3 ms request beside a training that queues whole 20 ms steps took 14.6 ms at p99 on the
      * H100 with yielding alone (6.3 ms alone). On the H200, beside 1 ms kernels, a server's p99 in
      * bench_mixes' mix4 was 10.3 ms with 1 and 13.3 with 2, in mix8 12.2 and 18.3 (8 s windows, one
      * call; 1 as low or lower in the three calls before), the trainings and bursty jobs as fast.
+     * Set, the cap is that, fixed; unset, it follows the prompt bursts' length (pace.c, issue 42).
      * "off" or 0: no cap. */
     const char *queue = getenv("NVSHARE_PROMPT_QUEUE_MS");
     int queue_off = queue && (!strcasecmp(queue, "off") || !strcmp(queue, "0"));
+    nvshare_cfg.prompt_queue_fixed = queue && *queue;
     nvshare_cfg.prompt_queue_ns = queue_off ? 0
         : (uint64_t)read_ms("NVSHARE_PROMPT_QUEUE_MS", NVSHARE_PROMPT_QUEUE_MS_DEFAULT) * 1000000ull;
 

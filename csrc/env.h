@@ -26,10 +26,14 @@ struct nvshare_settings {
                                   * 0 (off) never, NVSHARE_PREPIN_AHEAD (ahead, unset): what a grant's
                                   * SWAP_AHEAD says the GPU lacks room for */
     int alloc_budget;            /* NVSHARE_ALLOC_BUDGET: small allocations from a budget (memory.c) */
-    int prompt_bursts;           /* NVSHARE_PROMPT_BURSTS: this job's short, rare bursts may be prompt ones
-                                  * (burst.c): the others launch nothing new while one runs (default on) */
+    int prompt_bursts;           /* NVSHARE_PROMPT_BURSTS: which of this job's bursts may be prompt ones
+                                  * (burst.c: the others launch nothing new while one runs): PROMPT_ON (on,
+                                  * the default) short, rare ones and a server's requests, PROMPT_SHORT
+                                  * (short) short, rare ones only, PROMPT_OFF (off) none */
     uint64_t prompt_queue_ns;    /* NVSHARE_PROMPT_QUEUE_MS: while co-runners' prompt bursts are about, keep
                                   * at most this much of this job's work queued on the GPU (pace.c); 0: off */
+    int prompt_queue_fixed;      /* ... set by the user: that cap, not one that follows the prompt bursts'
+                                  * length (pace.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -44,6 +48,7 @@ struct nvshare_settings {
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
 #define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
+enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

@@ -91,6 +91,11 @@ struct nvshare_burst_state {
     _Atomic uint64_t mean_ns;     /* this process's mean burst (demand.c measures it) */
     atomic_uint busy_ppm;         /* ... and its busy share */
     atomic_uint bursts;           /* ... and how many bursts that mean is of */
+    _Atomic uint64_t gap_ns;      /* ... the mean gap between bursts, its mean deviation (demand.c), */
+    _Atomic uint64_t gap_dev_ns;
+    atomic_uint gaps;             /* ... of how many gaps, */
+    _Atomic uint64_t idle_since;  /* ... and since when it is idle (0: busy) */
+    atomic_int serving;           /* its gaps are a server's (burst.c's serves_now) */
     int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
     /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
@@ -153,6 +158,7 @@ struct nvshare_pace_state {
     uint64_t launch_ns;           /* GPU time of one launch, back to back (a running mean; 0: unknown) */
     uint64_t off_until;           /* a wait ran out: not pacing until then */
     uint64_t paced_ns;            /* the last paced launch (the log says when pacing begins) */
+    uint64_t cap_said;            /* the cap the log said last (and again when it moves) */
 };
 
 struct nvshare_gpu {

@@ -203,8 +203,10 @@ struct nvshare_demand {
     uint32_t gap_us;            /* mean length of an idle stretch between two busy ones */
     uint32_t gap_spread_ppm;    /* mean deviation of the gaps from their mean, over that mean, per million:
                                    ~0.74 for gaps as irregular as random arrivals (a server's requests), near 0
-                                   for a training's fixed host pauses; 0 from hooks before issue 42 */
+                                   for a training's fixed host pauses; NVSHARE_SPREAD_UNKNOWN while fewer than
+                                   2 gaps are measured; 0 from hooks before issue 42 */
 };
+#define NVSHARE_SPREAD_UNKNOWN 4294967295
 
 struct nvshare_mem_reply {
     char gpu_uuid[64];

@@ -5,8 +5,13 @@
  * training queues a whole step at once (20 ms of kernels in bench_mixes' serve2): on the H100, 3 ms
  * requests beside it took 14.6 ms at p99 with yielding alone, against 6.3 ms alone. So while
  * co-runners' prompt bursts are about (one seen in the last second: nvshare_burst_prompts_about), a
- * launch first waits until this job's work still queued is under NVSHARE_PROMPT_QUEUE_MS (1 ms), and
- * a request then shares the GPU with at most that much.
+ * launch first waits until this job's work still queued is under a cap, and a request then shares the
+ * GPU with at most that much. The cap follows the prompt bursts' length (issue 42): a tenth of the
+ * mean burst the last prompt job wrote on the page, at least PACE_CAP_MIN_NS and at most
+ * PACE_CAP_MAX_NS; a request then waits for a tenth of its own length at most, and a training
+ * beside a server of long requests (a generate of 40 ms) keeps a deeper queue. The page is not
+ * trusted: a job that writes a long length there makes the others' queues at most 4 ms deep. With
+ * NVSHARE_PROMPT_QUEUE_MS set the cap is that, fixed (before issue 42: 1 ms for every request).
  *
  * How much is queued: an event is recorded after a launch once the launches since the last event
  * add up to a quarter of the cap (every launch while their length is unknown). The events not yet
@@ -44,19 +49,32 @@
 #define PACE_WAIT_MAX_NS 100000000ull     /* 100 ms: then launch anyway ... */
 #define PACE_OFF_NS 1000000000ull         /* ... and stop pacing for a second */
 #define PACE_MEAN_WEIGHT 8                /* a new measurement counts 1/8 in the running mean */
+#define PACE_LEN_PARTS 10                 /* the cap: a tenth of the prompt bursts' mean length ... */
+#define PACE_CAP_MIN_NS 250000ull         /* ... at least 0.25 ms (an interactive command's 1 ms) ... */
+#define PACE_CAP_MAX_NS 4000000ull        /* ... at most 4 ms */
+
+/* The queue cap now (see the header). */
+static uint64_t queue_cap(struct nvshare_gpu *g)
+{
+    if (nvshare_cfg.prompt_queue_fixed)
+        return nvshare_cfg.prompt_queue_ns;
+    uint64_t follow = nvshare_burst_prompt_len(g) / PACE_LEN_PARTS;
+    follow = follow < PACE_CAP_MAX_NS ? follow : PACE_CAP_MAX_NS;
+    return follow > PACE_CAP_MIN_NS ? follow : PACE_CAP_MIN_NS;
+}
 
 static unsigned slot_at(const struct nvshare_pace_state *p, unsigned i) { return (p->head + i) % NVSHARE_PACE_RING; }
 
 /* The GPU time of the launches not seen done yet (marked by events, and those since); for a
  * co-runner, less the one that runs. With the length of a launch unknown, each counts half the cap. */
-static uint64_t queued_ns(const struct nvshare_pace_state *p, int corunner)
+static uint64_t queued_ns(const struct nvshare_pace_state *p, int corunner, uint64_t cap)
 {
     uint64_t launches = p->unmarked;
     for (unsigned i = 0; i < p->n; i++)
         launches += p->ring[slot_at(p, i)].launches;
     if (corunner && launches)
         launches--;
-    uint64_t each = p->launch_ns ? p->launch_ns : nvshare_cfg.prompt_queue_ns / 2;
+    uint64_t each = p->launch_ns ? p->launch_ns : cap / 2;
     return launches * each;
 }
 
@@ -94,7 +112,7 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now))
         return 0;
     struct nvshare_pace_state *p = &g->pace;
-    uint64_t cap = nvshare_cfg.prompt_queue_ns;
+    uint64_t cap = queue_cap(g);
     if (pthread_mutex_trylock(&p->mu) != 0) {
         pthread_mutex_lock(&p->mu);
         now = nvshare_now_ns();   /* waited for another thread's pacing: the clock moved on */
@@ -103,16 +121,18 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
-    if (now - p->paced_ns > PACE_OFF_NS)
+    if (now - p->paced_ns > PACE_OFF_NS || cap > p->cap_said + p->cap_said / 4 || cap < p->cap_said - p->cap_said / 4) {
         nvshare_debug("gpu %s: co-runners' prompt bursts are about: at most %.1f ms of work queued (a launch "
                       "%.2f ms)", g->uuid, cap / 1e6, p->launch_ns / 1e6);
+        p->cap_said = cap;
+    }
     p->paced_ns = now;
     uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
     int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
     nvshare_in_hook++;
     for (;;) {
         forget_done(p);
-        if (!p->n || queued_ns(p, corunner) < cap)
+        if (!p->n || queued_ns(p, corunner, cap) < cap)
             break;
         uint64_t t = nvshare_now_ns();
         if (t < spin_until) {
@@ -162,7 +182,7 @@ void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
         goto out;
     p->unmarked++;
     uint64_t each = p->launch_ns;
-    if (each && p->unmarked * each < nvshare_cfg.prompt_queue_ns / PACE_MARK_PARTS)
+    if (each && p->unmarked * each < queue_cap(g) / PACE_MARK_PARTS)
         goto out;   /* short launches: one event marks several */
     if (p->n == NVSHARE_PACE_RING)
         goto out;   /* every slot waits (only with more threads than the cap lets through) */

@@ -20,7 +20,7 @@ static inline int nvshare_pace_due(struct nvshare_gpu *g)
     return nvshare_cfg.prompt_queue_ns && atomic_load_explicit(&g->burst.yields, memory_order_relaxed);
 }
 /* Before a launch on g (not inside a graph capture): wait while this job's queued work is at least
- * NVSHARE_PROMPT_QUEUE_MS. 1 when the launch is paced: tell nvshare_pace_launched() once it is made.
+ * its cap (pace.c). 1 when the launch is paced: tell nvshare_pace_launched() once it is made.
  * The caller counts the wait as a synchronise (waiting for its own work: busy, for demand.c). */
 int nvshare_pace_wait(struct nvshare_gpu *g);
 /* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the

@@ -240,10 +240,10 @@ class _Hook:
             self.send(mem_frame(words[1], allocated, fixed, swapped, request, flags, self.seq))
         elif words[0] == "demand":
             busy_ppm, burst_us, gap_us = (int(w) for w in words[2:5])
-            self.send(proto.encode(C.NVSHARE_MSG_DEMAND, {"gpu_uuid": words[1],
-                                                          "busy_ppm": busy_ppm,
-                                                          "burst_us": burst_us,
-                                                          "gap_us": gap_us}))
+            spread = words[5] if len(words) > 5 else "0"     # "unknown": NVSHARE_SPREAD_UNKNOWN
+            self.send(proto.encode(C.NVSHARE_MSG_DEMAND, {
+                "gpu_uuid": words[1], "busy_ppm": busy_ppm, "burst_us": burst_us, "gap_us": gap_us,
+                "gap_spread_ppm": C.NVSHARE_SPREAD_UNKNOWN if spread == "unknown" else int(spread)}))
         else:
             self.emit("error", error=f"unknown command {line.strip()!r}")
         return True

@@ -31,6 +31,10 @@ TURN_LEAVE = 0.75
 # alone (co-located 2.0x). It co-runs (the others pace beside its bursts where they are prompt:
 # csrc/burst.c).
 SERVE_SPREAD = 0.5
+# Until the spread is known (the hook measures it from 2 gaps on; spread None), long bursts and gaps
+# alone do not make a turn-taker: a server's first gap is the wait after its warm-up, and with that
+# one gap the graph decoder read "busy 24 %, bursts 26 ms, gaps 186 ms" and took turns through its
+# first requests. A bursty training takes turns from its second pause.
 # Co-running bursty clients whose busy shares add up past TURN_GROUP_BUSY cannot all fit in each
 # other's pauses: their bursts overlap, and co-running equal jobs whose steps start together stay
 # together (each slowed step pauses as long, or longer), so the overlap decides the result. On the
@@ -107,28 +111,35 @@ class Demand:
                               # (lock waits left out)
     burst: float              # seconds: mean busy stretch
     gap: float                # seconds: mean idle stretch between busy ones
-    spread: float = 0.0       # the gaps' mean deviation over their mean (0 from older hooks)
+    spread: float | None = 0.0   # the gaps' mean deviation over their mean (0 from older hooks;
+                                 # None: fewer than 2 gaps measured yet)
 
     @property
     def serves(self) -> bool:
         """Its bursts begin at arrivals that do not wait for the GPU (a server's requests): its
         gaps are as irregular as random arrivals (SERVE_SPREAD), and it is not busy most of the
         time. A burst then waits for a turn with no pause of its own to hide the wait in."""
-        return self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
+        return self.spread is not None and self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
 
     @property
     def takes_turns(self) -> bool:
         """A turn-taker by its own demand, whoever else uses the GPU."""
         return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC
-                                          and not self.serves)
+                                          and self.spread is not None and not self.serves)
 
     def keeps_turns(self) -> bool:
         """A client that takes turns by its own demand goes on taking them until its figures are
-        clearly below the lines (TURN_LEAVE): one noisy report does not flip it."""
+        clearly below the lines (TURN_LEAVE): one noisy report does not flip it. A server leaves
+        them below TURN_BUSY itself: its first report (of its first 40 ms, a request under way)
+        reads busy, and in turns its requests that wait for the others' turns run back to back
+        when its own comes (a fake-driver server of 20 ms requests 60 ms apart read busy 73-79 %
+        in turns and kept them)."""
         f = TURN_LEAVE
+        if self.serves:
+            return False
         return self.busy >= f * TURN_BUSY \
             or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC
-                and self.spread < f * SERVE_SPREAD)
+                and self.spread is not None and self.spread < f * SERVE_SPREAD)
 
     @property
     def bursty(self) -> bool:

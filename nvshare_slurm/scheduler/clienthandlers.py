@@ -213,8 +213,10 @@ class ClientHandlers:
         gpu = self._client_gpu(conn, frame, body)
         if gpu is None:
             return
+        spread = int(body.gap_spread_ppm)
         demand = Demand(min(int(body.busy_ppm), 1_000_000) / 1e6, int(body.burst_us) / 1e6,
-                        int(body.gap_us) / 1e6, int(body.gap_spread_ppm) / 1e6)
+                        int(body.gap_us) / 1e6,
+                        None if spread == proto.C.NVSHARE_SPREAD_UNKNOWN else spread / 1e6)
         info = _info(conn)
         before = gpu.takes_turns(info.client_id)
         self.logger.debug(f"gpu {gpu.uuid}: {conn.who()}: demand {demand.describe()}")

@@ -4,6 +4,8 @@
  * itself first), then runs the actions given on the command line, one output line each.
  *
  *   init  ctx:D  newctx:D  launch:US[:N]  launchex:US  burst:US:N:GAPMS  sync  alloc:BYTES  allocpitch:W:H  freeall
+ *   serve:US:K:N:MEANMS:SEED  (a server: N requests of K kernels of US and a synchronise, arriving at
+ *                              exponential intervals of mean MEANMS, seeded; a late request starts at once)
  *   allocfree:BYTES:N (N times alloc of BYTES and its free, each call timed: mean and median ns of each)
  *   free:I (the I-th live allocation; kept when the free fails)
  *   meminfo  copy  vm:BYTES  sleep:MS  fork  thread:D:US:N  join  whois  procaddr:NAME:VER:FLAGS
@@ -49,6 +51,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -890,6 +893,23 @@ static void run(char *action)
                 usleep((useconds_t)atoi(gap + 1) * 1000);
         }
         printf("burst ok\n");
+    } else if (strcmp(action, "serve") == 0) {
+        unsigned long long us = 1000, seed = 1;
+        int k = 1, requests = 1, mean_ms = 30;
+        sscanf(arg, "%llu:%d:%d:%d:%llu", &us, &k, &requests, &mean_ms, &seed);
+        uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1, next = now_ns();
+        for (int i = 0; i < requests; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;   /* xorshift64: uniform in (0, 1] below */
+            double u = (double)((x >> 11) + 1) / 9007199254740992.0;
+            next += (uint64_t)(-log(u) * mean_ms * 1e6);
+            uint64_t t = now_ns();
+            if (next > t)
+                usleep((useconds_t)((next - t) / 1000));
+            for (int j = 0; j < k; j++)
+                launch(us, 1);
+            check("cuCtxSynchronize", api.cuCtxSynchronize());
+        }
+        printf("serve ok\n");
     } else if (strcmp(action, "train") == 0) {
         /* train:US:K:N:HOSTUS:PAUSEMS: N steps as a PyTorch training makes them: K kernels of US
          * launched one after the other with HOSTUS of host work before each (the host runs ahead of

@@ -63,8 +63,8 @@ def test_a_turn_holder_launches_nothing_new_while_a_prompt_burst_runs(hook_lib, 
 def test_a_job_that_claims_prompt_bursts_forever_costs_the_holder_at_most_its_budget(hook_lib, scheduler,
                                                                                    tmp_path, procs):
     """The page is not trusted: a co-runner that writes a prompt burst's end a second ahead, every
-    millisecond, holds a yielding holder back at most 30 % of each second (YIELD_BUDGET_NS) and at
-    most 20 ms at a time; the holder's log says why it stopped waiting."""
+    millisecond, holds a yielding holder back at most half of each second (YIELD_BUDGET_NS) and at
+    most 200 ms at a time (a server's longest hold); the holder's log says why it stopped waiting."""
     import math
     import struct
     import time
@@ -94,12 +94,12 @@ def test_a_job_that_claims_prompt_bursts_forever_costs_the_holder_at_most_its_bu
     print(f"{took:.2f} s for {alone:.2f} s beside a quiet co-runner")
     assert "waits out prompt bursts" in log, log[-2000:]
     assert "not waiting for them until it ends" in log, log[-2000:]
-    # At most 0.3 s of each second it ran (the wait comes first in each: a last, partial second
+    # At most 0.5 s of each second it ran (the wait comes first in each: a last, partial second
     # costs a whole budget), and 10 % for a loaded machine; it did wait (the page counts) but the
     # budget, not the page, bounded it.
     seconds = math.ceil(took)
-    assert took - alone <= 0.3 * seconds + 0.1 * alone, (took, alone)
-    assert took - alone >= 0.15 * (seconds - 1), (took, alone)
+    assert took - alone <= 0.5 * seconds + 0.1 * alone, (took, alone)
+    assert took - alone >= 0.3 * (seconds - 1), (took, alone)
 
 
 def test_two_jobs_with_prompt_bursts_still_take_turns_burst_by_burst(hook_lib, scheduler, tmp_path, procs):

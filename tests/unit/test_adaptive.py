@@ -124,7 +124,10 @@ def test_a_waiter_whose_demand_turns_light_is_granted_at_once():
 
 @pytest.mark.parametrize("demand,turns", [(BUSY, True), (LONG_BURSTS, True), (SHORT_BURSTS, False),
                                           (TINY_BURSTS, False), (LIGHT, False), (SERVER, False),
-                                          (Demand(0.9, 0.038, 0.004, 0.74), True)])
+                                          (Demand(0.9, 0.038, 0.004, 0.74), True),
+                                          # gaps' spread not known yet (fewer than 2 gaps)
+                                          (Demand(0.30, 0.035, 0.082, None), False),
+                                          (Demand(0.97, 10.0, 0.0, None), True)])
 def test_which_demand_takes_turns_by_itself(demand, turns):
     assert demand.takes_turns is turns
 
@@ -326,6 +329,49 @@ def test_daemon_grants_a_light_client_beside_a_busy_holder_and_shows_why(schedul
             proc.close()
 
 
+def test_daemon_reads_a_spread_not_known_yet_and_then_a_servers(scheduler):
+    """Through the socket: DEMAND's gap_spread_ppm NVSHARE_SPREAD_UNKNOWN (fewer than 2 gaps) is
+    not a spread of 4295: long bursts and gaps so reported co-run beside a busy holder; the same
+    with a training's regular gaps (spread 0.05) take turns; a server's (0.74) co-run again."""
+    from conftest import FAKE_GPUS
+    from lockclient import ClientProc
+    gpu0 = FAKE_GPUS[0]["uuid"]
+    for job in (1, 2):
+        scheduler.client().register_job(job, uid=0, gid=0, gpu_index=[0])
+    procs = [ClientProc(scheduler.socket, job, 0) for job in (1, 2)]
+
+    def sharing() -> str:
+        status = next(g for g in scheduler.client().status()["gpus"] if g["uuid"] == gpu0)
+        return status["sharing_reason"]
+    try:
+        busy, newcomer = procs
+        busy.send(f"demand {gpu0} 970000 10000000 0")
+        busy.send(f"request {gpu0}")
+        busy.expect("grant", gpu=gpu0)
+        newcomer.send(f"demand {gpu0} 240000 26000 186000 unknown")
+        newcomer.send(f"request {gpu0}")
+        grant = newcomer.expect("grant", gpu=gpu0)
+        assert grant["flags"] == C.NVSHARE_GRANT_SHARED | C.NVSHARE_GRANT_BURSTS
+        assert sharing() == "at most one busy client", sharing()
+        newcomer.send(f"demand {gpu0} 240000 26000 186000 50000")
+        wait_for(lambda: "2 busy clients" in sharing(), what=sharing)
+        newcomer.send(f"demand {gpu0} 240000 26000 186000 740000")
+        wait_for(lambda: sharing() == "at most one busy client", what=sharing)
+        log = scheduler.log()
+        assert "bursts 26 ms, gaps 186 ms, gaps irregular (a server)" in log, log[-3000:]
+    finally:
+        for proc in procs:
+            proc.close()
+
+
+def wait_for(check, what, timeout: float = 5.0) -> None:
+    import time
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, what()
+        time.sleep(0.02)
+
+
 def test_a_turn_taker_by_demand_is_not_flipped_by_one_noisy_report():
     """TURN_LEAVE: two W2-like jobs take turns; one report of each reads its burst short and its
     busy share low (a loaded CPU), still above three quarters of the lines: they keep their turns.
@@ -368,3 +414,30 @@ def test_a_server_beside_a_training_co_runs_where_a_bursty_training_takes_turns(
     g.report_demand(server, LONG_BURSTS, 0.0)
     g.request(training, 0.0)
     assert grants(g.request(server, 0.05)) == [] and 2 in g.queue
+
+
+def test_long_bursts_and_gaps_take_turns_only_once_the_gaps_spread_is_known():
+    """Issue 42: a server's first gap is the wait after its warm-up. With that one gap the graph
+    decoder read "busy 24 %, bursts 26 ms, gaps 186 ms" and took turns through its first requests.
+    Until the hook has measured the gaps' spread (None) long bursts and gaps co-run; then a bursty
+    training takes turns, and a server keeps co-running."""
+    g = gpu()
+    training, newcomer = client(1), client(2)
+    g.report_demand(training, BUSY, 0.0)
+    g.request(training, 0.0)
+    early = Demand(0.24, 0.026, 0.186, None)
+    assert not early.takes_turns and not early.serves
+    g.report_demand(newcomer, early, 0.04)
+    actions = g.request(newcomer, 0.05)
+    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
+    g.report_demand(newcomer, LONG_BURSTS, 0.5)              # its second gap: a bursty training
+    assert g.takes_turns(2)
+    g.report_demand(newcomer, SERVER, 1.0)                   # ... or a server: co-runs on
+    assert not g.takes_turns(2)
+
+
+def test_a_turn_taker_whose_spread_reads_unknown_leaves_turns():
+    """keeps_turns never holds on to turns by bursts and gaps whose spread is not known."""
+    assert LONG_BURSTS.keeps_turns()
+    assert not Demand(0.30, 0.035, 0.082, None).keeps_turns()
+    assert Demand(0.97, 10.0, 0.0, None).keeps_turns()

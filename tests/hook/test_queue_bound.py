@@ -1,0 +1,123 @@
+"""Issue 42's bounded queue (csrc/pace.c, csrc/burst.c's servers): while a prompt client is present, a
+holder keeps little GPU work queued ahead of its requests; with none present it is never throttled.
+
+A server whose requests are longer than the 12 ms line for short prompt bursts (4 kernels of 5 ms,
+arriving at random, 60 ms apart on average) is told apart by its irregular gaps. Before issue 42
+its 20 ms requests were no prompt bursts: the training beside it neither yielded nor paced, and
+each request began behind about half a step of the training's queued work (here 10 of its 20 ms).
+On the fake driver kernels of different processes run side by side, so what is checked is how much
+of the holder's work was still queued at each request's first kernel (helpers: test_prompt.py's).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+
+import pytest
+
+from helpers_hook import GPU0, Job, finish, read_launches, start_nvtest
+
+SERVER = "serve:5000:4:{n}:60:7"            # 20 ms requests, Poisson arrivals 60 ms apart on average
+TRAINING = "train:1000:20:{n}:0:0"          # steps of 20 kernels of 1 ms, launched at once
+WARMUP_IDLE_MS = 1500
+
+
+def start(scheduler, hook_lib, procs, trace, job: int, action: str, env: dict | None = None, delay_ms=0,
+          warmup=False):
+    """A job of one nvtest action; with `warmup`, as a server starts (bench/serve_torch.py): after
+    `delay_ms`, a warm-up of 10 requests back to back, then WARMUP_IDLE_MS idle, then the action."""
+    args = ["init", "ctx:0"] + ([f"sleep:{delay_ms}"] if delay_ms else []) \
+        + (["launch:5000:40", "sync", f"sleep:{WARMUP_IDLE_MS}"] if warmup else []) + [action]
+    proc = start_nvtest(hook_lib, args, dict(Job(scheduler, job, trace, gpu_index=[0]).env,
+                                             NVSHARE_LOG_LEVEL="debug", FAKE_CUDA_TRACE_LAUNCH="1",
+                                             **(env or {})))
+    procs.append(proc)
+    return proc
+
+
+def request_starts(launches, pid: int) -> list[int]:
+    """The start of each request's first kernel: launched after the one before it had ended."""
+    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])
+    return [r[2] for before, r in zip([None, *rows], rows, strict=False)
+            if before is None or r[4] > before[3]]
+
+
+def queued_ms(launches, pid: int, at: int) -> float:
+    """How much of pid's work launched before `at` was still to run at `at`, in ms."""
+    return sum(max(0, end - max(start, at)) for p, gpu, start, end, launched in launches
+               if p == pid and gpu == GPU0 and launched < at) / 1e6
+
+
+@pytest.mark.parametrize("server_prompt", ["on", "short"])
+def test_a_holder_keeps_its_queue_bounded_beside_a_server_of_long_requests(
+        hook_lib, scheduler, tmp_path, procs, server_prompt):
+    """NVSHARE_PROMPT_BURSTS=short on the server is the rule before issue 42 (only bursts up to 12 ms
+    are prompt): the holder's queue at a request's start is then about half a step."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300))
+    server = start(scheduler, hook_lib, procs, trace, 2, SERVER.format(n=50),
+                   {"NVSHARE_PROMPT_BURSTS": server_prompt}, delay_ms=150, warmup=True)
+    finish(server, timeout=90)
+    finish(holder, timeout=90)
+    launches = read_launches(trace)
+    starts = request_starts(launches, server.pid)
+    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    # Its requests after the warm-up and the idle second, but the first two: the gaps' spread needs
+    # two gaps (the second request's begin ends the second), and the first is the wait after the
+    # warm-up.
+    served = [t for t in starts if t > starts[0] + WARMUP_IDLE_MS * 1_000_000]
+    measured = [queued_ms(launches, holder.pid, t) for t in served[2:] if t < holder_end]
+    median = statistics.median(measured)
+    p90 = sorted(measured)[int(0.9 * len(measured))]
+    print(f"server prompt bursts {server_prompt}: the holder's work queued at {len(measured)} requests' "
+          f"starts: median {median:.1f} ms, p90 {p90:.1f} ms")
+    assert len(measured) >= 25, len(measured)
+    if server_prompt == "on":
+        assert "its bursts are prompt" in server.stderr_text and ": a server)" in server.stderr_text, \
+            server.stderr_text[-3000:]
+        # The cap follows the requests' length as the server measures it (20 ms and the sampling's
+        # 2 ms steps): a tenth of it, over the 1 ms default.
+        said = r"prompt bursts are about: at most ([0-9.]+) ms"
+        caps = [float(m) for m in re.findall(said, holder.stderr_text)]
+        assert caps and 1.9 <= max(caps) <= 4.0, (caps, holder.stderr_text[-3000:])
+        # The cap (2 ms) and the kernel that runs (the holder counts it: it holds turns).
+        assert median <= 3.0 and p90 <= 4.0, sorted(measured)
+    else:
+        assert "its bursts are prompt" not in server.stderr_text, server.stderr_text[-3000:]
+        assert median >= 5.0, sorted(measured)
+
+
+@pytest.mark.parametrize("beside", ["nobody", "a server that left"])
+def test_a_lone_holder_is_never_throttled(hook_lib, scheduler, tmp_path, procs, beside):
+    """A training alone queues each whole step (20 ms), the first step after a server left too (once
+    the last request is a second old, prompt bursts are no longer about); its log never says it is
+    paced when nobody else ran."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=250))
+    server = start(scheduler, hook_lib, procs, trace, 2, SERVER.format(n=20), delay_ms=150, warmup=True) \
+        if beside != "nobody" else None
+    if server is not None:
+        finish(server, timeout=90)
+    finish(holder, timeout=90)
+    launches = read_launches(trace)
+    after = 0
+    if server is not None:
+        assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+        assert "co-runners' prompt bursts are about" in holder.stderr_text, holder.stderr_text[-3000:]
+        after = max(r[3] for r in launches if r[0] == server.pid) + 1_200_000_000
+    else:
+        assert "prompt bursts are about" not in holder.stderr_text, holder.stderr_text[-3000:]
+    # The most queued in each step (a step begins with a launch after the last kernel ended: the
+    # synchronise between); the first after `after` may be cut, and is left out.
+    mine = sorted((r for r in launches if r[0] == holder.pid and r[1] == GPU0), key=lambda r: r[4])
+    steps: list[list[tuple]] = []
+    for before, r in zip([None, *mine], mine, strict=False):
+        if before is None or r[4] > before[3]:
+            steps.append([])
+        steps[-1].append(r)
+    depth = [max(queued_ms(launches, holder.pid, r[4] + 1) for r in step)
+             for step in steps[1:-1] if step[0][4] > after]
+    print(f"beside {beside}: {len(depth)} steps; queued at a step's last launch: median "
+          f"{statistics.median(depth):.1f} ms, least {min(depth):.1f} ms")
+    assert len(depth) >= 20, len(depth)
+    assert statistics.median(depth) >= 15.0 and min(depth) >= 10.0, sorted(depth)[:5]
