@@ -19,8 +19,8 @@ PyTorch members (issue 42; tests/gpu/train.py and bench/serve_torch.py, run with
   A server's requests arrive open-loop at exponential intervals (seeded; mean: TORCH_MEAN_MS, gen
   150 ms, gengraph 50 ms, cnn 30 ms); latency from arrival to result on the host.
 Mixes:
-  serve2    compute, serve (issue 27's serving beside a training: serve p99 <= 1.5 x alone, the
-            training >= 0.95 of what it gets co-located)
+  serve2    compute, serve (serving beside a training: serve p99 <= 1.2 x alone (issue 42; issue 27
+            asked 1.5), the training >= 0.95 of what it gets co-located)
   mix3      compute, bursty, probe
   mix4      compute, compute, bursty, serve
   mix4-mem  compute, bursty, mem, mem, probe (issue 27's node: co-location and MPS run out of memory)
@@ -39,7 +39,8 @@ from the arm's start), colocate (no hook), mps (a private MPS control daemon), n
 and a real nvshare-scheduler, every setting default). Per job and arm: slowdown = its time from first
 step to last over its solo time (compute, bursty, mem), or p50/p90/p99/p99.9 latency and p99 over
 solo p99 (probe, serve); nvshare's target is slowdown <= 1.05 x colocate's, for a probe p99 within
-1 ms of colocate's, for serve p99 <= 1.5 x solo. A job that did not finish (oom, timeout) stays in
+1 ms of its p99 alone, for serve p99 <= 1.5 x solo in the mixes of 3 and more, 1.2 x beside one job
+(issue 42). Each variant arm's targets are given too. A job that did not finish (oom, timeout) stays in
 the table.
 
 A PyTorch mix runs its jobs differently. Shared arms: the server starts first and serves its
@@ -113,6 +114,8 @@ TRAIN_ARGS = WORKLOADS["W1"].args   # gpu_bench's compute-bound transformer trai
 TRAIN_SLACK_S = 4.0                 # the training runs the window and this much more, from its first step
 WAIT_TIMEOUT_S = 20.0               # the server waits at most this long for the training's 10 steps
 P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare p99 over alone, at most
+P99_TARGET_BESIDE_ONE = 1.2   # issue 42: a server beside one training (serve2's too), at most
+PROBE_SLACK_MS = 1.0          # issue 42: an interactive step's p99 within this of its p99 alone
 TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
 NEEDS_TORCH = "not run: needs torch"
 MIXES = {"serve2": ["compute", "serve"],
@@ -432,26 +435,34 @@ def slowdowns(res: dict) -> None:
                     e["x_solo"] = e["done_s"] / ref["train_s"]   # waiting for the jobs before it
                 else:
                     e["x_solo"] = e["train_s"] / ref["train_s"]
-        nv, co = arms.get("nvshare", {}).get("jobs", []), arms.get("colocate", {}).get("jobs", [])
-        for i, e in enumerate(nv):
-            c = co[i] if i < len(co) and co[i]["status"] == "ok" else None
-            e["target"] = target(e, c, "colocate" in arms)
+        co = arms.get("colocate", {}).get("jobs", [])
+        for arm, r in arms.items():
+            if arm != "nvshare" and not arm.startswith("nvshare "):   # nvshare and its variants
+                continue
+            for i, e in enumerate(r.get("jobs", [])):
+                c = co[i] if i < len(co) and co[i]["status"] == "ok" else None
+                ref = solo[i] if i < len(solo) and solo[i]["status"] == "ok" else None
+                e["target"] = target(e, c, "colocate" in arms, ref, len(MIXES.get(mix, [])))
 
 
-def target(e: dict, c: dict | None, colocated: bool) -> str:
-    """nvshare's target for job e, c its co-location arm's run (None: did not finish)."""
+def target(e: dict, c: dict | None, colocated: bool, solo: dict | None = None, members: int = 2) -> str:
+    """nvshare's target for job e, c its co-location arm's run (None: did not finish), solo its run
+    alone, in a mix of `members` jobs."""
     if e["status"] != "ok":
         return "missed (did not finish)"
     if e["kind"] in P99_TARGET:
-        limit = P99_TARGET[e["kind"]]
+        limit = P99_TARGET_BESIDE_ONE if members <= 2 else P99_TARGET[e["kind"]]
         return "– (no solo run)" if "x_solo_p99" not in e else \
             f"{'met' if e['x_solo_p99'] <= limit else 'missed'} (p99 <= {limit:g} x alone)"
+    if e["kind"] == "probe":
+        if solo is None:
+            return "– (no solo run)"
+        return f"{'met' if e['p99_ms'] <= solo['p99_ms'] + PROBE_SLACK_MS else 'missed'} " \
+               f"(p99 within {PROBE_SLACK_MS:g} ms of alone)"
     if not colocated:
         return "– (no co-location arm)"
     if c is None:
         return "met (co-location did not finish)"
-    if e["kind"] == "probe":
-        return "met" if e["p99_ms"] <= c["p99_ms"] + 1.0 else "missed"
     if e["kind"] == "train":
         if not c.get("steps_per_s"):
             return "met (no steps in co-location's window)"
@@ -656,8 +667,11 @@ def latency_svg(mix: str, arms: dict, names: list[str]) -> str | None:
                            f'text-anchor="middle">{rate:.2f}</text>')
             else:
                 out.append(f'<text x="{x + slot * 0.35:.1f}" y="{y1 - 6}" text-anchor="middle">{why}</text>')
-            out.append(f'<text x="{x + slot * 0.35:.1f}" y="{y1 + 14}" text-anchor="middle">'
-                       f'{label.get(arm, arm)}</text>')
+            # a variant's bar says its setting's value under "nvshare": the whole name overlapped
+            words = label.get(arm, arm).split(" ", 1)
+            out.append(f'<text x="{x + slot * 0.35:.1f}" y="{y1 + 14}" text-anchor="middle">{words[0]}</text>'
+                       + (f'<text x="{x + slot * 0.35:.1f}" y="{y1 + 28}" text-anchor="middle" '
+                          f'font-size="9">{words[1].split("=", 1)[-1]}</text>' if len(words) > 1 else ''))
         if co and kinds[bi] == "train":
             y = y1 - (y1 - y0) * TRAIN_KEEP * co / top_rate
             out.append(f'<line x1="{bx0}" y1="{y:.1f}" x2="{bx1}" y2="{y:.1f}" stroke="#d62728" '

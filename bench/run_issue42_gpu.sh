@@ -1,24 +1,33 @@
 #!/bin/bash
 # Issue 42 on the GPU machine: `bash bench/run_issue42_gpu.sh PART OUT`, after `. scripts/gpu-setup.sh`.
-# Each part fits one device call (at most 10 minutes):
-#   serve   bench_mixes.py serve-gen, serve-gengraph and serve-cnn: a PyTorch server (bench/serve_torch.py:
-#           model.generate of a random-weight decoder; the same decoded by CUDA-graph replays; a batch-1
-#           ResNet-18-like CNN) beside gpu_bench's W1 PyTorch training, each job its own uid, arms serial
-#           (each alone), colocate, mps and nvshare, a 6 s window per arm. Targets: server p99 <= 1.2 x
-#           alone, the training >= 0.95 of its steps/s under co-location.
-# OUT gets the table (table.md), results.json, one latency figure per mix (latency_<mix>.svg), the run's
-# log (serve.log) and every job's log with the timelines (logs.tgz): 7 files.
+# Each part fits one device call (at most 10 minutes; bench_mixes writes the table of what it measured
+# when its timeout stops it). Every arm side by side in one run, each job its own uid (--uids), and
+# the arm "nvshare NVSHARE_PROMPT_BURSTS=short": the rule before issue 42's servers (only bursts of
+# at most 12 ms are prompt), the A/B of the change in the same run:
+#   serve   bench_mixes.py serve-gengraph, serve-gen and serve-cnn: a PyTorch server (bench/serve_torch.py:
+#           the same decoded by CUDA-graph replays; model.generate of a random-weight decoder; a batch-1
+#           ResNet-18-like CNN) beside gpu_bench's W1 PyTorch training, arms serial (each alone),
+#           colocate, mps and nvshare, a 6 s window per arm. Targets: server p99 <= 1.2 x alone, the
+#           training >= 0.95 of its steps/s under co-location.
+#   mixes   bench_mixes.py serve2 (burst.c's 3 ms requests beside a compute-bound job: p99 <= 1.2 x
+#           alone), mix4 and mix8 (a server among 4 and 8 jobs: p99 <= 1.5 x alone) and mix3 (an
+#           interactive probe: p99 within 1 ms of alone), same arms, 4 s windows.
+# OUT gets the table (table.md), results.json, one latency figure per mix (latency_<mix>.svg, at most
+# 4), the run's log (PART.log) and every job's log with the timelines (logs.tgz): at most 8 files.
 set -u
 part=$1 out=$2
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
+work=$(mktemp -d /tmp/issue42-XXXXXX)
 case $part in
-  serve)
-    work=$(mktemp -d /tmp/issue42-XXXXXX)
-    timeout 555 python3 bench/bench_mixes.py --out "$work" --mixes serve-gen,serve-gengraph,serve-cnn \
-        --arms serial,colocate,mps,nvshare --uids --seconds 6 >"$out/serve.log" 2>&1
-    cp "$work"/table.md "$work"/results.json "$work"/latency_*.svg "$out"/ 2>/dev/null
-    tar czf "$out/logs.tgz" -C "$work" logs $(cd "$work" && ls timeline_*.svg 2>/dev/null)
-    tail -12 "$out/serve.log" ;;
-  *) echo "usage: $0 serve OUT" >&2; exit 2 ;;
+  serve) mixes=serve-gengraph,serve-gen,serve-cnn seconds=6 ;;
+  mixes) mixes=serve2,mix4,mix8,mix3 seconds=4 ;;
+  *) echo "usage: $0 serve|mixes OUT" >&2; exit 2 ;;
 esac
+timeout 545 python3 bench/bench_mixes.py --out "$work" --mixes "$mixes" \
+    --arms serial,colocate,mps,nvshare --variant NVSHARE_PROMPT_BURSTS=short --uids --seconds "$seconds" \
+    >"$out/$part.log" 2>&1
+cp "$work"/table.md "$work"/results.json "$out"/ 2>/dev/null
+cp $(ls "$work"/latency_*.svg 2>/dev/null | head -4) "$out"/ 2>/dev/null
+tar czf "$out/logs.tgz" -C "$work" logs $(cd "$work" && ls timeline_*.svg 2>/dev/null)
+tail -30 "$out/$part.log"

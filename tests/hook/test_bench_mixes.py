@@ -156,6 +156,27 @@ def test_targets_and_table_rows_of_the_pytorch_mixes():
     assert "| serve-gen | all |" not in text   # no completion ratio for jobs that run for a time
 
 
+def test_issue42_targets_a_server_beside_one_job_in_a_mix_and_a_probe_against_alone():
+    """A server's p99 within 1.2 x alone beside one job (serve2, the PyTorch mixes), 1.5 x in a mix
+    of 3 and more; an interactive probe's p99 within 1 ms of its p99 alone (not of co-location's);
+    and a variant arm gets the same targets as nvshare's."""
+    serve = {"status": "ok", "kind": "serve", "x_solo_p99": 1.3}
+    assert bench_mixes.target(serve, None, True, None, 2) == "missed (p99 <= 1.2 x alone)"
+    assert bench_mixes.target(serve, None, True, None, 4) == "met (p99 <= 1.5 x alone)"
+    probe = {"status": "ok", "kind": "probe", "p99_ms": 2.4}
+    colocated = {"status": "ok", "kind": "probe", "p99_ms": 9.0}
+    assert bench_mixes.target(probe, colocated, True, {"p99_ms": 1.5}, 3) == "met (p99 within 1 ms of alone)"
+    assert bench_mixes.target(probe, colocated, True, {"p99_ms": 1.3}, 3) == \
+        "missed (p99 within 1 ms of alone)"
+    res = fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2)
+    arms = res["mixes"]["serve-gen"]
+    arms["nvshare NVSHARE_PROMPT_BURSTS=short"] = json.loads(json.dumps(arms["nvshare"]))
+    arms["nvshare NVSHARE_PROMPT_BURSTS=short"]["jobs"][1]["p99_ms"] = 30.0
+    bench_mixes.slowdowns(res)
+    variant = arms["nvshare NVSHARE_PROMPT_BURSTS=short"]["jobs"]
+    assert variant[1]["target"] == "missed (p99 <= 1.2 x alone)" and variant[0]["target"].startswith("met")
+
+
 def test_latency_figure_from_a_results_fixture(tmp_path):
     res = json.loads(json.dumps(fixture(p99_nvshare=13.0, train_nvshare_step_s=0.25)))   # as read back
     written = bench_mixes.write_latency_figures(res, tmp_path)
