@@ -88,6 +88,13 @@
 #define SERVE_SPREAD 0.5
 #define SERVE_SPREAD_STAY 0.375
 #define SERVE_MIN_GAPS 2
+/* ... and only once its work has been sampled for a second (its busy share is then of a whole
+ * second, not of its start): on the H200 a PyTorch training's start-up (imports, set-up, first
+ * steps) read busy 42 % with irregular gaps and climbed past 50 % within half a second. In a run
+ * where a server's second burst could already be prompt, the graph decoder beside it had a request
+ * of 200 ms (the longest hold) as that training started: most likely the training was taken for a
+ * server and its 46 ms bursts held the decoder (that run had no debug logs). */
+#define SERVE_SEEN_NS 1000000000ull
 #define SERVE_RUN_WEIGHT 0.25     /* as demand.c's means */
 /* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
  * 42 ms alone, or two that arrived together. */
@@ -201,6 +208,7 @@ static int serves_now(struct nvshare_gpu *g, uint64_t now, uint64_t idle_since)
     double spread = gaps_spread(g, now, idle_since, &gaps);
     int was = atomic_load_explicit(&g->burst.serving, memory_order_relaxed);
     int is = nvshare_cfg.prompt_bursts == PROMPT_ON && gaps >= SERVE_MIN_GAPS &&
+             atomic_load_explicit(&g->burst.seen_ns, memory_order_relaxed) >= SERVE_SEEN_NS &&
              spread >= (was ? SERVE_SPREAD_STAY : SERVE_SPREAD);
     atomic_store_explicit(&g->burst.serving, is, memory_order_relaxed);
     return is;
@@ -212,6 +220,7 @@ void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst
     atomic_store_explicit(&g->burst.gap_dev_ns, d->gap_dev_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.gaps, d->gaps, memory_order_relaxed);
     atomic_store_explicit(&g->burst.idle_since, d->idle_since, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.seen_ns, d->seen_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.bursts, d->bursts, memory_order_relaxed);
     atomic_store_explicit(&g->burst.mean_ns, d->burst_ns, memory_order_relaxed);
     atomic_store_explicit(&g->burst.busy_ppm, d->busy_ppm, memory_order_relaxed);

@@ -40,6 +40,7 @@ struct nvshare_burst_demand {
     uint64_t gap_dev_ns;      /* the gaps' mean deviation from the mean before each */
     unsigned gaps;            /* how many gaps those are of */
     uint64_t idle_since;      /* idle since then (0: busy now) */
+    uint64_t seen_ns;         /* how long its work has been sampled (lock waits left out) */
 };
 void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst_demand *d);
 /* The length the last prompt burst's job announced for its bursts (0: none; untrusted). */

@@ -213,7 +213,7 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     nvshare_gate_note_demand(g, d->busy_now ? 0 : d->run_start, (uint64_t)d->gap_ns, (unsigned)(d->busy * 1e6));
     struct nvshare_burst_demand note = {(uint64_t)d->burst_ns, (unsigned)(d->busy * 1e6), d->bursts,
                                         (uint64_t)d->gap_ns, (uint64_t)d->gap_dev_ns, d->gaps,
-                                        d->busy_now ? 0 : d->run_start};
+                                        d->busy_now ? 0 : d->run_start, d->seen_ns};
     nvshare_burst_note_demand(g, &note);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
     int idle_sample = !busy || (!d->busy_now && now - d->run_start >= DEMAND_SAMPLE_NS);

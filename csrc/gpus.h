@@ -94,7 +94,8 @@ struct nvshare_burst_state {
     _Atomic uint64_t gap_ns;      /* ... the mean gap between bursts, its mean deviation (demand.c), */
     _Atomic uint64_t gap_dev_ns;
     atomic_uint gaps;             /* ... of how many gaps, */
-    _Atomic uint64_t idle_since;  /* ... and since when it is idle (0: busy) */
+    _Atomic uint64_t idle_since;  /* ... since when it is idle (0: busy), */
+    _Atomic uint64_t seen_ns;     /* ... and over how long its work was sampled */
     atomic_int serving;           /* its gaps are a server's (burst.c's serves_now) */
     int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;

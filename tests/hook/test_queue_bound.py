@@ -80,8 +80,9 @@ def test_a_holder_keeps_its_queue_bounded_beside_a_server_of_long_requests(
         said = r"prompt bursts are about: at most ([0-9.]+) ms"
         caps = [float(m) for m in re.findall(said, holder.stderr_text)]
         assert caps and 1.9 <= max(caps) <= 4.0, (caps, holder.stderr_text[-3000:])
-        # The cap (2 ms) and the kernel that runs (the holder counts it: it holds turns).
-        assert median <= 3.0 and p90 <= 4.0, sorted(measured)
+        # The cap (2-2.4 ms) and the kernel that runs (the holder counts it: it holds turns), with
+        # room for a loaded machine's late looks at the queue.
+        assert median <= 3.5 and p90 <= 5.0, sorted(measured)
     else:
         assert "its bursts are prompt" not in server.stderr_text, server.stderr_text[-3000:]
         assert median >= 5.0, sorted(measured)
@@ -121,3 +122,27 @@ def test_a_lone_holder_is_never_throttled(hook_lib, scheduler, tmp_path, procs, 
           f"{statistics.median(depth):.1f} ms, least {min(depth):.1f} ms")
     assert len(depth) >= 20, len(depth)
     assert statistics.median(depth) >= 15.0 and min(depth) >= 10.0, sorted(depth)[:5]
+
+
+def test_a_job_is_no_server_in_its_first_second(hook_lib, scheduler, tmp_path, procs):
+    """Random gaps and a low busy share from a job's start are no server yet: a training's start-up
+    looks so on a GPU (irregular gaps, busy 42 %) and is past 50 % busy half a second later (taken
+    for a server then, its bursts most likely held one for 200 ms). A job of 15 ms requests (not short prompt ones) at
+    random 100 ms intervals from its first launch is a server only once a second of its work is
+    sampled."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=150))
+    server = start(scheduler, hook_lib, procs, trace, 2, "serve:15000:1:30:100:3",
+                   {"NVSHARE_LOG_TIME": "1"}, delay_ms=150)
+    finish(server, timeout=90)
+    finish(holder, timeout=90)
+    first = min(r[2] for r in read_launches(trace) if r[0] == server.pid) / 1e9   # CLOCK_MONOTONIC
+    lines = [line for line in server.stderr_text.splitlines() if ": a server)" in line]
+    assert lines, server.stderr_text[-3000:]
+    # NVSHARE_LOG_TIME stamps the wall clock, the trace the monotonic one: shifted by their
+    # difference now.
+    import time
+    offset = time.time() - time.monotonic()
+    said = float(re.search(r"@([0-9.]+)", lines[0]).group(1))
+    print(f"a server {said - (first + offset):.2f} s after its first kernel")
+    assert said - (first + offset) >= 0.95, lines[0]
