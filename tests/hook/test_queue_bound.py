@@ -127,9 +127,9 @@ def test_a_lone_holder_is_never_throttled(hook_lib, scheduler, tmp_path, procs, 
 def test_a_job_is_no_server_in_its_first_second(hook_lib, scheduler, tmp_path, procs):
     """Random gaps and a low busy share from a job's start are no server yet: a training's start-up
     looks so on a GPU (irregular gaps, busy 42 %) and is past 50 % busy half a second later (taken
-    for a server then, its bursts most likely held one for 200 ms). A job of 15 ms requests (not short prompt ones) at
-    random 100 ms intervals from its first launch is a server only once a second of its work is
-    sampled."""
+    for a server then, its bursts most likely held one for 200 ms). A job of 15 ms requests (not
+    short prompt ones) at random 100 ms intervals from its first launch is a server only once a
+    second of its work is sampled."""
     trace = tmp_path / "trace"
     holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=150))
     server = start(scheduler, hook_lib, procs, trace, 2, "serve:15000:1:30:100:3",
