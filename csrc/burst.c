@@ -78,7 +78,8 @@
  * mean before it, over that mean: ~0.74 for Poisson arrivals, near 0 for a training's fixed
  * pauses; SERVE_SPREAD_STAY once it is one), from SERVE_MIN_GAPS gaps on, counting the one that
  * ends as a burst begins (a server's first gap is the wait after its warm-up: its second request is
- * its first prompt one), and busy no more than a prompt job. Its bursts are prompt whatever their
+ * the first to count as a server's; prompt ones from its fourth burst, PROMPT_MIN_BURSTS, as any
+ * job's, provisional() before), and busy no more than a prompt job. Its bursts are prompt whatever their
  * length: a request's length is the model's, and the mean still counts a warm-up's long burst for
  * several requests. On the H200 a CUDA-graph decoder's 9 ms requests read 23-38 ms beside a
  * PyTorch training (each stretched by the training's time-slices), over the 12 ms line: the
