@@ -333,16 +333,12 @@ def test_daemon_reads_a_spread_not_known_yet_and_then_a_servers(scheduler):
     """Through the socket: DEMAND's gap_spread_ppm NVSHARE_SPREAD_UNKNOWN (fewer than 2 gaps) is
     not a spread of 4295: long bursts and gaps so reported co-run beside a busy holder; the same
     with a training's regular gaps (spread 0.05) take turns; a server's (0.74) co-run again."""
-    from conftest import FAKE_GPUS
+    from helpers_daemon import GPU0 as gpu0
+    from helpers_daemon import gpu_status, wait_for_status
     from lockclient import ClientProc
-    gpu0 = FAKE_GPUS[0]["uuid"]
     for job in (1, 2):
         scheduler.client().register_job(job, uid=0, gid=0, gpu_index=[0])
     procs = [ClientProc(scheduler.socket, job, 0) for job in (1, 2)]
-
-    def sharing() -> str:
-        status = next(g for g in scheduler.client().status()["gpus"] if g["uuid"] == gpu0)
-        return status["sharing_reason"]
     try:
         busy, newcomer = procs
         busy.send(f"demand {gpu0} 970000 10000000 0")
@@ -352,24 +348,17 @@ def test_daemon_reads_a_spread_not_known_yet_and_then_a_servers(scheduler):
         newcomer.send(f"request {gpu0}")
         grant = newcomer.expect("grant", gpu=gpu0)
         assert grant["flags"] == C.NVSHARE_GRANT_SHARED | C.NVSHARE_GRANT_BURSTS
-        assert sharing() == "at most one busy client", sharing()
+        sharing = gpu_status(scheduler, gpu0)["sharing_reason"]
+        assert sharing == "at most one busy client", sharing
         newcomer.send(f"demand {gpu0} 240000 26000 186000 50000")
-        wait_for(lambda: "2 busy clients" in sharing(), what=sharing)
+        wait_for_status(scheduler, lambda s: "2 busy clients" in s["sharing_reason"], gpu0)
         newcomer.send(f"demand {gpu0} 240000 26000 186000 740000")
-        wait_for(lambda: sharing() == "at most one busy client", what=sharing)
+        wait_for_status(scheduler, lambda s: s["sharing_reason"] == "at most one busy client", gpu0)
         log = scheduler.log()
         assert "bursts 26 ms, gaps 186 ms, gaps irregular (a server)" in log, log[-3000:]
     finally:
         for proc in procs:
             proc.close()
-
-
-def wait_for(check, what, timeout: float = 5.0) -> None:
-    import time
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, what()
-        time.sleep(0.02)
 
 
 def test_a_turn_taker_by_demand_is_not_flipped_by_one_noisy_report():
