@@ -76,7 +76,7 @@
 #define PROMPT_HOLD_MAX_NS 20000000ull
 /* A server (issue 42): its gaps vary as random arrivals do (the mean deviation of a gap from the
  * mean before it, over that mean: ~0.74 for Poisson arrivals, near 0 for a training's fixed
- * pauses; SERVE_SPREAD_STAY once it is one), from SERVE_MIN_GAPS gaps on, counting the one that
+ * pauses; SERVE_SPREAD_STAY once it is one), from NVSHARE_SPREAD_MIN_GAPS gaps on, counting the one that
  * ends as a burst begins (a server's first gap is the wait after its warm-up: its second request is
  * the first to count as a server's; prompt ones from its fourth burst, PROMPT_MIN_BURSTS, as any
  * job's, provisional() before), and busy no more than a prompt job. Its bursts are prompt whatever their
@@ -88,7 +88,6 @@
  * YIELD_BUDGET_NS. NVSHARE_PROMPT_BURSTS=short: no server's bursts are prompt. */
 #define SERVE_SPREAD 0.5
 #define SERVE_SPREAD_STAY 0.375
-#define SERVE_MIN_GAPS 2
 /* ... and only once its work has been sampled for a second (its busy share is then of a whole
  * second, not of its start): on the H200 a PyTorch training's start-up (imports, set-up, first
  * steps) read busy 42 % with irregular gaps and climbed past 50 % within half a second. In a run
@@ -96,7 +95,6 @@
  * of 200 ms (the longest hold) as that training started: most likely the training was taken for a
  * server and its 46 ms bursts held the decoder (that run had no debug logs). */
 #define SERVE_SEEN_NS 1000000000ull
-#define SERVE_RUN_WEIGHT 0.25     /* as demand.c's means */
 /* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
  * 42 ms alone, or two that arrived together. */
 #define SERVE_HOLD_MAX_NS 200000000ull
@@ -187,14 +185,7 @@ static double gaps_spread(struct nvshare_gpu *g, uint64_t now, uint64_t idle_sin
     double dev = (double)atomic_load_explicit(&g->burst.gap_dev_ns, memory_order_relaxed);
     unsigned n = atomic_load_explicit(&g->burst.gaps, memory_order_relaxed);
     if (idle_since && now > idle_since) {
-        double open = (double)(now - idle_since);
-        if (n && mean > 0) {
-            double d = open > mean ? open - mean : mean - open;
-            dev = dev > 0 ? dev + SERVE_RUN_WEIGHT * (d - dev) : d;
-            mean += SERVE_RUN_WEIGHT * (open - mean);
-        } else {
-            mean = open;
-        }
+        nvshare_gaps_add(&mean, &dev, (double)(now - idle_since));
         n++;
     }
     *gaps = n;
@@ -208,7 +199,7 @@ static int serves_now(struct nvshare_gpu *g, uint64_t now, uint64_t idle_since)
     unsigned gaps = 0;
     double spread = gaps_spread(g, now, idle_since, &gaps);
     int was = atomic_load_explicit(&g->burst.serving, memory_order_relaxed);
-    int is = nvshare_cfg.prompt_bursts == PROMPT_ON && gaps >= SERVE_MIN_GAPS &&
+    int is = nvshare_cfg.prompt_bursts == PROMPT_ON && gaps >= NVSHARE_SPREAD_MIN_GAPS &&
              atomic_load_explicit(&g->burst.seen_ns, memory_order_relaxed) >= SERVE_SEEN_NS &&
              spread >= (was ? SERVE_SPREAD_STAY : SERVE_SPREAD);
     atomic_store_explicit(&g->burst.serving, is, memory_order_relaxed);

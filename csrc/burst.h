@@ -30,6 +30,25 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
 void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields);
 void nvshare_burst_begin(struct nvshare_gpu *g);
 void nvshare_burst_end(struct nvshare_gpu *g);
+/* demand.c's running means (bursts, gaps, the gaps' deviation): the newest counts this much. */
+#define NVSHARE_RUN_WEIGHT 0.25
+/* The gaps' spread is known from this many gaps on (one deviation); before, DEMAND says it is not
+ * known: a server's first gap (after its warm-up) is one wait, and a job with that one gap read as
+ * a bursty training (long burst, long gap, no spread) and took turns (issue 42). */
+#define NVSHARE_SPREAD_MIN_GAPS 2
+static inline double nvshare_run_mean(double mean, double value)
+{
+    return mean == 0 ? value : mean + NVSHARE_RUN_WEIGHT * (value - mean);
+}
+/* One gap more in the running means of the gaps and of their deviation (each gap's from the mean
+ * before it): demand.c's for each gap that ends, burst.c's for the one that ends as a burst begins. */
+static inline void nvshare_gaps_add(double *mean, double *dev, double gap)
+{
+    if (*mean != 0)
+        *dev = nvshare_run_mean(*dev, gap > *mean ? gap - *mean : *mean - gap);
+    *mean = nvshare_run_mean(*mean, gap);
+}
+
 /* What demand.c measured of this process on g: how long to wait for others, and whether its own
  * bursts are prompt. */
 struct nvshare_burst_demand {

@@ -37,12 +37,6 @@
 #define DEMAND_BUSY_STEP 0.05                  /* report when the busy share moved this much */
 #define DEMAND_LENGTH_STEP 0.25                /* or a mean burst or gap length this fraction */
 #define DEMAND_SPREAD_STEP 0.2                 /* or the gaps' spread this much */
-#define DEMAND_RUN_WEIGHT 0.25                 /* weight of the newest burst or gap in its mean (burst.c's
-                                                  serves_now follows it too) */
-/* The gaps' spread is told from this many gaps on (one deviation); before, the report says it is not
- * known: a server's first gap (after its warm-up) is one wait, and a job with that one gap read as a
- * bursty training (long burst, long gap, no spread) and took turns (issue 42). */
-#define DEMAND_SPREAD_MIN_GAPS 2
 
 struct demand {
     int seen;                 /* sampled busy at least once */
@@ -54,7 +48,7 @@ struct demand {
     double burst_ns, gap_ns;  /* means; 0 = none finished yet */
     double gap_dev_ns;        /* mean deviation of a gap from the mean before it (irregular: a server) */
     unsigned bursts;          /* bursts finished (the mean's weight, for burst.c) */
-    unsigned gaps;            /* gaps finished (the spread is known from DEMAND_SPREAD_MIN_GAPS) */
+    unsigned gaps;            /* gaps finished (the spread is known from NVSHARE_SPREAD_MIN_GAPS) */
     int reported;
     uint64_t reported_at;
     double sent_busy, sent_burst, sent_gap, sent_spread;
@@ -64,11 +58,6 @@ struct demand {
 static struct demand demands[NVSHARE_MAX_GPUS];
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 static int started;
-
-static double mean_of(double mean, double value)
-{
-    return mean == 0 ? value : mean + DEMAND_RUN_WEIGHT * (value - mean);
-}
 
 static int moved(double now, double before)
 {
@@ -94,7 +83,7 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         double step = d->busy > d->sent_busy ? d->busy - d->sent_busy : d->sent_busy - d->busy;
         if (step < DEMAND_BUSY_STEP && !moved(burst, d->sent_burst) && !moved(gap, d->sent_gap)
             && spread_step < DEMAND_SPREAD_STEP && since < DEMAND_REFRESH_NS
-            && d->sent_spread_known == (d->gaps >= DEMAND_SPREAD_MIN_GAPS))
+            && d->sent_spread_known == (d->gaps >= NVSHARE_SPREAD_MIN_GAPS))
             return;
     } else if (d->seen_ns < DEMAND_FIRST_REPORT_NS) {
         return;
@@ -105,7 +94,7 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     msg.busy_ppm = (uint32_t)(d->busy * 1e6);
     msg.burst_us = burst / 1e3 > 4e9 ? 4000000000u : (uint32_t)(burst / 1e3);
     msg.gap_us = gap / 1e3 > 4e9 ? 4000000000u : (uint32_t)(gap / 1e3);
-    msg.gap_spread_ppm = d->gaps < DEMAND_SPREAD_MIN_GAPS ? NVSHARE_SPREAD_UNKNOWN
+    msg.gap_spread_ppm = d->gaps < NVSHARE_SPREAD_MIN_GAPS ? NVSHARE_SPREAD_UNKNOWN
                          : spread > 4000 ? 4000000000u : (uint32_t)(spread * 1e6);
     if (nvshare_outbox_demand(&msg) == 0) {
         d->reported = 1;
@@ -114,7 +103,7 @@ static void report(struct nvshare_gpu *g, struct demand *d, uint64_t now)
         d->sent_burst = burst;
         d->sent_gap = gap;
         d->sent_spread = spread;
-        d->sent_spread_known = d->gaps >= DEMAND_SPREAD_MIN_GAPS;
+        d->sent_spread_known = d->gaps >= NVSHARE_SPREAD_MIN_GAPS;
     }
 }
 
@@ -127,12 +116,10 @@ static void turn_to(struct demand *d, int busy, uint64_t at)
         at = d->run_start;
     double run = (double)(at - d->run_start);
     if (d->busy_now) {
-        d->burst_ns = mean_of(d->burst_ns, run);
+        d->burst_ns = nvshare_run_mean(d->burst_ns, run);
         d->bursts++;
     } else {
-        if (d->gap_ns != 0)
-            d->gap_dev_ns = mean_of(d->gap_dev_ns, run > d->gap_ns ? run - d->gap_ns : d->gap_ns - run);
-        d->gap_ns = mean_of(d->gap_ns, run);
+        nvshare_gaps_add(&d->gap_ns, &d->gap_dev_ns, run);
         d->gaps++;
     }
     d->busy_now = busy;
