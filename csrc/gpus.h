@@ -159,6 +159,7 @@ struct nvshare_pace_state {
     uint64_t launch_ns;           /* GPU time of one launch, back to back (a running mean; 0: unknown) */
     uint64_t off_until;           /* a wait ran out: not pacing until then */
     uint64_t paced_ns;            /* the last paced launch (the log says when pacing begins) */
+    uint64_t cap;                 /* the queue cap of the last paced launch (pace_wait's, for its event) */
     uint64_t cap_said;            /* the cap the log said last (and again when it moves) */
 };
 

@@ -121,12 +121,14 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
-    if (now - p->paced_ns > PACE_OFF_NS || cap > p->cap_said + p->cap_said / 4 || cap < p->cap_said - p->cap_said / 4) {
+    if (now - p->paced_ns > PACE_OFF_NS || cap > p->cap_said + p->cap_said / 4 ||
+        cap < p->cap_said - p->cap_said / 4) {
         nvshare_debug("gpu %s: co-runners' prompt bursts are about: at most %.1f ms of work queued (a launch "
                       "%.2f ms)", g->uuid, cap / 1e6, p->launch_ns / 1e6);
         p->cap_said = cap;
     }
     p->paced_ns = now;
+    p->cap = cap;
     uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
     int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
     nvshare_in_hook++;
@@ -182,7 +184,7 @@ void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
         goto out;
     p->unmarked++;
     uint64_t each = p->launch_ns;
-    if (each && p->unmarked * each < queue_cap(g) / PACE_MARK_PARTS)
+    if (each && p->unmarked * each < p->cap / PACE_MARK_PARTS)
         goto out;   /* short launches: one event marks several */
     if (p->n == NVSHARE_PACE_RING)
         goto out;   /* every slot waits (only with more threads than the cap lets through) */
