@@ -28,8 +28,8 @@ TURN_LEAVE = 0.75
 # mean: ~0.74 for exponential gaps, near 0 for a training's fixed pauses) serves requests. By its
 # means alone it looked like a bursty training: on the H200 a CUDA-graph decoder's requests (busy
 # 23 %, bursts 23-38 ms, gaps 62-140 ms) took turns with a PyTorch training and their p99 was 6.6x
-# alone (co-located 2.0x). It co-runs (the others pace beside its bursts where they are prompt:
-# csrc/burst.c).
+# alone (co-located 2.0x). It co-runs, and its hook makes its requests prompt bursts whatever their
+# length: the others yield and pace beside them (csrc/burst.c "Servers", the same 0.5 line there).
 SERVE_SPREAD = 0.5
 # Until the spread is known (the hook measures it from 2 gaps on; spread None), long bursts and gaps
 # alone do not make a turn-taker: a server's first gap is the wait after its warm-up, and with that
