@@ -274,6 +274,7 @@ static uint64_t ctx_busy_until(struct fctx *c)
 /* Barrier kernels (their block below): every wait for a stream settles its barriers first. */
 static void barrier_settle(struct fstream *st);
 static void barrier_settle_ctx(struct fctx *c);
+static int barrier_pending(struct fstream *st);
 static int barrier_try(struct fstream *st);
 
 #define NEED_INIT() do { if (!initialised) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
@@ -540,12 +541,15 @@ static struct fevent *event_of(CUevent ev)
     struct fevent *e = (struct fevent *)ev;
     return e && e->magic == EVENT_MAGIC ? e : NULL;
 }
+static CUresult event_behind(struct fevent *e, struct fstream *st);
 EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
 {
     NEED_CTX();
     struct fevent *e = event_of(ev);
     struct fstream *st = stream_of(s);
     if (!e || !st) return CUDA_ERROR_INVALID_HANDLE;
+    if (barrier_pending(st))
+        return event_behind(e, st);   /* done once what is pending before it is settled */
     pthread_mutex_lock(&mu);
     uint64_t n = now_ns();
     e->at = st->busy_until > n ? st->busy_until : n;
@@ -594,11 +598,19 @@ struct bar_shm {
     uint64_t arrival_ns[BAR_RANKS][BAR_RING];     /* when rank r launched its k-th: [r][k % RING] */
 };
 struct bar_op {
-    int barrier;          /* 0: a sleep kernel queued behind a barrier */
+    int barrier;          /* 0: a sleep kernel queued behind a barrier (or a wait); BAR_* */
     uint64_t us, k, launch_ns;
     int ranks;
+    volatile uint32_t *word;   /* BAR_WAIT: the host word it waits on ... */
+    uint32_t value;            /* ... until it equals this (or is at least this: geq) */
+    int geq;
+    struct fevent *ev;         /* BAR_EVENT: the event recorded behind a pending operation */
     struct bar_op *next;
 };
+#define BAR_KERNEL 0
+#define BAR_BARRIER 1
+#define BAR_WAIT 2
+#define BAR_EVENT 3
 static struct {
     struct fstream *st;
     struct bar_op *head, *tail;
@@ -650,13 +662,16 @@ static int barrier_pending(struct fstream *st)
     return i >= 0;
 }
 
-static void bar_trace(int dev, uint64_t start, uint64_t end)
+static void bar_trace(int dev, uint64_t start, uint64_t end, uint64_t launched)
 {
     if (trace_fd < 0)
         return;
     char line[160];
-    int len = snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
-                       (unsigned long long)start, (unsigned long long)end);
+    int len = trace_launch
+        ? snprintf(line, sizeof line, "%d %s %llu %llu %llu\n", (int)getpid(), devs[dev].text,
+                   (unsigned long long)start, (unsigned long long)end, (unsigned long long)launched)
+        : snprintf(line, sizeof line, "%d %s %llu %llu\n", (int)getpid(), devs[dev].text,
+                   (unsigned long long)start, (unsigned long long)end);
     ssize_t w = write(trace_fd, line, (size_t)len);
     (void)w;
 }
@@ -671,7 +686,19 @@ static int bar_resolve(int i)
         uint64_t start = st->busy_until > op->launch_ns ? st->busy_until : op->launch_ns;
         pthread_mutex_unlock(&mu);
         uint64_t ready = start;
-        if (op->barrier) {
+        if (op->barrier == BAR_WAIT) {
+            /* The GPU's front end looks at the word: the wait ends when the poller (or whoever
+             * waits for the stream) sees it satisfied. */
+            uint64_t seen = now_ns();
+            if (start > seen)
+                return 0;   /* the stream has not reached it yet: the word is read when it does */
+            uint32_t v = __atomic_load_n(op->word, __ATOMIC_ACQUIRE);
+            if (op->geq ? v < op->value : v != op->value)
+                return 0;
+            ready = seen > start ? seen : start;
+        } else if (op->barrier == BAR_EVENT) {
+            op->ev->at = start;
+        } else if (op->barrier == BAR_BARRIER) {
             uint64_t last = 0;
             for (int r = 0; r < op->ranks; r++) {
                 if (__atomic_load_n(&bar_group->launched[r], __ATOMIC_ACQUIRE) <= op->k)
@@ -685,7 +712,8 @@ static int bar_resolve(int i)
         pthread_mutex_lock(&mu);
         st->busy_until = end;
         pthread_mutex_unlock(&mu);
-        bar_trace(st->ctx->dev, start, end);
+        if (op->barrier == BAR_KERNEL || op->barrier == BAR_BARRIER)
+            bar_trace(st->ctx->dev, start, end, op->launch_ns);
         bar_streams[i].head = op->next;
         free(op);
     }
@@ -693,6 +721,8 @@ static int bar_resolve(int i)
     bar_streams[i].tail = NULL;
     return 1;
 }
+
+static CUresult bar_enqueue(struct fstream *st, struct bar_op *op);
 
 static CUresult barrier_launch(struct ffunc *fn, struct fstream *st, void **params)
 {
@@ -715,6 +745,12 @@ static CUresult barrier_launch(struct ffunc *fn, struct fstream *st, void **para
         bar_group->arrival_ns[rank][op->k % BAR_RING] = op->launch_ns;
         __atomic_store_n(&bar_group->launched[rank], op->k + 1, __ATOMIC_RELEASE);
     }
+    return bar_enqueue(st, op);
+}
+
+/* With bar_mu held (released here): op joins st's pending operations. */
+static CUresult bar_enqueue(struct fstream *st, struct bar_op *op)
+{
     int i = bar_slot(st, 1);
     if (i < 0) {
         pthread_mutex_unlock(&bar_mu);
@@ -728,6 +764,83 @@ static CUresult barrier_launch(struct ffunc *fn, struct fstream *st, void **para
     bar_streams[i].tail = op;
     pthread_mutex_unlock(&bar_mu);
     return CUDA_SUCCESS;
+}
+
+/* ---- waits on a host word (cuStreamWaitValue32) ----------------------------------------------
+ * A wait is a pending operation (as a barrier): what the stream gets after it waits too, and a
+ * thread of this process looks at every pending wait each WAIT_POLL_US (a GPU's front end polls the
+ * word), so held work starts about when the word is written, not when someone next waits for the
+ * stream. FAKE_CUDA_NO_WAIT_VALUE=1 refuses them (CUDA_ERROR_NOT_SUPPORTED, as a driver without
+ * stream memory operations does). Only host memory made with cuMemHostAlloc is waited on here. */
+#define WAIT_POLL_US 20
+static void *wait_poller(void *arg)
+{
+    (void)arg;
+    struct timespec pause = {0, WAIT_POLL_US * 1000};
+    for (;;) {
+        pthread_mutex_lock(&bar_mu);
+        for (int i = 0; i < BAR_STREAMS; i++)
+            if (bar_streams[i].st)
+                bar_resolve(i);
+        pthread_mutex_unlock(&bar_mu);
+        nanosleep(&pause, NULL);
+    }
+    return NULL;
+}
+
+static pthread_once_t poller_once = PTHREAD_ONCE_INIT;
+static void start_poller(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, wait_poller, NULL) == 0)
+        pthread_detach(t);
+}
+
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NEED_CTX();
+    const char *no = getenv("FAKE_CUDA_NO_WAIT_VALUE");
+    if (no && *no == '1')
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct fstream *st = stream_of(s);
+    if (!st || !addr || (flags & 0xf) > 1)   /* GEQ (0) and EQ (1) only */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (st->capturing)
+        return CUDA_SUCCESS;   /* recorded, not run (no graph replays it here) */
+    struct bar_op *op = calloc(1, sizeof *op);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->barrier = BAR_WAIT;
+    op->word = (volatile uint32_t *)(uintptr_t)addr;
+    op->value = value;
+    op->geq = (flags & 0xf) == 0;
+    op->launch_ns = now_ns();
+    pthread_once(&poller_once, start_poller);
+    pthread_mutex_lock(&bar_mu);
+    return bar_enqueue(st, op);
+}
+EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{ return cuStreamWaitValue32_v2(s, addr, value, flags); }
+
+/* Mapped host memory: the device sees it at the same address (unified addressing). */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    if (!d || !p) return CUDA_ERROR_INVALID_VALUE;
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_behind(struct fevent *e, struct fstream *st)
+{
+    struct bar_op *op = calloc(1, sizeof *op);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->barrier = BAR_EVENT;
+    op->ev = e;
+    op->launch_ns = now_ns();
+    e->at = UINT64_MAX;
+    pthread_mutex_lock(&bar_mu);
+    return bar_enqueue(st, op);
 }
 
 /* Spins (like the kernel) until the stream's barriers and what follows them are settled. */
@@ -1343,6 +1456,8 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
 {
     NEED_CTX();
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    if (barrier_pending(stream_of(s)))   /* behind a wait: queued as a kernel of its length */
+        return barrier_launch(&sleep_func, stream_of(s), (void *[]){&(unsigned long long){((struct fgraph *)exec)->us}});
     return run_sleep(stream_of(s), ((struct fgraph *)exec)->us, 1);
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return cuGraphLaunch(exec, s); }
@@ -1724,9 +1839,9 @@ EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     sleep_until(start + us * 1000);
     uint64_t end = now_ns();
-    bar_trace(s->dev, start, end);
+    bar_trace(s->dev, start, end, start);
     if (d->dev != s->dev)
-        bar_trace(d->dev, start, end);
+        bar_trace(d->dev, start, end, start);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
@@ -1749,7 +1864,7 @@ EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *p)
             return CUDA_ERROR_INVALID_CONTEXT;
         wait_for(c);
         uint64_t now = now_ns();
-        bar_trace(c->dev, now, now);
+        bar_trace(c->dev, now, now, now);
         return CUDA_SUCCESS;
     }
     return cuMemcpyPeer(p->dstDevice + p->dstXInBytes, p->dstContext, p->srcDevice + p->srcXInBytes, p->srcContext,
@@ -1768,7 +1883,8 @@ EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
     F(cuCtxSynchronize_v2) F(cuMemcpyBatchAsync_v2) F(cuMemcpyBatchAsync_v2_ptsz) F(cuMemPrefetchBatchAsync) F(cuMemDiscardBatchAsync) \
     F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
     F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
-    F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)
+    F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)                   \
+    F(cuStreamWaitValue32) F(cuStreamWaitValue32_v2) F(cuMemHostGetDevicePointer_v2)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)
