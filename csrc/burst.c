@@ -97,7 +97,7 @@
 #define SERVE_SEEN_NS 1000000000ull
 /* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
  * 42 ms alone, or two that arrived together. */
-#define SERVE_HOLD_MAX_NS 200000000ull
+#define SERVE_HOLD_MAX_NS NVSHARE_SERVE_HOLD_MAX_NS
 /* Co-runners' prompt bursts are "about" for a second after one was seen (pace.c keeps the queue
  * short meanwhile): requests at a few per second still find every launch paced. */
 #define PROMPTS_ABOUT_NS 1000000000ull
@@ -106,6 +106,8 @@
  * a server's requests that arrived close together used the budget up, and the rest of that second's
  * requests ran beside the training's whole steps. */
 #define YIELD_BUDGET_NS 500000000ull
+
+NVSHARE_TLS int nvshare_tl_launch_held;
 
 static long futex(_Atomic uint32_t *word, int op, uint32_t val, const struct timespec *timeout)
 {
@@ -350,6 +352,11 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
     atomic_store(&g->burst.prompting, 1);
     atomic_store_explicit(&p->prompt_len_ns, atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed),
                           memory_order_relaxed);
+    /* Wake whoever waits on prompt_seq: the co-runners' hold watchers (hold.c) hold their queued
+     * work on the GPU from now; a prompt job waiting for another's burst looks again and waits on. */
+    atomic_fetch_add(&p->prompt_seq, 1);
+    if (atomic_load(&p->prompt_waiters))
+        futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
     /* The owner word too, when free: bursty co-runners then wait for us as for any burst. */
     uint32_t none = 0, me = my_token();
     if (atomic_compare_exchange_strong(&p->owner, &none, me))
@@ -367,6 +374,25 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
         futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
 }
 
+/* The yield budget (YIELD_BUDGET_NS a second): when this second's runs out, `ongoing_ns` of a wait
+ * under way counted too; 0 when it has (prompt bursts are then ignored until the second ends). */
+static uint64_t budget_end(struct nvshare_gpu *g, uint64_t now, uint64_t ongoing_ns)
+{
+    if (now - atomic_load(&g->burst.yield_window_ns) >= YIELD_WINDOW_NS) {
+        atomic_store(&g->burst.yield_window_ns, now);
+        atomic_store(&g->burst.yielded_ns, 0);
+        ongoing_ns = 0;   /* the new second counts from now */
+    }
+    uint64_t used = atomic_load(&g->burst.yielded_ns) + ongoing_ns;
+    if (used < YIELD_BUDGET_NS)
+        return now + YIELD_BUDGET_NS - used;
+    uint64_t window_end = atomic_load(&g->burst.yield_window_ns) + YIELD_WINDOW_NS;
+    atomic_store(&g->burst.yield_ignore_until, window_end > now ? window_end : now + YIELD_WINDOW_NS);
+    nvshare_debug("gpu %s: waited %.0f ms of this second for co-runners' prompt bursts; "
+                  "not waiting for them until it ends", g->uuid, YIELD_BUDGET_NS / 1e6);
+    return 0;
+}
+
 void nvshare_burst_yield(struct nvshare_gpu *g)
 {
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
@@ -375,27 +401,18 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
     uint64_t now = nvshare_now_ns();
     if (now < atomic_load_explicit(&g->burst.yield_ignore_until, memory_order_relaxed))
         return;
-    if (now - atomic_load(&g->burst.yield_window_ns) >= YIELD_WINDOW_NS) {
-        atomic_store(&g->burst.yield_window_ns, now);
-        atomic_store(&g->burst.yielded_ns, 0);
-    }
-    uint64_t start = now, cap = now + SERVE_HOLD_MAX_NS, used = atomic_load(&g->burst.yielded_ns);
-    uint64_t budget_end = now + (used < YIELD_BUDGET_NS ? YIELD_BUDGET_NS - used : 0);
+    uint64_t start = now, cap = now + SERVE_HOLD_MAX_NS;
     atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
     for (;;) {
         uint32_t seq = atomic_load(&p->prompt_seq);
         uint64_t until = atomic_load(&p->prompt_until);
         if (!until || now >= until || now >= cap)
             break;
-        if (now >= budget_end) {
-            uint64_t window_end = atomic_load(&g->burst.yield_window_ns) + YIELD_WINDOW_NS;
-            atomic_store(&g->burst.yield_ignore_until, window_end > now ? window_end : now + YIELD_WINDOW_NS);
-            nvshare_debug("gpu %s: waited %.0f ms of this second for co-runners' prompt bursts; "
-                          "not waiting for them until it ends", g->uuid, YIELD_BUDGET_NS / 1e6);
+        uint64_t budget = budget_end(g, now, now - start);
+        if (!budget)
             break;
-        }
         uint64_t end = until < cap ? until : cap;
-        end = end < budget_end ? end : budget_end;
+        end = end < budget ? end : budget;
         page_wait(&p->prompt_seq, &p->prompt_waiters, seq, end - now);
         now = nvshare_now_ns();
     }
@@ -502,4 +519,35 @@ uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g)
 {
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
     return p ? atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed) : 0;
+}
+
+/* ---- held on the GPU (hold.c's watcher asks) ---------------------------------------------------- */
+int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a)
+{
+    struct nvshare_burst_page *p = atomic_load(&g->burst.page);
+    a->page = p != NULL;
+    a->seq = p ? atomic_load(&p->prompt_seq) : 0;
+    a->until = p ? atomic_load(&p->prompt_until) : 0;
+    a->end = 0;
+    if (!p || !a->until || now >= a->until || !atomic_load(&g->burst.yields) ||
+        atomic_load(&g->burst.prompting) || looks_prompt(g) ||
+        now < atomic_load(&g->burst.yield_ignore_until))
+        return 0;
+    uint64_t budget = budget_end(g, now, held_ns);
+    if (!budget)
+        return 0;
+    a->end = a->until < budget ? a->until : budget;
+    return 1;
+}
+
+void nvshare_burst_held(struct nvshare_gpu *g, uint64_t ns)
+{
+    atomic_fetch_add(&g->burst.yielded_ns, ns);
+}
+
+void nvshare_burst_wait_prompts(struct nvshare_gpu *g, uint32_t seq, uint64_t left_ns)
+{
+    struct nvshare_burst_page *p = atomic_load(&g->burst.page);
+    if (p)
+        page_wait(&p->prompt_seq, &p->prompt_waiters, seq, left_ns);
 }

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "driver.h"
 #include "gpus.h"
 
 /* One page per GPU, shared by the jobs co-running on it; nothing in it is trusted. */
@@ -71,11 +72,32 @@ void nvshare_burst_after_fork(void);
  * read, once past the cheap looks (then 1 or 0 by the page's word). */
 int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out);
 
+/* A wait for one prompt burst lasts at most this long (a server's longest hold). */
+#define NVSHARE_SERVE_HOLD_MAX_NS 200000000ull
+
+/* hold.c's watcher: should this job's queued work be held on the GPU now, at `now`, with `held_ns`
+ * of a hold under way? 1 when so, until a->end (the prompt burst's end or the yield budget's);
+ * a->seq: the page's prompt_seq as read (wait on it), a->until: the burst's announced end, a->page:
+ * a page has come. */
+struct nvshare_hold_ask {
+    int page;
+    uint32_t seq;
+    uint64_t until, end;
+};
+int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);
+/* A hold of `ns` ended: it counts against the yield budget. */
+void nvshare_burst_held(struct nvshare_gpu *g, uint64_t ns);
+/* Sleep until the page's prompt_seq moves from seq (a prompt burst begins or ends), at most left_ns. */
+void nvshare_burst_wait_prompts(struct nvshare_gpu *g, uint32_t seq, uint64_t left_ns);
+
+/* A launch whose work the GPU holds (hold.c) does not wait on the host too (set around its gate). */
+extern NVSHARE_TLS int nvshare_tl_launch_held;
+
 /* Called where work enters the gate: wait while a co-runner's prompt burst runs (bounded). */
 void nvshare_burst_yield(struct nvshare_gpu *g);
 static inline void nvshare_burst_yield_point(struct nvshare_gpu *g)
 {
-    if (!atomic_load_explicit(&g->burst.yields, memory_order_relaxed))
+    if (!atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || nvshare_tl_launch_held)
         return;
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
     if (p && atomic_load_explicit(&p->prompt_until, memory_order_relaxed))

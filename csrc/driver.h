@@ -53,6 +53,7 @@ typedef CUresult (*cuDevicePrimaryCtxGetState_fn)(CUdevice dev, unsigned int *fl
 typedef CUresult (*cuMemExportToShareableHandle_fn)(void *shareable, CUmemGenericAllocationHandle handle,
                                                     int type, unsigned long long flags);
 typedef CUresult (*cuEventCreate_fn)(CUevent *event, unsigned int flags);
+typedef CUresult (*cuMemHostGetDevicePointer_v2_fn)(CUdeviceptr *dptr, void *p, unsigned int flags);
 typedef CUresult (*cuEventRecord_fn)(CUevent event, CUstream stream);
 typedef CUresult (*cuEventQuery_fn)(CUevent event);
 typedef CUresult (*cuEventElapsedTime_fn)(float *ms, CUevent start, CUevent end);
@@ -95,6 +96,7 @@ struct nvshare_real {
     cuMemImportFromShareableHandle_fn cuMemImportFromShareableHandle;
     /* pacing (pace.c): optional; without them launches are not paced */
     cuEventCreate_fn cuEventCreate;
+    cuMemHostGetDevicePointer_v2_fn cuMemHostGetDevicePointer_v2;
     cuEventRecord_fn cuEventRecord;
     cuEventQuery_fn cuEventQuery;
     cuEventElapsedTime_fn cuEventElapsedTime;   /* _v2 where the driver has it (CUDA 12.8 on) */

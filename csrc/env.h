@@ -34,6 +34,9 @@ struct nvshare_settings {
                                   * at most this much of this job's work queued on the GPU (pace.c); 0: off */
     int prompt_queue_fixed;      /* ... set by the user: that cap, not one that follows the prompt bursts'
                                   * length (pace.c) */
+    int prompt_hold;             /* NVSHARE_PROMPT_HOLD: how (pace.c): PROMPT_HOLD_GPU (gpu, the default) the
+                                  * work stays queued and the GPU holds it while a prompt burst runs
+                                  * (hold.c), PROMPT_HOLD_HOST (host) launches wait on the host */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -49,6 +52,7 @@ struct nvshare_settings {
 #define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
+enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

@@ -2,7 +2,7 @@
  *
  * The record is one part per owner: `gate` is written only by gate.c (and the interposition layer's
  * counters on its hot path), `burst` only by burst.c, `mem` only by memory.c, `swap` only by swap.c,
- * `pace` only by pace.c.
+ * `pace` only by pace.c, `hold` only by hold.c.
  * A part is read by the layers above its owner, through the owner's header where it takes more than a
  * load. The identity (uuid, device, primary context, mode) belongs to gpus.c, which also gives a new
  * record each part's starting state. Calls only outbox.c (is the link up), client.c (start it),
@@ -161,6 +161,17 @@ struct nvshare_pace_state {
     uint64_t paced_ns;            /* the last paced launch (the log says when pacing begins) */
     uint64_t cap;                 /* the queue cap of the last paced launch (pace_wait's, for its event) */
     uint64_t cap_said;            /* the cap the log said last (and again when it moves) */
+    uint32_t unwaited;            /* held on the GPU (hold.c): launches since the last wait put in */
+};
+
+/* hold.c's: this process's queued work, held on the GPU while a co-runner's prompt burst runs. */
+enum { NVSHARE_HOLD_UNTRIED = 0, NVSHARE_HOLD_READY = 1, NVSHARE_HOLD_FAILED = 2 };
+struct nvshare_hold_state {
+    atomic_int state;             /* NVSHARE_HOLD_*: the word made and its watcher started, or not possible */
+    _Atomic(_Atomic(uint32_t) *) word;  /* pinned host memory the GPU sees: 1 holds this process's streams at
+                                     their next wait, 0 lets them run (its watcher alone writes 1) */
+    CUdeviceptr dword;            /* ... its address on the GPU */
+    CUcontext ctx;                /* the context the word was mapped in (waits go only into it) */
 };
 
 struct nvshare_gpu {
@@ -173,6 +184,7 @@ struct nvshare_gpu {
     struct nvshare_mem_state mem;
     struct nvshare_swap_state swap;
     struct nvshare_pace_state pace;
+    struct nvshare_hold_state hold;
 };
 
 extern struct nvshare_gpu nvshare_gpus[NVSHARE_MAX_GPUS];

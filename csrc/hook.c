@@ -29,6 +29,7 @@
 #include "memory.h"
 #include "nvml.h"
 #include "outbox.h"
+#include "hold.h"
 #include "pace.h"
 #include "swap.h"
 
@@ -69,6 +70,7 @@ static void after_fork_child(void)
     nvshare_demand_after_fork();
     nvshare_burst_after_fork();
     nvshare_pace_after_fork();
+    nvshare_hold_after_fork();
 }
 
 __attribute__((constructor)) static void nvshare_init(void)
@@ -110,7 +112,11 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
             paced_ = nvshare_pace_wait(pace_gpu_);                                           \
             nvshare_gate_sync_end(pace_gpu_);                                                \
         }                                                                                    \
+        nvshare_tl_launch_held = paced_ == NVSHARE_PACE_HOLD; /* no host yield: the GPU holds it */ \
         struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(pace_gpu_);                       \
+        nvshare_tl_launch_held = 0;                                                          \
+        if (paced_ == NVSHARE_PACE_HOLD)                                                     \
+            nvshare_pace_hold(pace_gpu_, stream);                                            \
         nvshare_in_hook++;                                                                   \
         CUresult rc_ = nvshare_real.name args;                                               \
         nvshare_in_hook--;                                                                   \

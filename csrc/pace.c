@@ -41,6 +41,7 @@
 #include "driver.h"
 #include "env.h"
 #include "gpus.h"
+#include "hold.h"
 #include "pace.h"
 
 #define PACE_MARK_PARTS 4                 /* an event per quarter of the cap's worth of launches */
@@ -52,6 +53,11 @@
 #define PACE_LEN_PARTS 10                 /* the cap: a tenth of the prompt bursts' mean length ... */
 #define PACE_CAP_MIN_NS 250000ull         /* ... at least 0.25 ms (an interactive command's 1 ms) ... */
 #define PACE_CAP_MAX_NS 4000000ull        /* ... at most 4 ms */
+/* Held on the GPU (hold.c): a wait before the launch that follows a segment's worth of launches, a
+ * quarter of the cap, 0.2 to 0.5 ms (the GPU passes a wait in about 2 us: 1 % of 0.2 ms). */
+#define HOLD_SEG_PARTS 4
+#define HOLD_SEG_MIN_NS 200000ull
+#define HOLD_SEG_MAX_NS 500000ull
 
 /* The queue cap now (see the header). */
 static uint64_t queue_cap(struct nvshare_gpu *g)
@@ -61,6 +67,13 @@ static uint64_t queue_cap(struct nvshare_gpu *g)
     uint64_t follow = nvshare_burst_prompt_len(g) / PACE_LEN_PARTS;
     follow = follow < PACE_CAP_MAX_NS ? follow : PACE_CAP_MAX_NS;
     return follow > PACE_CAP_MIN_NS ? follow : PACE_CAP_MIN_NS;
+}
+
+/* Held on the GPU: the GPU work between two waits. */
+static uint64_t hold_segment(uint64_t cap)
+{
+    uint64_t seg = cap / HOLD_SEG_PARTS;
+    return seg < HOLD_SEG_MIN_NS ? HOLD_SEG_MIN_NS : seg > HOLD_SEG_MAX_NS ? HOLD_SEG_MAX_NS : seg;
 }
 
 static unsigned slot_at(const struct nvshare_pace_state *p, unsigned i) { return (p->head + i) % NVSHARE_PACE_RING; }
@@ -121,17 +134,29 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
+    int held = nvshare_hold_ready(g);
     if (now - p->paced_ns > PACE_OFF_NS || cap > p->cap_said + p->cap_said / 4 ||
         cap < p->cap_said - p->cap_said / 4) {
-        nvshare_debug("gpu %s: co-runners' prompt bursts are about: at most %.1f ms of work queued (a launch "
-                      "%.2f ms)", g->uuid, cap / 1e6, p->launch_ns / 1e6);
+        if (held)
+            nvshare_debug("gpu %s: co-runners' prompt bursts are about: its queued work is held on the GPU "
+                          "while one runs (a wait every %.2f ms of work, a launch %.2f ms)", g->uuid,
+                          hold_segment(cap) / 1e6, p->launch_ns / 1e6);
+        else
+            nvshare_debug("gpu %s: co-runners' prompt bursts are about: at most %.1f ms of work queued (a "
+                          "launch %.2f ms)", g->uuid, cap / 1e6, p->launch_ns / 1e6);
         p->cap_said = cap;
     }
     p->paced_ns = now;
     p->cap = cap;
+    nvshare_in_hook++;
+    if (held) {
+        forget_done(p);   /* what is done tells a launch's length; nothing is waited for here */
+        nvshare_in_hook--;
+        pthread_mutex_unlock(&p->mu);
+        return NVSHARE_PACE_HOLD;
+    }
     uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
     int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
-    nvshare_in_hook++;
     for (;;) {
         forget_done(p);
         if (!p->n || queued_ns(p, corunner, cap) < cap)
@@ -152,7 +177,7 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
     }
     nvshare_in_hook--;
     pthread_mutex_unlock(&p->mu);
-    return 1;
+    return NVSHARE_PACE_HOST;
 }
 
 /* With mu held: the events were made in another context; forget them once none is pending. */
@@ -175,11 +200,24 @@ static int same_context(struct nvshare_pace_state *p)
     return 1;
 }
 
+void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream)
+{
+    struct nvshare_pace_state *p = &g->pace;
+    pthread_mutex_lock(&p->mu);
+    uint64_t each = p->launch_ns;
+    if (!each || (uint64_t)p->unwaited * each >= hold_segment(p->cap)) {
+        if (nvshare_hold_wait(g, stream))
+            p->unwaited = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
 {
     struct nvshare_pace_state *p = &g->pace;
     pthread_mutex_lock(&p->mu);
     nvshare_in_hook++;
+    p->unwaited++;
     if (!same_context(p))
         goto out;
     p->unmarked++;

@@ -1,6 +1,6 @@
 /* pace.h: a job that yields to co-runners' prompt bursts keeps little of its work queued on the GPU
  * (pace.c). Owns `struct nvshare_pace_state` of each GPU's record. Calls only burst.c (are prompt
- * bursts about), gpus.c's record, driver.c and env.c.
+ * bursts about), hold.c (holding it on the GPU instead), gpus.c's record, driver.c and env.c.
  */
 #ifndef NVSHARE_PACE_H
 #define NVSHARE_PACE_H
@@ -20,9 +20,15 @@ static inline int nvshare_pace_due(struct nvshare_gpu *g)
     return nvshare_cfg.prompt_queue_ns && atomic_load_explicit(&g->burst.yields, memory_order_relaxed);
 }
 /* Before a launch on g (not inside a graph capture): wait while this job's queued work is at least
- * its cap (pace.c). 1 when the launch is paced: tell nvshare_pace_launched() once it is made.
- * The caller counts the wait as a synchronise (waiting for its own work: busy, for demand.c). */
+ * its cap (pace.c): NVSHARE_PACE_HOST; or, where the GPU can hold it (hold.c), wait for nothing:
+ * NVSHARE_PACE_HOLD, and call nvshare_pace_hold() inside the gate, before the launch. Either way
+ * tell nvshare_pace_launched() once it is made; 0: not paced. The caller counts the wait as a
+ * synchronise (waiting for its own work: busy, for demand.c). */
+enum { NVSHARE_PACE_HOST = 1, NVSHARE_PACE_HOLD = 2 };
 int nvshare_pace_wait(struct nvshare_gpu *g);
+/* A launch whose work the GPU holds goes into `stream`: a wait goes in before it when the launches
+ * since the last add up to a segment. */
+void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream);
 /* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the
  * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
 void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);

@@ -117,14 +117,26 @@ def test_two_jobs_with_prompt_bursts_still_take_turns_burst_by_burst(hook_lib, s
 
 def holder_backlog_ms(launches, holder_pid: int, prompt_pid: int, after_ns: int) -> list[float]:
     """At each prompt kernel's start (after `after_ns`, while the holder still ran): how much of the
-    holder's work launched before it was still to run then, in ms. What the prompt kernel shares
-    the GPU with."""
-    holder = [r for r in launches if r[0] == holder_pid and r[1] == GPU0]
+    holder's work launched before it runs on from then without a pause, in ms: what the prompt
+    kernel shares the GPU with. Work the GPU held (csrc/hold.c: a wait in the holder's stream) waits
+    for the prompt burst's end, and the pause before it ends the run."""
+    holder = sorted((r for r in launches if r[0] == holder_pid and r[1] == GPU0), key=lambda r: r[2])
     last = max(r[3] for r in holder)
     prompts = sorted(r[2] for r in launches
                      if r[0] == prompt_pid and r[1] == GPU0 and after_ns < r[2] < last)
-    return [sum(max(0, end - max(start, p)) for _, _, start, end, launched in holder if launched < p) / 1e6
-            for p in prompts]
+    pause = 200_000   # 0.2 ms: more than a wait's settling on the fake driver
+    backlog = []
+    for p in prompts:
+        total, reach = 0, p
+        for _, _, start, end, launched in holder:
+            if launched >= p or end <= p:
+                continue
+            if start > reach + pause:
+                break   # held (or not launched yet when the one before ended)
+            total += end - max(start, p)
+            reach = max(reach, end)
+        backlog.append(total / 1e6)
+    return backlog
 
 
 def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]], rounds: int,
@@ -148,20 +160,27 @@ def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]
     return started, prompt
 
 
-@pytest.mark.parametrize("queue", ["off", "default"])
+@pytest.mark.parametrize("queue", ["off", "default", "host", "driver without waits"])
 def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_about(
         hook_lib, scheduler, tmp_path, procs, queue):
-    """A training queues whole steps (10 kernels of 2 ms, then a synchronise). Yielding alone stops
+    """A training queues whole steps (40 kernels of 0.5 ms, then a synchronise: a held kernel waits
+    past the 1 ms prompt kernel, where one of 2 ms would still run when the hold ends, and the
+    pause would not show in the trace). Yielding alone stops
     it launching during a prompt burst, but what it queued runs beside the request: about half a
-    step. Paced (NVSHARE_PROMPT_QUEUE_MS, 1 ms by default), it keeps under 1 ms queued while prompt
-    bursts are about, so a request shares the GPU with at most one of its kernels."""
+    step (off: NVSHARE_PROMPT_QUEUE_MS=off). By default its queue stays whole and the GPU holds it
+    at a wait in its stream while a prompt burst runs (csrc/hold.c); with NVSHARE_PROMPT_HOLD=host
+    its launches wait on the host while prompt bursts are about, until under a cap of 1 ms is
+    queued; so it does where the driver refuses a wait on the GPU (FAKE_CUDA_NO_WAIT_VALUE=1, as a
+    driver without stream memory operations), and says so. Either way a request shares the GPU with
+    at most one of its kernels."""
     import statistics
 
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
-    env = {"NVSHARE_PROMPT_QUEUE_MS": "off"} if queue == "off" else {}
-    (holder,), prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:2000:10:120:0:0", env)], 60)
+    env = {"off": {"NVSHARE_PROMPT_QUEUE_MS": "off"}, "host": {"NVSHARE_PROMPT_HOLD": "host"},
+           "driver without waits": {"FAKE_CUDA_NO_WAIT_VALUE": "1"}}.get(queue, {})
+    (holder,), prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:500:40:120:0:0", env)], 60)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
     backlog = holder_backlog_ms(launches, holder.pid, prompt.pid, first + 500_000_000)
@@ -169,11 +188,17 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
     print(f"queue {queue}: the holder's work still queued at {len(backlog)} prompt kernels: median "
           f"{median:.1f} ms, max {worst:.1f} ms")
     assert len(backlog) >= 20, len(backlog)
+    held = "held on the GPU until it ends" in holder.stderr_text
+    assert held == (queue == "default"), holder.stderr_text[-3000:]
     if queue == "off":
         assert median >= 5.0, backlog
     else:
-        # The turn holder counts its running kernel too: one 2 ms kernel at most (a co-runner
-        # would keep one more).
+        if queue == "host":
+            assert "prompt bursts are about: at most" in holder.stderr_text, holder.stderr_text[-3000:]
+        if queue == "driver without waits":
+            assert "the driver refused a wait on the GPU" in holder.stderr_text, holder.stderr_text[-3000:]
+        # The turn holder counts its running kernel too (a co-runner would keep one more); held,
+        # the kernel under way and the watcher's look (microseconds).
         assert median <= 2.0, backlog
         assert sorted(backlog)[int(0.9 * len(backlog))] <= 3.0, backlog
 
@@ -192,18 +217,19 @@ def test_a_paced_bursty_job_is_not_taken_for_a_prompt_one(hook_lib, scheduler, t
 
 
 def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, scheduler, tmp_path, procs):
-    """Two trainings (10 kernels of 2 ms a step) take turns beside a prompt job. A turn passed on by
-    hand-over begins before its grant arrives; disarmed until then, the incoming holder sent its
-    first step out whole, and a prompt kernel shared the GPU with up to 13 ms of it (4 of 64 here;
-    on the H200 a server's slowest requests all came just after hand-overs). It yields as its last
-    grant said until the new one comes: under the cap plus the running kernel for each holder (two
-    at a hand-over: the outgoing one's last and the incoming one's first)."""
+    """Two trainings (40 kernels of 0.5 ms a step: see the test above) take turns beside a prompt
+    job. A turn passed on by hand-over begins before its grant arrives; disarmed until then, the
+    incoming holder sent its first step out whole, and a prompt kernel shared the GPU with up to
+    13 ms of it (4 of 64 here; on the H200 a server's slowest requests all came just after
+    hand-overs). It yields as its last grant said until the new one comes: its queue held (or
+    under the cap) plus the running kernel for each holder (two at a hand-over: the outgoing one's
+    last and the incoming one's first)."""
     import statistics
 
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
-    holders, prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:2000:10:100:0:0", {})] * 2,
+    holders, prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:500:40:100:0:0", {})] * 2,
                                     80)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
