@@ -47,6 +47,16 @@ SERVE_SPREAD = 0.5
 # command, ~1 ms) co-run and are not counted. Pairs below the line keep co-running: a 10 %-busy
 # pair with 5 ms bursts ran at 0.52x co-run, 0.67x in turns (every lock wait lengthened a step
 # whose pause follows its length).
+# A client whose gaps are a second or more and its bursts a tenth of them at most (a server whose
+# requests come seconds apart; one idle for a second now: the hook reports the idle stretch under
+# way as its gap once it is longer than the mean) takes no turns: co-running one of its bursts
+# costs the others a few per cent, and in turns each waits for a turn holder's switch interval.
+# The busy share is no test here: it follows the last second, and lags. On the H200 a CUDA-graph
+# decoder idle for 1.7 s after its warm-up (which read "busy 29 %, bursts 32 ms, gaps 46 ms": a
+# bursty training) made the training beside it take exclusive turns, and its first request waited
+# 170 ms for that turn to end and drain: 176 ms against 10 alone (issue 42).
+RARE_GAP_SEC = 1.0
+RARE_BURST_SHARE = 0.1
 TURN_GROUP_BUSY = 1.0
 TURN_GROUP_LEAVE = 0.6
 TURN_GROUP_BURST_SEC = 0.004
@@ -122,8 +132,15 @@ class Demand:
         return self.spread is not None and self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
 
     @property
+    def rare(self) -> bool:
+        """Its gaps a second or more, its bursts a tenth of them at most (RARE_*): no turn-taker."""
+        return self.gap >= RARE_GAP_SEC and self.burst <= RARE_BURST_SHARE * self.gap
+
+    @property
     def takes_turns(self) -> bool:
         """A turn-taker by its own demand, whoever else uses the GPU."""
+        if self.rare:
+            return False
         return self.busy >= TURN_BUSY or (self.burst >= TURN_BURST_SEC and self.gap >= TURN_GAP_SEC
                                           and self.spread is not None and not self.serves)
 
@@ -135,7 +152,7 @@ class Demand:
         when its own comes (a fake-driver server of 20 ms requests 60 ms apart read busy 73-79 %
         in turns and kept them)."""
         f = TURN_LEAVE
-        if self.serves:
+        if self.serves or self.rare:
             return False
         return self.busy >= f * TURN_BUSY \
             or (self.burst >= f * TURN_BURST_SEC and self.gap >= f * TURN_GAP_SEC

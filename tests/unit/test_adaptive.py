@@ -430,3 +430,27 @@ def test_a_turn_taker_whose_spread_reads_unknown_leaves_turns():
     assert LONG_BURSTS.keeps_turns()
     assert not Demand(0.30, 0.035, 0.082, None).keeps_turns()
     assert Demand(0.97, 10.0, 0.0, None).keeps_turns()
+
+
+def test_a_turn_taker_idle_for_a_second_co_runs_its_next_burst_at_once():
+    """Issue 42: a server's warm-up (requests back to back) read as a bursty training, "busy 29 %,
+    bursts 32 ms, gaps 46 ms"; idle for 1.7 s after it, it still took turns, and the training
+    beside it held an exclusive turn: the server's first request waited 170 ms for it (H200). Once
+    its gap reads a second or more (the hook reports the idle stretch under way) and its bursts a
+    tenth of that at most, it is no turn-taker: its next request is granted at once, beside the
+    training. A job of long bursts with second-long pauses between them keeps its turns."""
+    warm_up = Demand(0.30, 0.035, 0.082, 0.3)     # as W2 (LONG_BURSTS): its turns cost it no wait
+    assert warm_up.takes_turns and warm_up.keeps_turns()
+    idle = Demand(0.05, 0.035, 1.7, 0.3)
+    assert idle.rare and not idle.takes_turns and not idle.keeps_turns()
+    assert not Demand(0.05, 0.032, 0.9, 0.3).rare                 # under a second
+    assert not Demand(0.40, 0.5, 1.2, 0.0).rare                   # bursts of 0.5 s every 1.2 s
+    assert Demand(0.40, 0.5, 1.2, 0.0).takes_turns
+    for report, at_once in ((warm_up, False), (idle, True)):
+        g = gpu()
+        training, server = client(1), client(2)
+        g.report_demand(training, BUSY, 0.0)
+        g.report_demand(server, report, 0.0)
+        g.request(training, 0.0)
+        actions = g.request(server, 0.05)
+        assert ((2, SHARED) in grants(actions)) == at_once and (2 in g.queue) != at_once, (report, actions)
