@@ -2,8 +2,9 @@
 # Issue 42 on the GPU machine: `bash bench/run_issue42_gpu.sh PART OUT`, after `. scripts/gpu-setup.sh`.
 # Each part fits one device call (at most 10 minutes; bench_mixes writes the table of what it measured
 # when its timeout stops it). Every arm side by side in one run, each job its own uid (--uids), and
-# the arm "nvshare NVSHARE_PROMPT_BURSTS=short": the rule before issue 42's servers (only bursts of
-# at most 12 ms are prompt), the A/B of the change in the same run:
+# one variant arm per NAME=VALUE in $VARIANTS (default "NVSHARE_PROMPT_HOLD=host": launches wait on
+# the host, the rule before the GPU held a job's queue), the A/B of the change in the same run;
+# $HOOK_ENV (NAME=VALUE ...) goes to every nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug):
 #   serve   bench_mixes.py serve-gengraph, serve-gen and serve-cnn: a PyTorch server (bench/serve_torch.py:
 #           the same decoded by CUDA-graph replays; model.generate of a random-weight decoder; a batch-1
 #           ResNet-18-like CNN) beside gpu_bench's W1 PyTorch training, arms serial (each alone),
@@ -24,8 +25,12 @@ case $part in
   mixes) mixes=serve2,mix4,mix8,mix3 seconds=4 ;;
   *) echo "usage: $0 serve|mixes OUT" >&2; exit 2 ;;
 esac
+mixes=${MIXES:-$mixes} seconds=${SECONDS_PER_ARM:-$seconds}   # $MIXES, $ARMS: another choice for one call
+extra=()
+for v in ${VARIANTS-NVSHARE_PROMPT_HOLD=host}; do extra+=(--variant "$v"); done
+for v in ${HOOK_ENV-}; do extra+=(--hook-env "$v"); done
 timeout 545 python3 bench/bench_mixes.py --out "$work" --mixes "$mixes" \
-    --arms serial,colocate,mps,nvshare --variant NVSHARE_PROMPT_BURSTS=short --uids --seconds "$seconds" \
+    --arms "${ARMS:-serial,colocate,mps,nvshare}" "${extra[@]}" --uids --seconds "$seconds" \
     >"$out/$part.log" 2>&1
 cp "$work"/table.md "$work"/results.json "$out"/ 2>/dev/null
 cp $(ls "$work"/latency_*.svg 2>/dev/null | head -4) "$out"/ 2>/dev/null
