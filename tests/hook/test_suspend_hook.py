@@ -241,6 +241,13 @@ seen = []
 signal.signal(signal.SIGTSTP, lambda sig, frame: seen.append(sig))
 os.kill(os.getpid(), signal.SIGTSTP)
 print("handler saw", seen, flush=True)
+# An allocation the hook asks the daemon for: the program does not exit before the hook's lazily
+# started connection has registered (CI once saw it exit first, and no registration came).
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+print("cuMemAlloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(256 << 20)), flush=True)
 """
 
 
@@ -254,6 +261,7 @@ def test_a_program_with_its_own_sigtstp_handler_still_sees_it(hook_lib, small_gp
     assert result.returncode == 0, result.stderr
     assert "cuInit 0" in result.stdout
     assert f"handler saw [{int(__import__('signal').SIGTSTP)}]" in result.stdout, result.stdout
+    assert "cuMemAlloc 0" in result.stdout, result.stdout + result.stderr
     # The hook was there: it registered with the daemon (whose log line may follow the program's
     # quick exit: CI read the log once before it was written).
     wait_for(lambda: "client registered" in sched.log(), timeout=10, what="the daemon's 'client registered'")
