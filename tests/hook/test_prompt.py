@@ -216,20 +216,25 @@ def test_a_paced_bursty_job_is_not_taken_for_a_prompt_one(hook_lib, scheduler, t
     assert "its bursts are prompt" not in log, log[-3000:]
 
 
-def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, scheduler, tmp_path, procs):
+@pytest.mark.parametrize("hold", ["host", "gpu"])
+def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, scheduler, tmp_path, procs, hold):
     """Two trainings (40 kernels of 0.5 ms a step: see the test above) take turns beside a prompt
     job. A turn passed on by hand-over begins before its grant arrives; disarmed until then, the
     incoming holder sent its first step out whole, and a prompt kernel shared the GPU with up to
     13 ms of it (4 of 64 here; on the H200 a server's slowest requests all came just after
-    hand-overs). It yields as its last grant said until the new one comes: its queue held (or
-    under the cap) plus the running kernel for each holder (two at a hand-over: the outgoing one's
-    last and the incoming one's first)."""
+    hand-overs). It yields as its last grant said until the new one comes: under the cap plus the
+    running kernel for each holder (two at a hand-over: the outgoing one's last and the incoming
+    one's first), checked at every prompt kernel with host waits (NVSHARE_PROMPT_HOLD=host). Held
+    on the GPU, a holder's queue runs on until its watcher thread wakes: on a loaded CPU that can
+    be after a 1 ms prompt burst has ended (1.9 ms late on CI's 2 cores beside two busy loops), so
+    there the median and the 90th percentile are checked."""
     import statistics
 
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
-    holders, prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:500:40:100:0:0", {})] * 2,
+    env = {"NVSHARE_PROMPT_HOLD": "host"} if hold == "host" else {}
+    holders, prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:500:40:100:0:0", env)] * 2,
                                     80)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
@@ -239,7 +244,11 @@ def test_holders_taking_turns_are_paced_from_a_turns_first_launch(hook_lib, sche
     print(f"{handovers} hand-overs; the holders' work queued at {len(backlog)} prompt kernels: median "
           f"{statistics.median(backlog):.1f} ms, max {max(backlog):.1f} ms")
     assert handovers >= 5 and len(backlog) >= 40, (handovers, len(backlog))
-    assert statistics.median(backlog) <= 2.0 and max(backlog) <= 4.5, sorted(backlog)[-5:]
+    assert statistics.median(backlog) <= 2.0, sorted(backlog)[-5:]
+    if hold == "host":
+        assert max(backlog) <= 4.5, sorted(backlog)[-5:]
+    else:
+        assert sorted(backlog)[int(0.9 * len(backlog))] <= 3.0, sorted(backlog)[-8:]
 
 
 SERVER_GAP_MS = 20
