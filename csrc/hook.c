@@ -25,11 +25,11 @@
 #include "events.h"
 #include "gate.h"
 #include "gpus.h"
+#include "hold.h"
 #include "ipc.h"
 #include "memory.h"
 #include "nvml.h"
 #include "outbox.h"
-#include "hold.h"
 #include "pace.h"
 #include "swap.h"
 

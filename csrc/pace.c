@@ -31,6 +31,13 @@
  * while a graph capture is open on the GPU (the event would become part of the graph). A co-runner
  * that claims prompt bursts without end makes this job pace all the time, which costs it no GPU
  * time, only the queue's depth.
+ *
+ * By default, where the driver takes waits on a host word, none of that waits on the host: the job
+ * keeps its whole queue, and the GPU holds it while a prompt burst runs (hold.c). A launch then only
+ * puts a wait for hold.c's word into its stream first, once the launches since the last wait add
+ * up to a segment (a quarter of the cap, 0.2 to 0.5 ms; every launch while their length is
+ * unknown); the events above still tell a launch's length. NVSHARE_PROMPT_HOLD=host, or a driver
+ * that refuses the waits, keeps the host-side waits.
  */
 #define _GNU_SOURCE
 #include <sched.h>
