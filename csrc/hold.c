@@ -38,6 +38,14 @@
 #define HOLD_LOOK_NS 100000000ull      /* no prompt burst runs: look again after this at the latest */
 #define HOLD_NO_PAGE_NS 50000000ull    /* no page yet: look again after this */
 #define HOLD_WORD_BYTES 4096
+/* The page is any co-runner's to write and to wake: a job that wakes its futex without end would
+ * make the watcher look without end, a core of this job's CPU. Past HOLD_LOOKS_MAX looks in
+ * HOLD_LOOKS_WINDOW_NS (a server of a thousand requests a second makes 20) it pauses
+ * HOLD_FLOOD_PAUSE_NS before each look until the window ends: a prompt burst is then held up to
+ * that much later. */
+#define HOLD_LOOKS_MAX 50
+#define HOLD_LOOKS_WINDOW_NS 10000000ull
+#define HOLD_FLOOD_PAUSE_NS 1000000ull
 
 static atomic_int exiting;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
@@ -71,10 +79,25 @@ static void *watch(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;
-    uint64_t held_since = 0, gave_up = 0;
-    int said = 0;
+    pthread_setname_np(pthread_self(), "nvshare-hold");   /* top -H and the tests tell it apart */
+    uint64_t held_since = 0, gave_up = 0, window = 0;
+    unsigned looks = 0;
+    int said = 0, said_flood = 0;
     for (;;) {
         uint64_t now = nvshare_now_ns();
+        if (now - window >= HOLD_LOOKS_WINDOW_NS) {
+            window = now;
+            looks = 0;
+        }
+        if (++looks > HOLD_LOOKS_MAX) {
+            if (!said_flood++)
+                nvshare_debug("gpu %s: the burst page woke this job %u times in %.0f ms; it looks at it at "
+                              "most every %.0f ms while that lasts", g->uuid, HOLD_LOOKS_MAX,
+                              HOLD_LOOKS_WINDOW_NS / 1e6, HOLD_FLOOD_PAUSE_NS / 1e6);
+            struct timespec ts = {0, (long)HOLD_FLOOD_PAUSE_NS};
+            nanosleep(&ts, NULL);
+            now = nvshare_now_ns();
+        }
         if (atomic_load(&exiting) || atomic_load(&g->hold.state) == NVSHARE_HOLD_FAILED) {
             /* (FAILED: the driver refused a wait; launches wait on the host from now) */
             set_word(g, 0);

@@ -357,3 +357,77 @@ def test_a_job_whose_first_bursts_look_prompt_does_not_wait_for_the_owner_word(h
     assert "its bursts are prompt" in log, log[-2000:]
     assert "bursts take turns" in log, log[-2000:]   # it co-ran beside the page's owner
     assert waits <= 1, log[-3000:]
+
+
+def test_a_page_woken_without_end_costs_a_held_holder_little_cpu(hook_lib, scheduler, tmp_path, procs):
+    """The burst page is any co-runner's to write and to wake. A hostile one that bumps prompt_seq
+    and wakes its futex in a loop would make a holder's watcher thread (csrc/hold.c) look at the
+    page as often: a core of the holder's CPU. Its looks are limited (50 in 10 ms, then one a
+    millisecond while that lasts): over the holder's run its watcher uses a few per cent of one
+    CPU, and the holder's log says why."""
+    import ctypes
+    import mmap
+    import os
+    import threading
+    import time
+
+    from test_burst import PAGE_BYTES, bursty_client, page_of, until_grant
+
+    futex = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+    if futex is None:
+        pytest.skip("the futex syscall number of this machine is not listed here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def watcher_cpu(pid: int) -> float:
+        """CPU seconds of pid's thread named nvshare-hold (0 when it has none)."""
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() != "nvshare-hold":
+                    continue
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+        return 0.0
+
+    hostile = bursty_client(scheduler, 3)
+    fd = page_of(until_grant(hostile))
+    page = mmap.mmap(fd, PAGE_BYTES)
+    seq = ctypes.c_uint32.from_buffer(page, 24)          # prompt_seq (nvshare_burst_page)
+    address = ctypes.c_void_p(ctypes.addressof(seq))
+    stop, wakes = threading.Event(), [0]
+
+    def flood():
+        while not stop.is_set():
+            seq.value += 1
+            libc.syscall(futex, address, 1, 0x7FFFFFFF, None, None, 0)   # FUTEX_WAKE, all
+            wakes[0] += 1
+
+    job = Job(scheduler, 4, tmp_path / "trace", gpu_index=[0])
+    holder = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:200", "train:2000:10:100:0:0"],
+                          dict(job.env, NVSHARE_LOG_LEVEL="debug"))
+    procs.append(holder)
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    started, used = time.monotonic(), 0.0
+    try:
+        while holder.poll() is None:
+            try:
+                used = max(used, watcher_cpu(holder.pid))
+            except OSError:
+                break
+            time.sleep(0.05)
+        ran = time.monotonic() - started
+        finish(holder, timeout=60)
+    finally:
+        stop.set()
+        flooder.join()
+        del seq, address
+        page.close()
+        os.close(fd)
+        hostile.close()
+    print(f"{wakes[0]} wakes in {ran:.1f} s; the holder's watcher used {used:.2f} s of CPU")
+    assert wakes[0] >= 20_000 * ran, wakes[0]        # a flood: far past 50 in 10 ms
+    assert "queued work is held on the GPU while one runs" in holder.stderr_text, holder.stderr_text[-3000:]
+    assert "the burst page woke this job 50 times in 10 ms" in holder.stderr_text, holder.stderr_text[-3000:]
+    assert used <= 0.05 * ran + 0.05, (used, ran)
