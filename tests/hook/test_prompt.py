@@ -393,13 +393,13 @@ def test_a_page_woken_without_end_costs_a_held_holder_little_cpu(hook_lib, sched
     hostile = bursty_client(scheduler, 3)
     fd = page_of(until_grant(hostile))
     page = mmap.mmap(fd, PAGE_BYTES)
-    seq = ctypes.c_uint32.from_buffer(page, 24)          # prompt_seq (nvshare_burst_page)
-    address = ctypes.c_void_p(ctypes.addressof(seq))
+    word = [ctypes.c_uint32.from_buffer(page, 24)]       # prompt_seq (nvshare_burst_page)
+    address = ctypes.c_void_p(ctypes.addressof(word[0]))
     stop, wakes = threading.Event(), [0]
 
     def flood():
         while not stop.is_set():
-            seq.value += 1
+            word[0].value += 1
             libc.syscall(futex, address, 1, 0x7FFFFFFF, None, None, 0)   # FUTEX_WAKE, all
             wakes[0] += 1
 
@@ -422,7 +422,7 @@ def test_a_page_woken_without_end_costs_a_held_holder_little_cpu(hook_lib, sched
     finally:
         stop.set()
         flooder.join()
-        del seq, address
+        word.clear()   # the mmap closes once nothing points into it
         page.close()
         os.close(fd)
         hostile.close()
