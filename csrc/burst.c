@@ -98,9 +98,6 @@
 /* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
  * 42 ms alone, or two that arrived together. */
 #define SERVE_HOLD_MAX_NS NVSHARE_SERVE_HOLD_MAX_NS
-/* Co-runners' prompt bursts are "about" for a second after one was seen (pace.c keeps the queue
- * short meanwhile): requests at a few per second still find every launch paced. */
-#define PROMPTS_ABOUT_NS 1000000000ull
 #define YIELD_WINDOW_NS 1000000000ull
 /* Half of each second at most: what a prompt job may be busy (PROMPT_STAY_BUSY_MAX_PPM). With 30 %
  * a server's requests that arrived close together used the budget up, and the rest of that second's
@@ -420,7 +417,7 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
     atomic_fetch_add(&g->burst.yielded_ns, now - start);
 }
 
-int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out)
+int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64_t window_ns)
 {
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
     if (!p || !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || looks_prompt(g))
@@ -435,7 +432,7 @@ int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out)
         atomic_store_explicit(&g->burst.prompt_seen_ns, now, memory_order_relaxed);
         return 1;
     }
-    return now - atomic_load_explicit(&g->burst.prompt_seen_ns, memory_order_relaxed) < PROMPTS_ABOUT_NS;
+    return now - atomic_load_explicit(&g->burst.prompt_seen_ns, memory_order_relaxed) < window_ns;
 }
 
 void nvshare_burst_begin(struct nvshare_gpu *g)

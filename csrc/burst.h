@@ -67,10 +67,10 @@ void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst
 uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g);
 void nvshare_burst_after_fork(void);
 
-/* Does this job yield to co-runners' prompt bursts, with one seen in the last PROMPTS_ABOUT_NS, while
- * its own bursts are not prompt? pace.c then keeps its queued work short. *now_out: the clock it
- * read, once past the cheap looks (then 1 or 0 by the page's word). */
-int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out);
+/* Does this job yield to co-runners' prompt bursts, with one seen in the last `window_ns`, while
+ * its own bursts are not prompt? pace.c then keeps its queued work short (or held). *now_out: the
+ * clock it read, once past the cheap looks (then 1 or 0 by the page's word). */
+int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64_t window_ns);
 
 /* A wait for one prompt burst lasts at most this long (a server's longest hold). */
 #define NVSHARE_SERVE_HOLD_MAX_NS 200000000ull

@@ -4,8 +4,8 @@
  * command at a prompt) runs, but what the job had queued before still runs beside that burst. A
  * training queues a whole step at once (20 ms of kernels in bench_mixes' serve2): on the H100, 3 ms
  * requests beside it took 14.6 ms at p99 with yielding alone, against 6.3 ms alone. So while
- * co-runners' prompt bursts are about (one seen in the last second: nvshare_burst_prompts_about), a
- * launch first waits until this job's work still queued is under a cap, and a request then shares the
+ * co-runners' prompt bursts are about (one seen in the last second, PROMPTS_ABOUT_NS:
+ * nvshare_burst_prompts_about), a launch first waits until this job's work still queued is under a cap, and a request then shares the
  * GPU with at most that much. The cap follows the prompt bursts' length (issue 42): a tenth of the
  * mean burst the last prompt job wrote on the page, at least PACE_CAP_MIN_NS and at most
  * PACE_CAP_MAX_NS; a request then waits for a tenth of its own length at most, and a training
@@ -65,6 +65,12 @@
 #define HOLD_SEG_PARTS 4
 #define HOLD_SEG_MIN_NS 200000ull
 #define HOLD_SEG_MAX_NS 500000ull
+/* Co-runners' prompt bursts are "about" for a second after one was seen (the queue kept short
+ * meanwhile): requests at a few per second still find every launch paced. Held on the GPU, for
+ * ten: waits cost the job about 1 % and no queue depth, and a command typed every second or two
+ * (issue 42's interactive step) then finds the queue in segments the GPU can hold. */
+#define PROMPTS_ABOUT_NS 1000000000ull
+#define PROMPTS_ABOUT_HELD_NS 10000000000ull
 
 /* The queue cap now (see the header). */
 static uint64_t queue_cap(struct nvshare_gpu *g)
@@ -128,8 +134,10 @@ static void forget_done(struct nvshare_pace_state *p)
 int nvshare_pace_wait(struct nvshare_gpu *g)
 {
     uint64_t now = 0;
+    uint64_t about = atomic_load_explicit(&g->hold.state, memory_order_relaxed) == NVSHARE_HOLD_READY
+                         ? PROMPTS_ABOUT_HELD_NS : PROMPTS_ABOUT_NS;
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
-        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now))
+        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now, about))
         return 0;
     struct nvshare_pace_state *p = &g->pace;
     uint64_t cap = queue_cap(g);

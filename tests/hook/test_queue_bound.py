@@ -177,3 +177,38 @@ def test_a_job_is_no_server_in_its_first_second(hook_lib, scheduler, tmp_path, p
     said = float(re.search(r"@([0-9.]+)", lines[0]).group(1))
     print(f"a server {said - (first + offset):.2f} s after its first kernel")
     assert said - (first + offset) >= 0.95, lines[0]
+
+
+@pytest.mark.parametrize("how", ["gpu", "host"])
+def test_an_interactive_step_a_second_apart_finds_the_holders_queue_held(hook_lib, scheduler, tmp_path, procs,
+                                                                       how):
+    """Issue 42's interactive srun step: a small kernel every second or so, from a shell. Its bursts
+    are prompt ones (short, rare), but more than a second apart: with host waits prompt bursts are
+    "about" for a second after one was seen, and a command 1.2 s after the last finds the
+    training's queue unpaced (steps of 20 ms launched at once: about half of one ahead of it).
+    Held on the GPU, the waits stay in the training's stream for ten seconds after a prompt burst
+    (they cost no queue depth), and the GPU holds the queue behind the kernel under way."""
+    from test_prompt import holder_backlog_ms
+
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, "train:500:40:750:0:0",
+                   {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {})
+    probe = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", "burst:1000:11:1200"],
+                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug",
+                              FAKE_CUDA_TRACE_LAUNCH="1"))
+    procs.append(probe)
+    finish(probe, timeout=90)
+    finish(holder, timeout=90)
+    launches = read_launches(trace)
+    starts = sorted(r[2] for r in launches if r[0] == probe.pid)
+    # From the sixth command on: the first four make its class (prompt from the fifth).
+    backlog = holder_backlog_ms(launches, holder.pid, probe.pid, starts[4] + 1)
+    print(f"{how}: the holder's work that runs on at {len(backlog)} commands' starts: "
+          f"{[round(b, 1) for b in backlog]}")
+    assert "its bursts are prompt" in probe.stderr_text, probe.stderr_text[-3000:]
+    assert len(backlog) >= 5, backlog
+    if how == "host":
+        assert statistics.median(backlog) >= 3.0, backlog
+    else:
+        # The 0.5 ms kernel under way, and the watcher's look (microseconds).
+        assert statistics.median(backlog) <= 1.5 and max(backlog) <= 3.0, backlog
