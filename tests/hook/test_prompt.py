@@ -305,7 +305,9 @@ def test_a_prompt_burst_that_finds_another_waits_for_it_not_for_a_bursty_owner(h
     first = min(r[2] for r in read_trace(trace) if r[0] == server.pid)
     waits, late = request_waits(trace, server.pid, first + 500_000_000)   # prompt from here on
     assert len(waits) >= 80, len(waits)
-    assert len(late) <= 1, sorted(late)
+    # Waiting for the owner word, about a fifth of the requests (those that find the probe's burst)
+    # would wait up to 6 ms; a loaded CI machine made two of 99 wait 2.8-2.9 ms once.
+    assert len(late) <= 3, sorted(late)
 
 
 def test_a_page_that_claims_a_prompt_burst_forever_costs_a_prompt_job_a_few_waits_a_second(
