@@ -35,6 +35,7 @@
 #define NOJOB_RETRY_NS 8000000000ull
 #define NOJOB_RETRY_PAUSE_MS 100
 #define RECONNECT_BACKOFF_MAX_MS 1000
+#define THREAD_STACK_BYTES (256 * 1024)
 
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 static int started;
@@ -266,18 +267,6 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-static int start_thread(void *(*fn)(void *))
-{
-    pthread_t tid;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    int rc = pthread_create(&tid, &attr, fn, NULL);
-    pthread_attr_destroy(&attr);
-    return rc;
-}
-
 /* Reads frames until the connection ends (or the queue to the daemon overflowed). A daemon that
  * answers no heartbeat within the deadline is busy: logged once, and waited for. */
 static void read_frames(int fd)
@@ -441,7 +430,8 @@ void nvshare_client_start(void)
     pthread_mutex_lock(&start_mu);
     if (!started) {
         started = 1;
-        if (start_thread(writer_main) != 0 || start_thread(client_main) != 0) {
+        if (nvshare_start_thread(writer_main, NULL, THREAD_STACK_BYTES) != 0 ||
+            nvshare_start_thread(client_main, NULL, THREAD_STACK_BYTES) != 0) {
             nvshare_log("cannot start the connection threads; GPU work runs unshared");
             nvshare_outbox_set_refused();
             if (events()->refused)

@@ -233,14 +233,8 @@ void nvshare_demand_start(void)
     pthread_mutex_lock(&start_mu);
     if (!started) {
         started = 1;
-        pthread_t tid;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 64 * 1024);
-        if (pthread_create(&tid, &attr, sampler_main, NULL) != 0)
+        if (nvshare_start_thread(sampler_main, NULL, 64 * 1024) != 0)
             nvshare_log("cannot start the demand sampler; the scheduler treats this process as busy");
-        pthread_attr_destroy(&attr);
     }
     pthread_mutex_unlock(&start_mu);
 }

@@ -4,6 +4,7 @@
  * the job because of its own configuration.
  */
 #include <ctype.h>
+#include <pthread.h>
 #include <strings.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -22,6 +23,18 @@ uint64_t nvshare_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int nvshare_start_thread(void *(*fn)(void *), void *arg, size_t stack_bytes)
+{
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, stack_bytes);
+    int rc = pthread_create(&tid, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
 }
 
 static void vlog(const char *fmt, va_list ap)

@@ -58,6 +58,8 @@ void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);
 int nvshare_gpu_is_managed(const char *uuid);
 uint64_t nvshare_now_ns(void);
+/* A detached thread of the hook's own with this stack: pthread_create's result (0: started). */
+int nvshare_start_thread(void *(*fn)(void *), void *arg, size_t stack_bytes);
 
 /* Logging: "nvshare: job 12 step 0 pid 345: <message>", to stderr, one write per line. */
 void nvshare_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

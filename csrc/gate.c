@@ -348,18 +348,6 @@ static void *drainer_main(void *arg)
     return NULL;
 }
 
-static int start_detached(void *(*fn)(void *), void *arg)
-{
-    pthread_t tid;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, THREAD_STACK_BYTES);
-    int rc = pthread_create(&tid, &attr, fn, arg);
-    pthread_attr_destroy(&attr);
-    return rc;
-}
-
 static void deadline_after(struct timespec *ts, uint64_t ns)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -379,7 +367,7 @@ static int drain_with_deadline(struct nvshare_gpu *g)
     uint64_t limit = (uint64_t)nvshare_cfg.drain_timeout_ms * 1000000ull;
     int stuck = 0, logged_error = 0;
     if (!g->gate.drainer_running) {
-        if (start_detached(drainer_main, g) == 0) {
+        if (nvshare_start_thread(drainer_main, g, THREAD_STACK_BYTES) == 0) {
             g->gate.drainer_running = 1;
         } else {
             pthread_mutex_unlock(&g->gate.mu);  /* no thread: drain here, without a deadline */
@@ -658,7 +646,7 @@ static void ensure_keeper(struct nvshare_gpu *g)
 {
     if (g->gate.keeper_running)
         return;
-    if (start_detached(keeper_main, g) == 0)
+    if (nvshare_start_thread(keeper_main, g, THREAD_STACK_BYTES) == 0)
         g->gate.keeper_running = 1;
     else
         nvshare_log("gpu %s: cannot start the hand-over thread; the lock is given back only on DROP_LOCK",

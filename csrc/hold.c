@@ -158,11 +158,14 @@ static int make(struct nvshare_gpu *g)
     nvshare_in_hook++;
     CUresult rc = nvshare_real.cuMemHostRegister_v2(p, HOLD_WORD_BYTES,
                                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    if (rc == CUDA_SUCCESS)
+    int registered = rc == CUDA_SUCCESS;
+    if (registered)
         rc = nvshare_real.cuMemHostGetDevicePointer_v2(&d, p, 0);
+    if (registered && (rc != CUDA_SUCCESS || !d) && nvshare_real.cuMemHostUnregister)
+        nvshare_real.cuMemHostUnregister(p);   /* registered, but no address for the GPU: undone */
     nvshare_in_hook--;
     if (rc != CUDA_SUCCESS || !d) {
-        munmap(p, HOLD_WORD_BYTES);   /* (a registration that half worked goes with the mapping's pages) */
+        munmap(p, HOLD_WORD_BYTES);
         nvshare_debug("gpu %s: the driver maps no host word for the GPU (error %d): launches wait on the "
                       "host while co-runners' prompt bursts run", g->uuid, (int)rc);
         return 0;
@@ -170,14 +173,7 @@ static int make(struct nvshare_gpu *g)
     atomic_store(&g->hold.word, (_Atomic(uint32_t) *)p);
     g->hold.dword = d;
     pthread_once(&exit_once, register_exit);
-    pthread_t tid;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 128 * 1024);
-    int err = pthread_create(&tid, &attr, watch, g);
-    pthread_attr_destroy(&attr);
-    if (err)
+    if (nvshare_start_thread(watch, g, 128 * 1024) != 0)
         return 0;   /* the word stays, never written: waits on it would pass */
     return 1;
 }

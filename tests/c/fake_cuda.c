@@ -821,11 +821,16 @@ EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t 
 EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 { return cuStreamWaitValue32_v2(s, addr, value, flags); }
 
-/* Mapped host memory: the device sees it at the same address (unified addressing). */
+/* Mapped host memory: the device sees it at the same address (unified addressing).
+ * FAKE_CUDA_NO_HOST_DEVICE_POINTER=1 refuses it (CUDA_ERROR_NOT_SUPPORTED) after a registration
+ * succeeded, so that the hook's undoing of a half-made mapping is tested. */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
 {
     (void)flags;
     NEED_CTX();
+    const char *no = getenv("FAKE_CUDA_NO_HOST_DEVICE_POINTER");
+    if (no && *no == '1')
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (!d || !p) return CUDA_ERROR_INVALID_VALUE;
     *d = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
@@ -1157,6 +1162,21 @@ EXPORT CUresult cuMemHostUnregister(void *p)
 {
     NEED_INIT();
     return drop_host(&host_registered, p, 0, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+/* FAKE_CUDA_REPORT_HOST_REGISTERED=1: at exit, stderr gets "fake_cuda: N host range(s) registered at
+ * exit", so a test can see a registration nobody undid. */
+__attribute__((destructor)) static void report_host_registered(void)
+{
+    const char *on = getenv("FAKE_CUDA_REPORT_HOST_REGISTERED");
+    if (!on || *on != '1')
+        return;
+    size_t n = 0;
+    pthread_mutex_lock(&mu);
+    for (struct falloc *a = host_registered; a; a = a->next)
+        n++;
+    pthread_mutex_unlock(&mu);
+    fprintf(stderr, "fake_cuda: %zu host range(s) registered at exit\n", n);
 }
 
 /* ---- virtual memory ------------------------------------------------------------------------ */

@@ -160,7 +160,8 @@ def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]
     return started, prompt
 
 
-@pytest.mark.parametrize("queue", ["off", "default", "host", "driver without waits"])
+@pytest.mark.parametrize("queue", ["off", "default", "host", "driver without waits",
+                                   "no device address for the word"])
 def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_about(
         hook_lib, scheduler, tmp_path, procs, queue):
     """A training queues whole steps (40 kernels of 0.5 ms, then a synchronise: a held kernel waits
@@ -171,15 +172,18 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
     at a wait in its stream while a prompt burst runs (csrc/hold.c); with NVSHARE_PROMPT_HOLD=host
     its launches wait on the host while prompt bursts are about, until under a cap of 1 ms is
     queued; so it does where the driver refuses a wait on the GPU (FAKE_CUDA_NO_WAIT_VALUE=1, as a
-    driver without stream memory operations), and says so. Either way a request shares the GPU with
-    at most one of its kernels."""
+    driver without stream memory operations), and says so, and where the driver registers the word
+    but gives it no address on the GPU (the registration is undone). Either way a request shares the
+    GPU with at most one of its kernels."""
     import statistics
 
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
     env = {"off": {"NVSHARE_PROMPT_QUEUE_MS": "off"}, "host": {"NVSHARE_PROMPT_HOLD": "host"},
-           "driver without waits": {"FAKE_CUDA_NO_WAIT_VALUE": "1"}}.get(queue, {})
+           "driver without waits": {"FAKE_CUDA_NO_WAIT_VALUE": "1"},
+           "no device address for the word": {"FAKE_CUDA_NO_HOST_DEVICE_POINTER": "1",
+                                              "FAKE_CUDA_REPORT_HOST_REGISTERED": "1"}}.get(queue, {})
     (holder,), prompt = beside_prompt(scheduler, hook_lib, procs, trace, [("train:500:40:120:0:0", env)], 60)
     launches = read_launches(trace)
     first = min(r[2] for r in launches if r[0] == prompt.pid)
@@ -197,6 +201,10 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
             assert "prompt bursts are about: at most" in holder.stderr_text, holder.stderr_text[-3000:]
         if queue == "driver without waits":
             assert "the driver refused a wait on the GPU" in holder.stderr_text, holder.stderr_text[-3000:]
+        if queue == "no device address for the word":   # registered, then undone
+            assert "the driver maps no host word for the GPU" in holder.stderr_text, holder.stderr_text[-3000:]
+            assert "fake_cuda: 0 host range(s) registered at exit" in holder.stderr_text, \
+                holder.stderr_text[-3000:]
         # The turn holder counts its running kernel too (a co-runner would keep one more); held,
         # the kernel under way and the watcher's look (microseconds).
         assert median <= 2.0, backlog
