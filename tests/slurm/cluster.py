@@ -328,6 +328,14 @@ def need_real_slurm() -> None:
                     f"{', '.join(missing) or '/etc/munge/munge.key'}); run scripts/install-demo-slurm.sh")
 
 
+def slurm_version() -> tuple[int, int]:
+    """(major, minor) of the Slurm the tests run: `slurmctld -V` says "slurm-wlm 24.11.5" or
+    "slurm 22.05.8"."""
+    out = subprocess.run([SBIN / "slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout
+    major, minor = out.split()[-1].split(".")[:2]
+    return int(major), int(minor)
+
+
 def cluster_dir(prefix: str) -> Path:
     """A fresh directory for a cluster's files, that jobs of every user can read."""
     base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
