@@ -202,9 +202,9 @@ def test_a_yielding_holder_keeps_little_work_queued_while_prompt_bursts_are_abou
         if queue == "driver without waits":
             assert "the driver refused a wait on the GPU" in holder.stderr_text, holder.stderr_text[-3000:]
         if queue == "no device address for the word":   # registered, then undone
-            assert "the driver maps no host word for the GPU" in holder.stderr_text, holder.stderr_text[-3000:]
-            assert "fake_cuda: 0 host range(s) registered at exit" in holder.stderr_text, \
-                holder.stderr_text[-3000:]
+            said = holder.stderr_text
+            assert "the driver maps no host word for the GPU" in said, said[-3000:]
+            assert "fake_cuda: 0 host range(s) registered at exit" in said, said[-3000:]
         # The turn holder counts its running kernel too (a co-runner would keep one more); held,
         # the kernel under way and the watcher's look (microseconds).
         assert median <= 2.0, backlog
