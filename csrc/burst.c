@@ -163,6 +163,7 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd)
 }
 
 static int looks_prompt(struct nvshare_gpu *g);
+static int early_class(struct nvshare_gpu *g);
 
 void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
 {
@@ -171,7 +172,7 @@ void nvshare_burst_arm(struct nvshare_gpu *g, int bursts, int yields)
     int was = atomic_exchange(&g->burst.armed, bursts && page);
     /* Co-running from now on, with bursts that are (or may be) prompt: the others pace from their
      * next launch, so that its first bursts beside them do not meet whole steps queued. */
-    if (bursts && page && !was && looks_prompt(g))
+    if (bursts && page && !was && (looks_prompt(g) || early_class(g)))
         atomic_fetch_add(&p->prompt_seq, 1);
     atomic_store(&g->burst.yields, (bursts || yields) && page);
 }
@@ -301,6 +302,42 @@ static int provisional(struct nvshare_gpu *g)
     return atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS && light(g, 0);
 }
 
+/* Pacing alone was not enough: held on the GPU, the others' queues ran through those first bursts.
+ * On the H200 (bench_mixes, the second call of 2026-11-29) a server's first 2-4 requests were still
+ * its slowest, 6.0-9.6 ms against 3.0-4.6 after in serve2, 7.5-22.3 against at most 7.3 in mix4,
+ * 9.0-12.7 in mix8, and a 1 ms probe's first three 4.9-5.9 ms against at most 2.8 after: they made
+ * the p99 of mix4, mix8 and the probes. So (NVSHARE_PROMPT_EARLY=hold, the default) a provisional
+ * burst is announced as a prompt one, for 4 of its mean lengths but at most EARLY_HOLD_MAX_NS, and
+ * so is a job's very first burst, of unknown length, for EARLY_FIRST_NS: the others yield and hold
+ * their queues for it. The page marks it early (prompt_early): a prompt job does not wait for it,
+ * as it would for another prompt burst. What a job that is none costs the others is bounded:
+ * PROMPT_MIN_BURSTS such bursts per process and GPU (burst.early_bursts), each held for at most
+ * EARLY_HOLD_MAX_NS (EARLY_FIRST_NS the first), within each one's yield budget. 0: not early (or
+ * NVSHARE_PROMPT_EARLY=pace). */
+#define EARLY_FIRST_NS 4000000ull
+#define EARLY_HOLD_MAX_NS 8000000ull
+/* Its class is not known yet and it may be prompt (NVSHARE_PROMPT_EARLY=hold): fewer than
+ * PROMPT_MIN_BURSTS bursts, none measured or light ones. Such a job's first shared grant tells the
+ * others that prompt bursts may come (nvshare_burst_arm): their next launches carry waits, so that
+ * its first burst finds their queues holdable. */
+static int early_class(struct nvshare_gpu *g)
+{
+    return nvshare_cfg.prompt_early && nvshare_cfg.prompt_bursts &&
+           atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS &&
+           (!atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed) || light(g, 0));
+}
+
+static uint64_t early_hold(struct nvshare_gpu *g)
+{
+    if (!early_class(g))
+        return 0;
+    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
+    if (!mean)
+        return atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) ? 0 : EARLY_FIRST_NS;
+    uint64_t h = mean * PROMPT_HOLD_FACTOR;
+    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > EARLY_HOLD_MAX_NS ? EARLY_HOLD_MAX_NS : h;
+}
+
 /* prompt_hold(g) || provisional(g), in one look: the two differ in the burst count alone. */
 static int looks_prompt(struct nvshare_gpu *g)
 {
@@ -323,7 +360,7 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
     for (;;) {
         uint32_t seq = atomic_load(&p->prompt_seq);
         uint64_t until = atomic_load(&p->prompt_until);
-        if (!until || now >= until) {
+        if (!until || now >= until || atomic_load(&p->prompt_early)) {
             g->burst.timeouts_row = 0;
             break;
         }
@@ -339,10 +376,12 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
 }
 
 /* A prompt burst begins: announce it (the later of ours and one under way) and run at once. */
-static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t hold)
+static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t hold, int early)
 {
-    uint64_t until = nvshare_now_ns() + hold;
+    uint64_t now = nvshare_now_ns(), until = now + hold;
     uint64_t cur = atomic_load(&p->prompt_until);
+    if (!early || cur <= now)
+        atomic_store(&p->prompt_early, (uint32_t)early);   /* an early one never hides a prompt one */
     while (cur < until && !atomic_compare_exchange_weak(&p->prompt_until, &cur, until))
         ;
     atomic_store(&g->burst.prompt_mine, until);
@@ -458,11 +497,21 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
          * both run at once, as plain co-location). */
         if (atomic_load(&p->prompt_until) > now)
             prompt_take_turn(g, p, now);
-        prompt_begin(g, p, hold);
+        prompt_begin(g, p, hold, 0);
         return;
     }
     if (!p || now < g->burst.ignore_until)
         return;
+    uint64_t early = g->burst.early_bursts < PROMPT_MIN_BURSTS ? early_hold(g) : 0;
+    if (early) {
+        if (!g->burst.early_bursts++)   /* counted however the counts come (a sampler that never reports) */
+            nvshare_debug("gpu %s: its class is not known yet: its first bursts are announced as prompt ones, "
+                          "for %.1f ms at most, %d bursts at most", g->uuid, early / 1e6, PROMPT_MIN_BURSTS);
+        if (atomic_load(&p->prompt_until) > now)
+            prompt_take_turn(g, p, now);
+        prompt_begin(g, p, early, 1);
+        return;
+    }
     uint32_t me = my_token();
     if (provisional(g)) {
         atomic_fetch_add(&p->prompt_seq, 1);   /* no wake: nobody waits for this one to end */

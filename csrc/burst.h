@@ -16,7 +16,8 @@ struct nvshare_burst_page {
     _Atomic uint32_t owner;       /* the token of the job whose burst runs, 0: none */
     _Atomic uint32_t seq;         /* futex word: bumped at every burst's end */
     _Atomic uint32_t waiters;     /* a hint: jobs waiting on seq */
-    uint32_t pad;
+    _Atomic uint32_t prompt_early;  /* 1: the prompt burst under way is a job's early one, its class not
+                                       known yet (burst.c, early_hold): a prompt job does not wait for it */
     _Atomic uint64_t prompt_until;  /* a prompt burst (a request, a command) runs until about this
                                        CLOCK_MONOTONIC time: the others launch nothing new; 0: none */
     _Atomic uint32_t prompt_seq;    /* futex word: bumped when a prompt burst ends */

@@ -284,6 +284,10 @@ void nvshare_read_settings(void)
     nvshare_cfg.prompt_hold = hold && !strcasecmp(hold, "host") ? PROMPT_HOLD_HOST : PROMPT_HOLD_GPU;
     if (hold && *hold && strcasecmp(hold, "host") && strcasecmp(hold, "gpu"))
         nvshare_log("NVSHARE_PROMPT_HOLD=%s is neither gpu nor host; gpu", hold);
+    const char *early = getenv("NVSHARE_PROMPT_EARLY");
+    nvshare_cfg.prompt_early = !(early && !strcasecmp(early, "pace"));
+    if (early && *early && strcasecmp(early, "hold") && strcasecmp(early, "pace"))
+        nvshare_log("NVSHARE_PROMPT_EARLY=%s is neither hold nor pace; hold", early);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

@@ -37,6 +37,10 @@ struct nvshare_settings {
     int prompt_hold;             /* NVSHARE_PROMPT_HOLD: how (pace.c): PROMPT_HOLD_GPU (gpu, the default) the
                                   * work stays queued and the GPU holds it while a prompt burst runs
                                   * (hold.c), PROMPT_HOLD_HOST (host) launches wait on the host */
+    int prompt_early;            /* NVSHARE_PROMPT_EARLY: a job's first bursts, before its class is known
+                                  * (burst.c, provisional()): 1 (hold, the default) those that may be
+                                  * prompt are announced as prompt bursts for a bounded time, 0 (pace) the
+                                  * others only pace */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

@@ -97,8 +97,9 @@ struct nvshare_burst_state {
     _Atomic uint64_t idle_since;  /* ... since when it is idle (0: busy), */
     _Atomic uint64_t seen_ns;     /* ... and over how long its work was sampled */
     atomic_int serving;           /* its gaps are a server's (burst.c's serves_now) */
-    int timeouts_row;             /* these two: only the thread that began the burst (in_burst) */
+    int timeouts_row;             /* these three: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
+    int early_bursts;             /* bursts announced early (burst.c, early_hold): PROMPT_MIN_BURSTS at most */
     /* Prompt bursts (burst.c): short, rare bursts that co-runners and the turn holder let run alone. */
     atomic_int yields;            /* wait out others' prompt bursts (a grant's BURSTS or YIELD) */
     atomic_int prompting;         /* the burst under way is prompt: prompt_mine is on the page */

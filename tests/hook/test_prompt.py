@@ -140,10 +140,10 @@ def holder_backlog_ms(launches, holder_pid: int, prompt_pid: int, after_ns: int)
 
 
 def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]], rounds: int,
-                  launch_times: bool = True):
+                  launch_times: bool = True, prompt_env: dict | None = None):
     """Runs each (nvtest action, extra env) as a job, and a prompt job (1 ms kernels every 30 ms,
-    `rounds` of them, started 0.1-0.2 s later) beside them, debug logs on; waits for all. Returns
-    (the jobs' processes, the prompt job's)."""
+    `rounds` of them, started 0.1-0.2 s later, `prompt_env` added) beside them, debug logs on; waits
+    for all. Returns (the jobs' processes, the prompt job's)."""
     extra = {"NVSHARE_LOG_LEVEL": "debug", **({"FAKE_CUDA_TRACE_LAUNCH": "1"} if launch_times else {})}
     started = []
     for i, (action, env) in enumerate(jobs, start=1):
@@ -152,7 +152,8 @@ def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]
         procs.append(started[-1])
     action = f"burst:{PROMPT_US}:{rounds}:{PROMPT_GAP_MS}"
     prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", action],
-                          dict(Job(scheduler, len(jobs) + 1, trace, gpu_index=[0]).env, **extra))
+                          dict(Job(scheduler, len(jobs) + 1, trace, gpu_index=[0]).env, **extra,
+                               **(prompt_env or {})))
     procs.append(prompt)
     finish(prompt, timeout=60)
     for proc in started:
@@ -367,6 +368,49 @@ def test_a_job_whose_first_bursts_look_prompt_does_not_wait_for_the_owner_word(h
     assert "its bursts are prompt" in log, log[-2000:]
     assert "bursts take turns" in log, log[-2000:]   # it co-ran beside the page's owner
     assert waits <= 1, log[-3000:]
+
+
+@pytest.mark.parametrize("early", ["hold", "pace"])
+def test_a_jobs_first_bursts_are_announced_as_prompt_ones_for_a_bounded_time(hook_lib, scheduler, tmp_path,
+                                                                           procs, early):
+    """A job's class is known after 4 bursts; before, pacing alone let a held training's queue run
+    through a server's first requests (on the H200 they made its p99). With NVSHARE_PROMPT_EARLY=
+    hold (the default) a first burst that may be prompt is announced on the page (prompt_until,
+    prompt_early set: prompt jobs do not wait for it), so that the others hold their queues: for
+    4 ms at most the first, 8 ms the next, 4 such bursts at most. A co-runner reads the page every
+    0.1 ms. With pace (the rule before) nothing is announced until the job is known prompt."""
+    import struct
+    import time
+
+    from test_burst import squatted_page
+
+    seen: list[tuple[int, int, int]] = []   # (now, prompt_until, prompt_early) while an announcement runs
+
+    def read(page):
+        for _ in range(10):
+            now = time.monotonic_ns()
+            until, early_flag = struct.unpack("Q", page[16:24])[0], struct.unpack("I", page[12:16])[0]
+            if until > now:
+                seen.append((now, until, early_flag))
+            time.sleep(0.0001)
+
+    with squatted_page(scheduler, 2, read) as squat:
+        squat()
+        job = Job(scheduler, 1, tmp_path / "trace", gpu_index=[0])
+        server = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:100", f"burst:3000:12:{SERVER_GAP_MS}"],
+                              dict(job.env, NVSHARE_LOG_LEVEL="debug", NVSHARE_PROMPT_EARLY=early))
+        procs.append(server)
+        finish(server, timeout=60)
+    log = server.stderr_text
+    early_seen = [(until - now) / 1e6 for now, until, flag in seen if flag]
+    print(f"early={early}: {len(early_seen)} looks at an early announcement, at most "
+          f"{max(early_seen, default=0):.1f} ms ahead; {len(seen) - len(early_seen)} at a prompt one")
+    assert "its bursts are prompt" in log, log[-2000:]
+    if early == "hold":
+        assert "its first bursts are announced as prompt ones" in log, log[-2000:]
+        assert early_seen and max(early_seen) <= 8.0, early_seen
+    else:
+        assert "announced as prompt ones" not in log and not early_seen, (log[-2000:], early_seen)
 
 
 def test_a_page_woken_without_end_costs_a_held_holder_little_cpu(hook_lib, scheduler, tmp_path, procs):
