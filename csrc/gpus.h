@@ -97,6 +97,7 @@ struct nvshare_burst_state {
     _Atomic uint64_t idle_since;  /* ... since when it is idle (0: busy), */
     _Atomic uint64_t seen_ns;     /* ... and over how long its work was sampled */
     atomic_int serving;           /* its gaps are a server's (burst.c's serves_now) */
+    _Atomic uint64_t served_ns;   /* ... when its gaps last said so */
     int timeouts_row;             /* these three: only the thread that began the burst (in_burst) */
     uint64_t ignore_until;
     int early_bursts;             /* bursts announced early (burst.c, early_hold): PROMPT_MIN_BURSTS at most */

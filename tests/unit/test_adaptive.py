@@ -454,3 +454,32 @@ def test_a_turn_taker_idle_for_a_second_co_runs_its_next_burst_at_once():
         g.request(training, 0.0)
         actions = g.request(server, 0.05)
         assert ((2, SHARED) in grants(actions)) == at_once and (2 in g.queue) != at_once, (report, actions)
+
+
+def test_a_server_whose_bursts_merge_under_sharing_stays_a_server_for_a_while():
+    """Issue 42: sharing stretches a server's requests; on the H200 a model.generate server beside
+    a training read "busy 35 %, bursts 252 ms, gaps 54 ms" between reports that said it served (its
+    bursts merged, its gaps read regular), took turns with the training, and its p99 was 2.0x its
+    p99 alone. A client whose report said it served stays one for SERVE_STAY_SEC, unless it is busy
+    most of the time; a training never said so and takes turns on such figures at once."""
+    from nvshare_slurm.policy.demand import SERVE_STAY_SEC
+
+    merged = Demand(0.35, 0.252, 0.054, 0.3)
+    assert merged.takes_turns and not merged.serves
+    g = gpu()
+    training, server = client(1), client(2)
+    g.report_demand(training, BUSY, 0.0)
+    g.request(training, 0.0)
+    g.report_demand(server, SERVER, 0.0)
+    g.request(server, 0.05)
+    assert not g.takes_turns(2)
+    g.report_demand(server, merged, 1.0)
+    assert not g.takes_turns(2) and 2 in g.holders                  # still co-runs beside the training
+    g.report_demand(server, Demand(0.85, 0.252, 0.054, 0.3), 1.5)  # busy most of the time: turns
+    assert g.takes_turns(2)
+    g.report_demand(server, SERVER, 2.0)
+    g.report_demand(server, merged, 2.0 + SERVE_STAY_SEC + 0.1)     # no report said so for that long
+    assert g.takes_turns(2)
+    other = gpu()
+    other.report_demand(client(3), merged, 0.0)                     # never a server: turns at once
+    assert other.takes_turns(3)
