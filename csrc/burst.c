@@ -299,14 +299,20 @@ static int light(struct nvshare_gpu *g, int stay)
            atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_busy;
 }
 
+/* How long a prompt burst is announced for: PROMPT_HOLD_FACTOR of the mean burst, at least
+ * PROMPT_HOLD_MIN_NS, at most `max`. */
+static uint64_t announce_ns(struct nvshare_gpu *g, uint64_t max)
+{
+    uint64_t h = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed) * PROMPT_HOLD_FACTOR;
+    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > max ? max : h;
+}
+
 static uint64_t prompt_hold(struct nvshare_gpu *g)
 {
     if (atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) < PROMPT_MIN_BURSTS ||
         !light(g, atomic_load_explicit(&g->burst.prompt_kind, memory_order_relaxed)))
         return 0;   /* not prompt (or not measured enough yet, or NVSHARE_PROMPT_BURSTS=off) */
-    uint64_t h = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed) * PROMPT_HOLD_FACTOR;
-    uint64_t max = serves(g) ? SERVE_HOLD_MAX_NS : PROMPT_HOLD_MAX_NS;
-    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > max ? max : h;
+    return announce_ns(g, serves(g) ? SERVE_HOLD_MAX_NS : PROMPT_HOLD_MAX_NS);
 }
 
 /* A job whose class is not known yet (fewer than PROMPT_MIN_BURSTS bursts) but whose bursts so far
@@ -350,11 +356,9 @@ static uint64_t early_hold(struct nvshare_gpu *g)
 {
     if (!early_class(g))
         return 0;
-    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    if (!mean)
+    if (!atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed))
         return atomic_load_explicit(&g->burst.bursts, memory_order_relaxed) ? 0 : EARLY_FIRST_NS;
-    uint64_t h = mean * PROMPT_HOLD_FACTOR;
-    return h < PROMPT_HOLD_MIN_NS ? PROMPT_HOLD_MIN_NS : h > EARLY_HOLD_MAX_NS ? EARLY_HOLD_MAX_NS : h;
+    return announce_ns(g, EARLY_HOLD_MAX_NS);
 }
 
 /* prompt_hold(g) || provisional(g), in one look: the two differ in the burst count alone. */
@@ -416,6 +420,16 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
     uint32_t none = 0, me = my_token();
     if (atomic_compare_exchange_strong(&p->owner, &none, me))
         atomic_store(&g->burst.owner, 1);
+}
+
+/* A prompt (or early) burst begins. Another prompt burst runs: take turns with it first (two
+ * short-burst jobs would otherwise both run at once, as plain co-location). */
+static void prompt_run(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, uint64_t hold,
+                       int early)
+{
+    if (atomic_load(&p->prompt_until) > now)
+        prompt_take_turn(g, p, now);
+    prompt_begin(g, p, hold, early);
 }
 
 static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
@@ -512,11 +526,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
                       gaps_spread(g, 0, 0, &(unsigned){0}), serves(g) ? ": a server" : "");
     }
     if (hold) {
-        /* Another prompt burst runs: take turns with it (two short-burst jobs would otherwise
-         * both run at once, as plain co-location). */
-        if (atomic_load(&p->prompt_until) > now)
-            prompt_take_turn(g, p, now);
-        prompt_begin(g, p, hold, 0);
+        prompt_run(g, p, now, hold, 0);
         return;
     }
     if (!p || now < g->burst.ignore_until)
@@ -526,9 +536,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         if (!g->burst.early_bursts++)   /* counted however the counts come (a sampler that never reports) */
             nvshare_debug("gpu %s: its class is not known yet: its first bursts are announced as prompt ones, "
                           "for %.1f ms at most, %d bursts at most", g->uuid, early / 1e6, PROMPT_MIN_BURSTS);
-        if (atomic_load(&p->prompt_until) > now)
-            prompt_take_turn(g, p, now);
-        prompt_begin(g, p, early, 1);
+        prompt_run(g, p, now, early, 1);
         return;
     }
     uint32_t me = my_token();

@@ -1,4 +1,5 @@
-/* env.c: the job environment this process runs in (written by nvshare-taskprolog), and logging.
+/* env.c: the job environment this process runs in (written by nvshare-taskprolog), logging, and the
+ * hook's detached threads (nvshare_start_thread: the layer every other file may call).
  *
  * Read once at load time. Anything malformed is logged and treated as unset: the hook never stops
  * the job because of its own configuration.

@@ -161,10 +161,11 @@ static int make(struct nvshare_gpu *g)
     int registered = rc == CUDA_SUCCESS;
     if (registered)
         rc = nvshare_real.cuMemHostGetDevicePointer_v2(&d, p, 0);
-    if (registered && (rc != CUDA_SUCCESS || !d) && nvshare_real.cuMemHostUnregister)
+    int mapped = rc == CUDA_SUCCESS && d;
+    if (registered && !mapped && nvshare_real.cuMemHostUnregister)
         nvshare_real.cuMemHostUnregister(p);   /* registered, but no address for the GPU: undone */
     nvshare_in_hook--;
-    if (rc != CUDA_SUCCESS || !d) {
+    if (!mapped) {
         munmap(p, HOLD_WORD_BYTES);
         nvshare_debug("gpu %s: the driver maps no host word for the GPU (error %d): launches wait on the "
                       "host while co-runners' prompt bursts run", g->uuid, (int)rc);

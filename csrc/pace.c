@@ -5,8 +5,8 @@
  * training queues a whole step at once (20 ms of kernels in bench_mixes' serve2): on the H100, 3 ms
  * requests beside it took 14.6 ms at p99 with yielding alone, against 6.3 ms alone. So while
  * co-runners' prompt bursts are about (one seen in the last second, PROMPTS_ABOUT_NS:
- * nvshare_burst_prompts_about), a launch first waits until this job's work still queued is under a cap, and a request then shares the
- * GPU with at most that much. The cap follows the prompt bursts' length (issue 42): a tenth of the
+ * nvshare_burst_prompts_about), a launch first waits until this job's work still queued is under a
+ * cap, and a request then shares the GPU with at most that much. The cap follows the prompt bursts' length (issue 42): a tenth of the
  * mean burst the last prompt job wrote on the page, at least PACE_CAP_MIN_NS and at most
  * PACE_CAP_MAX_NS; a request then waits for a tenth of its own length at most, and a training
  * beside a server of long requests (a generate of 40 ms) keeps a deeper queue. The page is not

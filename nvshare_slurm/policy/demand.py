@@ -202,9 +202,8 @@ class GpuDemand:
         self.first_report.setdefault(client_id, now)
         if demand.serves:
             self.served[client_id] = now
-        if self.still_serves(client_id, now):
-            self.by_demand.discard(client_id)
-        elif demand.takes_turns or (client_id in self.by_demand and demand.keeps_turns()):
+        if not self.still_serves(client_id, now) and (
+                demand.takes_turns or (client_id in self.by_demand and demand.keeps_turns())):
             self.by_demand.add(client_id)
         else:
             self.by_demand.discard(client_id)
