@@ -66,11 +66,15 @@
 #define HOLD_SEG_MIN_NS 200000ull
 #define HOLD_SEG_MAX_NS 500000ull
 /* Co-runners' prompt bursts are "about" for a second after one was seen (the queue kept short
- * meanwhile): requests at a few per second still find every launch paced. Held on the GPU, for
- * ten: waits cost the job about 1 % and no queue depth, and a command typed every second or two
- * (issue 42's interactive step) then finds the queue in segments the GPU can hold. */
+ * meanwhile): requests at a few per second still find every launch paced. Held on the GPU, for as
+ * long as the job yields (UINT64_MAX): waits cost it about 1 % and no queue depth, and the daemon
+ * says YIELD while a co-runner with bursts holds or a prompt client that holds nothing is
+ * registered (policy/corunners.py). Then a command typed now and then (issue 42's interactive
+ * step), or a server's first request after its warm-up, finds the queue in segments the GPU can
+ * hold; with a window of ten seconds from the last prompt burst seen, serve2's first request on
+ * the H200 ran beside the training's whole unwaited step. */
 #define PROMPTS_ABOUT_NS 1000000000ull
-#define PROMPTS_ABOUT_HELD_NS 10000000000ull
+#define PROMPTS_ABOUT_HELD_NS UINT64_MAX
 
 /* The queue cap now (see the header). */
 static uint64_t queue_cap(struct nvshare_gpu *g)
@@ -134,7 +138,8 @@ static void forget_done(struct nvshare_pace_state *p)
 int nvshare_pace_wait(struct nvshare_gpu *g)
 {
     uint64_t now = 0;
-    uint64_t about = atomic_load_explicit(&g->hold.state, memory_order_relaxed) == NVSHARE_HOLD_READY
+    int st = atomic_load_explicit(&g->hold.state, memory_order_relaxed);
+    uint64_t about = st == NVSHARE_HOLD_READY || (st == NVSHARE_HOLD_UNTRIED && nvshare_cfg.prompt_hold == PROMPT_HOLD_GPU)
                          ? PROMPTS_ABOUT_HELD_NS : PROMPTS_ABOUT_NS;
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
         !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now, about))

@@ -247,7 +247,8 @@ class GpuState:
     def _grant(self, client: ClientInfo, now: float, shared: bool, out: list[Action],
                no_room: int = 0, bursts: bool = False) -> None:
         bursts = bursts and shared and self.settings.burst_turns
-        yields = not bursts and self.settings.burst_turns and yields_beside(self.holders, client.client_id)
+        yields = not bursts and self.settings.burst_turns and \
+            yields_beside(self.holders, client.client_id, prompt_idle(self, now))
         self.lock.add_holder(client, now, shared, bursts, yields)
         self.memory.granted(client.client_id)
         self.loans.granted(client.client_id, not shared, now, self.switch_interval())
@@ -447,7 +448,7 @@ class GpuState:
         co_runners = wanting - takers - outranked
         if len(takers) <= 1:
             self._corun(now, out, skip=outranked, takers=takers)
-            self._regrant_co_runners(takers, out)
+            self._regrant_co_runners(takers, now, out)
             # The best class holding: a turn-taker, or one still settling that reads light (the
             # worse ones wait for it, so it too gives them its idle time).
             running = [h for cid, h in self.holders.items() if h.drop_at is None and cid in self.clients
@@ -474,7 +475,7 @@ class GpuState:
         for holder in running[1:]:
             # A co-runner that became busy while another busy one holds: the oldest keeps its turn.
             self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
-        self._regrant_co_runners(takers, out)
+        self._regrant_co_runners(takers, now, out)
         rivals = [cid for cid in self.queue if cid in takers]
         if not turn_holders and rivals and self._may_take_turn(rivals[0], now):
             self._try_grant(self.queue[rivals[0]][0], now, False, out)
@@ -496,9 +497,9 @@ class GpuState:
         if now >= self.contention_since + self.switch_interval():
             self._pass_turn(holder, self.queue[rivals[0]][0], now, out)
 
-    def _regrant_co_runners(self, takers: set[int], out: list[Action]) -> None:
+    def _regrant_co_runners(self, takers: set[int], now: float, out: list[Action]) -> None:
         if self.settings.burst_turns:     # corunners.py: BURSTS for co-runners, YIELD beside them
-            regrant(self.holders, takers, self._switch_ms(), out)
+            regrant(self.holders, takers, self._switch_ms(), out, prompt_idle(self, now))
 
     def _schedule_exclusive(self, now: float, out: list[Action], admin: bool) -> None:
         holders = turn_holders(self, now, out)      # adaptive: who gains nothing by turns co-runs
@@ -580,12 +581,18 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
     if beside and sum(mem.use(cid).allocated for cid in beside) + largest > mem.usable:
         beside = set()
     if beside:
-        gpu._regrant_co_runners(set(gpu.holders) - beside, out)
+        gpu._regrant_co_runners(set(gpu.holders) - beside, now, out)
         turn_began = gpu.contention_since    # a co-runner's grant does not restart the turn
         for cid in [cid for cid in gpu.queue if cid in beside]:
             gpu._grant(gpu.queue[cid][0], now, True, out, bursts=True)
         gpu.contention_since = turn_began
     return [h for cid, h in gpu.holders.items() if cid not in beside]
+
+
+def prompt_idle(gpu: GpuState, now: float) -> bool:
+    """Is a prompt client registered on this GPU that holds nothing now, and is not stopped?"""
+    return gpu.demand.prompt_ready((cid for cid in gpu.clients if cid not in gpu.holders
+                                    and cid not in gpu.stopped.why), now)
 
 
 def sharing_now(gpu: GpuState) -> tuple[str, str]:

@@ -242,3 +242,37 @@ def test_a_server_that_grows_busier_under_load_stays_prompt(hook_lib, scheduler,
     assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
     assert "its bursts are not prompt" not in server.stderr_text, server.stderr_text[-3000:]
     assert median <= 1.5, sorted(measured)
+
+
+def test_a_servers_first_request_after_an_idle_release_finds_the_holders_queue_held(
+        hook_lib, scheduler, tmp_path, procs):
+    """A server warms up while a training holds the GPU, gives it back idle, and asks again at its
+    first request; its YIELD reached the training with that grant before, so the training's queue
+    had no waits in it and the request ran beside what was left of a whole step (on the H200 the
+    first request of serve2 read 8.7 ms, 6.2 alone at p99). Now the daemon tells the holder to
+    yield once a registered prompt client holds nothing, and a holder that yields keeps waits in
+    its streams: the GPU holds the queue at the first request too. Three servers one after the
+    other (the holder yields no more once each has left), their first request each."""
+    from test_prompt import holder_backlog_ms
+
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=600))
+    firsts, servers = [], []
+    for i in range(3):
+        server = start(scheduler, hook_lib, procs, trace, 2 + i,
+                       f"launch:1000:1 sync sleep:{WARMUP_IDLE_MS} serve:1000:3:4:60:{7 + i}",
+                       delay_ms=300)
+        finish(server, timeout=60)
+        servers.append(server)
+    finish(holder, timeout=120)
+    launches = read_launches(trace)
+    for server in servers:
+        starts = request_starts(launches, server.pid)   # the warm-up's kernel, then the requests
+        assert len(starts) == 5, starts
+        assert "lock released (idle" in server.stderr_text, server.stderr_text[-3000:]
+        firsts += holder_backlog_ms(launches, holder.pid, server.pid, starts[1] - 1)[:1]
+    print(f"the holder's work that ran on at each server's first request: {[round(b, 1) for b in firsts]}")
+    assert len(firsts) == 3, firsts
+    assert "waits out prompt bursts" in holder.stderr_text, holder.stderr_text[-3000:]
+    # The 1 ms kernel under way, and the watcher's and the fake GPU's looks at the word.
+    assert max(firsts) <= 2.0, firsts

@@ -63,10 +63,11 @@ def test_an_interactive_client_beside_a_busy_holder_is_granted_at_once():
     batch, step = client(1), client(2)
     g.report_demand(batch, BUSY, 0.0)
     assert grants(g.request(batch, 0.0)) == [(1, SHARED)]    # alone: nothing to take turns with
-    g.report_demand(step, LIGHT, 0.5)
+    # A prompt client registered beside it: the holder carries waits before the client asks.
+    assert told_to_yield(g.report_demand(step, LIGHT, 0.5)) == [1]
     actions = g.request(step, 1.0)
-    assert grants(actions) == [(2, SHARED), (1, SHARED)]     # no wait for the batch job's turn,
-    assert told_to_yield(actions) == [1]                     # which waits out its prompt bursts
+    assert grants(actions) == [(2, SHARED)]                  # no wait for the batch job's turn,
+    assert g.holders[1].yields                               # which waits out its prompt bursts
     assert not [a for a in actions if a.kind in (DROP, CONTENDED)]   # the batch job runs on
     assert g.next_deadline() is None
     assert g.status(1.0, [], [])["sharing"] == "corun"
@@ -83,8 +84,8 @@ def test_busy_clients_take_exclusive_turns_and_light_ones_co_run_beside_them():
     actions = g.request(b, 0.1)                              # b asks: a's turn is contended
     assert grants(actions) == [] and (CONTENDED, 1) in kinds(actions)
     actions = g.request(light, 0.12)
-    assert grants(actions) == [(3, SHARED), (1, EXCLUSIVE)]  # the light one never waits,
-    assert told_to_yield(actions) == [1]                     # the turn holder yields to it
+    assert grants(actions) == [(3, SHARED)]                  # the light one never waits,
+    assert g.holders[1].yields                               # the turn holder yields to it
     status = g.status(0.12, [], [])
     assert status["sharing"] == "turns"
     assert status["sharing_reason"] == "2 busy clients take turns, 1 light co-run"
@@ -101,9 +102,9 @@ def test_a_co_runner_that_becomes_busy_gets_its_turn_after_the_current_one():
     a, b = client(1), client(2)
     g.report_demand(a, BUSY, 0.0)
     g.report_demand(b, LIGHT, 0.0)
-    g.request(a, 0.0)
+    assert told_to_yield(g.request(a, 0.0)) == [1]           # b is a prompt client beside it
     actions = g.request(b, 0.0)
-    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
+    assert grants(actions) == [(2, SHARED)] and g.holders[1].yields
     actions = g.report_demand(b, BUSY, 2.0)                  # started training from the REPL
     assert kinds(actions) == [(DROP, 2), (GRANT, 1)]         # the newer busy one gives way; the
     assert told_to_yield(actions) == []                      # holder no longer yields to it
@@ -177,12 +178,12 @@ def test_only_adaptive_co_runners_take_turns_by_burst():
     for c in (a, b):
         g.report_demand(c, BUSY, 0.0)
     g.report_demand(light, LIGHT, 0.0)
-    first = g.request(a, 0.0)
-    assert [(x.flags, x.bursts) for x in first if x.kind == GRANT] == [(EXCLUSIVE, False)]
+    first = g.request(a, 0.0)     # the light client holds nothing yet: a's turn carries waits
+    assert [(x.flags, x.bursts, x.yields) for x in first if x.kind == GRANT] == [(EXCLUSIVE, False, True)]
     g.request(b, 0.0)
     actions = g.request(light, 0.0)
-    assert [(x.flags, x.bursts, x.yields) for x in actions if x.kind == GRANT] == \
-        [(SHARED, True, False), (EXCLUSIVE, False, True)]
+    assert [(x.flags, x.bursts, x.yields) for x in actions if x.kind == GRANT] == [(SHARED, True, False)]
+    assert g.holders[1].yields
     for other in (gpu(auto_share="corun"), gpu_lock_turns()):
         other.report_demand(light, LIGHT, 0.0)
         assert [(x.flags, x.bursts) for x in other.request(light, 0.0)] == [(SHARED, False)]
@@ -394,9 +395,9 @@ def test_a_server_beside_a_training_co_runs_where_a_bursty_training_takes_turns(
     training, server = client(1), client(2)
     g.report_demand(training, BUSY, 0.0)
     g.report_demand(server, SERVER, 0.0)
-    g.request(training, 0.0)
+    assert told_to_yield(g.request(training, 0.0)) == [1]   # a server is registered beside it
     actions = g.request(server, 0.05)
-    assert grants(actions) == [(2, SHARED), (1, SHARED)] and told_to_yield(actions) == [1]
+    assert grants(actions) == [(2, SHARED)] and g.holders[1].yields
     assert SERVER.describe().endswith("gaps irregular (a server)")   # what the log says
     g = gpu()
     g.report_demand(training, BUSY, 0.0)
@@ -483,3 +484,35 @@ def test_a_server_whose_bursts_merge_under_sharing_stays_a_server_for_a_while():
     other = gpu()
     other.report_demand(client(3), merged, 0.0)                     # never a server: turns at once
     assert other.takes_turns(3)
+
+
+def test_a_holder_carries_waits_while_a_prompt_client_that_holds_nothing_is_registered():
+    """Issue 42: a server that gave the GPU back idle (after its warm-up, or a pause) asks again at
+    its next request, and the holder's YIELD came with that grant: its queue then had no waits in
+    it, and on the H200 serve2's first request ran beside the training's whole 20 ms step (8.7 ms
+    at p99, 6.2 alone). A registered prompt client (a server, or short and rare bursts) that holds
+    nothing makes the holder yield from its report on; a busy one, a stopped one or one that left
+    does not, and a holder alone never yields."""
+    g = gpu()
+    training, server, other = client(1), client(2), client(3)
+    g.report_demand(training, BUSY, 0.0)
+    assert told_to_yield(g.request(training, 0.0)) == []            # alone
+    assert told_to_yield(g.report_demand(server, SERVER, 0.1)) == [1]   # registered, holds nothing
+    assert grants(g.request(server, 0.1)) == [(2, SHARED)] and g.holders[1].yields
+    g.release(2, 0.2, idle=True)                                     # the warm-up's idle release
+    assert 2 not in g.holders and g.holders[1].yields                # it still waits out the next
+    actions = g.request(server, 1.2)                                 # the first request: no new grant
+    assert grants(actions) == [(2, SHARED)] and told_to_yield(actions) == []
+    g.release(2, 1.3, idle=True)
+    actions = g.report_demand(server, BUSY, 1.4)                     # now a training: no waits
+    assert [(a.client.client_id, a.yields) for a in actions if a.kind == GRANT] == [(1, False)]
+    g.report_demand(other, LIGHT, 1.5)
+    assert g.holders[1].yields                                       # an interactive step's
+    g.stopped.stop(3, "stopped (SIGSTOP)", may_run=True, held=False)
+    actions = g.tick(1.6)                                            # stopped: asks nothing now
+    assert [(a.client.client_id, a.yields) for a in actions if a.kind == GRANT] == [(1, False)]
+    g.stopped.runs_again(3)
+    assert told_to_yield(g.tick(1.7)) == [1]
+    actions = g.remove_client(3, 1.8)                                # it left
+    assert [(a.client.client_id, a.yields) for a in actions if a.kind == GRANT] == [(1, False)]
+    assert g.demand.prompt_ready([2], 1.8) is False                  # the busy one
