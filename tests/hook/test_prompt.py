@@ -485,3 +485,65 @@ def test_a_page_woken_without_end_costs_a_held_holder_little_cpu(hook_lib, sched
     assert "queued work is held on the GPU while one runs" in holder.stderr_text, holder.stderr_text[-3000:]
     assert "the burst page woke this job 50 times in 10 ms" in holder.stderr_text, holder.stderr_text[-3000:]
     assert used <= 0.05 * ran + 0.05, (used, ran)
+
+
+def test_a_holder_told_to_yield_while_a_prompt_burst_runs_holds_its_queue_at_once(hook_lib, scheduler,
+                                                                                 tmp_path, procs):
+    """A turn passed on by hand-over, or a grant that says YIELD again, can come while a co-runner's
+    prompt burst runs. The hold's watcher looked at that burst while the job did not yield, and slept
+    until the burst's end (or its 100 ms look): on the H200 a turn that began just as a request did
+    ran 7.7 ms of its kernels beside it (mix8's slowest request). Here a co-runner leaves (the
+    training yields no more), the page claims a prompt burst, and a co-runner comes: the training's
+    grant says YIELD again, and its queue must be held from then, three times over."""
+    import mmap
+    import os
+    import struct
+    import time
+
+    from helpers_hook import read_launches
+    from test_burst import PAGE_BYTES, bursty_client, page_of, until_grant
+
+    def claim(page, ns: int) -> None:
+        page[16:24] = struct.pack("Q", ns)   # prompt_until (csrc/burst.h)
+
+    trace = tmp_path / "trace"
+    holder = start_nvtest(hook_lib, ["init", "ctx:0", "train:1000:20:250:0:0"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug",
+                               FAKE_CUDA_TRACE_LAUNCH="1"))
+    procs.append(holder)
+    time.sleep(0.5)
+    co = bursty_client(scheduler, 2)
+    fd = page_of(until_grant(co))      # the training yields beside it: its watcher starts
+    page = mmap.mmap(fd, PAGE_BYTES)
+    rearmed = []
+    try:
+        for job in (3, 4, 5):
+            time.sleep(0.3)
+            co.close()                 # the training yields no more
+            time.sleep(0.3)
+            claim(page, time.monotonic_ns() + 1_000_000_000)
+            time.sleep(0.15)           # the watcher has looked: no yield, no hold
+            co = bursty_client(scheduler, job)
+            for frame, fds in until_grant(co):
+                for d in fds:
+                    os.close(d)
+            rearmed.append(time.monotonic_ns())   # the training's grant says YIELD again now
+            time.sleep(0.4)
+            claim(page, 0)
+    finally:
+        co.close()
+        page.close()
+        os.close(fd)
+    finish(holder, timeout=60)
+    launches = read_launches(trace)
+    # The training's GPU work that ran from 25 ms after each grant for 100 ms (the watcher's longest
+    # sleep): the step it had launched before the grant carries no waits (20 ms at most), those
+    # after do. Before, the queue ran on as long as the watcher slept (0-100 ms).
+    a, b = 25_000_000, 125_000_000
+    ran = [sum((min(e, t + b) - max(s, t + a)) / 1e6 for p, g, s, e, _ in launches
+               if p == holder.pid and g == GPU0 and e > t + a and s < t + b)
+           for t in rearmed]
+    print(f"the training's work 25-125 ms after each YIELD grant during a prompt burst: "
+          f"{[round(r, 1) for r in ran]} ms")
+    assert holder.stderr_text.count("waits out prompt bursts") >= 4, holder.stderr_text[-3000:]
+    assert max(ran) <= 3.0, ran

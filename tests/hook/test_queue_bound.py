@@ -268,9 +268,9 @@ def test_a_servers_first_request_after_an_idle_release_finds_the_holders_queue_h
     launches = read_launches(trace)
     for server in servers:
         starts = request_starts(launches, server.pid)   # the warm-up's kernel, then the requests
-        assert len(starts) == 5, starts
+        first = min(t for t in starts if t > starts[0] + WARMUP_IDLE_MS * 1_000_000 // 2)
         assert "lock released (idle" in server.stderr_text, server.stderr_text[-3000:]
-        firsts += holder_backlog_ms(launches, holder.pid, server.pid, starts[1] - 1)[:1]
+        firsts += holder_backlog_ms(launches, holder.pid, server.pid, first - 1)[:1]
     print(f"the holder's work that ran on at each server's first request: {[round(b, 1) for b in firsts]}")
     assert len(firsts) == 3, firsts
     assert "waits out prompt bursts" in holder.stderr_text, holder.stderr_text[-3000:]
