@@ -524,7 +524,7 @@ def test_a_holder_told_to_yield_while_a_prompt_burst_runs_holds_its_queue_at_onc
             claim(page, time.monotonic_ns() + 1_000_000_000)
             time.sleep(0.15)           # the watcher has looked: no yield, no hold
             co = bursty_client(scheduler, job)
-            for frame, fds in until_grant(co):
+            for _, fds in until_grant(co):
                 for d in fds:
                     os.close(d)
             rearmed.append(time.monotonic_ns())   # the training's grant says YIELD again now
