@@ -139,8 +139,9 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
 {
     uint64_t now = 0;
     int st = atomic_load_explicit(&g->hold.state, memory_order_relaxed);
-    uint64_t about = st == NVSHARE_HOLD_READY || (st == NVSHARE_HOLD_UNTRIED && nvshare_cfg.prompt_hold == PROMPT_HOLD_GPU)
-                         ? PROMPTS_ABOUT_HELD_NS : PROMPTS_ABOUT_NS;
+    int held_here = st == NVSHARE_HOLD_READY ||
+                    (st == NVSHARE_HOLD_UNTRIED && nvshare_cfg.prompt_hold == PROMPT_HOLD_GPU);
+    uint64_t about = held_here ? PROMPTS_ABOUT_HELD_NS : PROMPTS_ABOUT_NS;
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
         !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now, about))
         return 0;
