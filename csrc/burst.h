@@ -24,6 +24,10 @@ struct nvshare_burst_page {
     _Atomic uint32_t prompt_waiters;  /* a hint: jobs waiting on prompt_seq */
     _Atomic uint64_t prompt_len_ns;   /* the mean length of the last prompt burst's job's bursts (the
                                          others' queue cap follows it: pace.c) */
+    _Atomic uint64_t prompt_began_ns;  /* when the last prompt burst began (or one that may be: a
+                                          provisional one), CLOCK_MONOTONIC: prompt bursts are about */
+    _Atomic uint64_t prompt_next_until;  /* a prompt job waits for another's prompt burst and runs its
+                                            own at the latest by this time: the others stay held */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -82,11 +86,15 @@ int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64
  * a page has come. */
 struct nvshare_hold_ask {
     int page;
+    int corun;         /* the hold is for a co-runner's ordinary burst (burst.c's corun_hold), not a prompt one */
     uint32_t seq;
     uint64_t until, end;
+    uint64_t began;    /* when the prompt burst under way began, as the page says (debug counts) */
+    const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);
-/* A hold of `ns` ended: it counts against the yield budget. */
+/* A hold of `ns` for prompt bursts ended: it counts against the yield budget (a co-runner's ordinary
+ * burst's hold counts against its own, in nvshare_burst_hold_now). */
 void nvshare_burst_held(struct nvshare_gpu *g, uint64_t ns);
 /* Sleep until the page's prompt_seq moves from seq (a prompt burst begins or ends), at most left_ns. */
 void nvshare_burst_wait_prompts(struct nvshare_gpu *g, uint32_t seq, uint64_t left_ns);
@@ -101,7 +109,8 @@ static inline void nvshare_burst_yield_point(struct nvshare_gpu *g)
     if (!atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || nvshare_tl_launch_held)
         return;
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
-    if (p && atomic_load_explicit(&p->prompt_until, memory_order_relaxed))
+    if (p && (atomic_load_explicit(&p->prompt_until, memory_order_relaxed) ||
+              atomic_load_explicit(&p->prompt_next_until, memory_order_relaxed)))
         nvshare_burst_yield(g);
 }
 

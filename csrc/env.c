@@ -289,6 +289,13 @@ void nvshare_read_settings(void)
     nvshare_cfg.prompt_early = !(early && !strcasecmp(early, "pace"));
     if (early && *early && strcasecmp(early, "hold") && strcasecmp(early, "pace"))
         nvshare_log("NVSHARE_PROMPT_EARLY=%s is neither hold nor pace; hold", early);
+    /* on (unset): on the H200 a 1 ms probe beside a training and a bursty co-runner waited for a kernel
+     * of each (time-sliced) at p99, 2.9-3.4 ms against 1.1 alone (burst.c's header). off: the holder
+     * runs beside a co-runner's burst, as before. */
+    const char *corun = getenv("NVSHARE_CORUN_HOLD");
+    nvshare_cfg.corun_hold = !(corun && !strcasecmp(corun, "off"));
+    if (corun && *corun && strcasecmp(corun, "on") && strcasecmp(corun, "off"))
+        nvshare_log("NVSHARE_CORUN_HOLD=%s is neither on nor off; on", corun);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

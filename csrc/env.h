@@ -41,6 +41,9 @@ struct nvshare_settings {
                                   * (burst.c, provisional()): 1 (hold, the default) those that may be
                                   * prompt are announced as prompt bursts for a bounded time, 0 (pace) the
                                   * others only pace */
+    int corun_hold;              /* NVSHARE_CORUN_HOLD: the turn holder holds its queue on the GPU while a
+                                  * co-runner's ordinary burst runs, when prompt bursts are about (burst.c,
+                                  * corun_hold): 1 (on, the default), 0 (off: it runs beside it) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

@@ -109,8 +109,17 @@ struct nvshare_burst_state {
     _Atomic uint64_t yield_window_ns;    /* the start of the second whose waits are counted */
     _Atomic uint64_t yielded_ns;         /* waited for prompt bursts in that second */
     _Atomic uint64_t yield_ignore_until; /* waited a budget's worth: ignore prompt bursts till then */
-    atomic_uint prompt_seq_seen;  /* the page's prompt_seq when last looked at (pace.c's question) */
-    _Atomic uint64_t prompt_seen_ns;     /* ... when it last moved, or a prompt burst was seen running */
+    _Atomic uint64_t next_mine;   /* the prompt_next_until this process wrote (waiting its turn) */
+    /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
+     * only hold.c's watcher touches these. */
+    uint64_t corun_window_ns;     /* the start of the second whose holds are counted */
+    uint64_t corun_used_ns;       /* held for co-runners' bursts in that second, the hold under way left out */
+    uint64_t corun_since;         /* the hold under way began (counted from), 0: none */
+    uint64_t corun_burst_start;   /* ... held for the co-runner burst under way since */
+    uint32_t corun_seq;           /* ... that burst: the page's seq then */
+    uint32_t corun_done_seq;      /* held as long as one burst may ask: not again for this one */
+    int corun_done;
+    uint64_t corun_ignore_until;  /* held a budget's worth: not again before this */
 };
 
 /* memory.c's, under memory.c's mutex: what this process allocated here. */
