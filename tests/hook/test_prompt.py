@@ -681,7 +681,7 @@ def test_a_prompt_job_waiting_its_turn_keeps_the_others_held_until_its_own_burst
 
     trace = tmp_path / "trace"
     with squatted_page(scheduler, 2, burst_under_way) as start:
-        prompt = start_nvtest(hook_lib, ["init", "ctx:0", "burst:1000:150:5"],
+        prompt = start_nvtest(hook_lib, ["init", "ctx:0", "burst:1000:400:5"],
                               dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
         procs.append(prompt)
         time.sleep(0.3)   # its class is known: prompt
