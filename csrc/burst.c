@@ -694,7 +694,7 @@ static int corun_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint6
         return 0;
     }
     b->corun_done = 0;
-    if (!b->corun_since || seq != b->corun_seq) {
+    if (seq != b->corun_seq || !b->corun_burst_start) {   /* another burst: its own 50 ms */
         corun_close(b, now);
         b->corun_seq = seq;
         b->corun_burst_start = now;

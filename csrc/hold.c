@@ -171,20 +171,15 @@ static void *watch(void *arg)
             hold = 0;
         }
         if (hold) {
-            if (held_since && a.corun != held_corun) {   /* the other kind of hold from now: the word stays */
-                if (!held_corun)
+            if (!held_since || a.corun != held_corun) {   /* a hold begins, or the other kind from now */
+                if (!held_since)
+                    set_word(g, 1);
+                else if (!held_corun)
                     nvshare_burst_held(g, now - held_since);
-                else
-                    count_lag(g, a.began, a.began);   /* held already as the prompt burst began */
+                if (!a.corun)   /* held already as the prompt burst began: a lag of 0 */
+                    count_lag(g, held_since ? a.began : nvshare_now_ns(), a.began);
                 held_since = now;
                 held_corun = a.corun;
-            }
-            if (!held_since) {
-                held_since = now;
-                held_corun = a.corun;
-                set_word(g, 1);
-                if (!a.corun)
-                    count_lag(g, nvshare_now_ns(), a.began);
                 if (!said[a.corun]++)
                     nvshare_debug("gpu %s: %s: this job's queued work is held on the GPU until it ends", g->uuid,
                                   a.corun ? "a co-runner's burst runs while prompt bursts are about"
