@@ -198,6 +198,24 @@ int nvshare_burst_attach(struct nvshare_gpu *g, int fd)
 static int looks_prompt(struct nvshare_gpu *g);
 static int early_class(struct nvshare_gpu *g);
 
+/* prompt_seq moves, and whoever sleeps on it wakes: the hold watchers (hold.c), prompt jobs waiting
+ * their turn, yields on the host. */
+static void prompt_wake(struct nvshare_burst_page *p)
+{
+    atomic_fetch_add(&p->prompt_seq, 1);
+    if (atomic_load(&p->prompt_waiters))
+        futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+}
+
+/* *word becomes v unless it is later already (another's claim stands); *cur: its value as read, then
+ * as found. 1 when v was written. */
+static int raise_to(_Atomic uint64_t *word, uint64_t *cur, uint64_t v)
+{
+    while (*cur < v && !atomic_compare_exchange_weak(word, cur, v))
+        ;
+    return *cur < v;
+}
+
 /* A prompt burst begins, or one that may be (provisional): the others pace (pace.c) and, while it
  * is recent, the turn holder gives way to co-runners' bursts (corun_hold). */
 static void mark_prompts(struct nvshare_burst_page *p, uint64_t now)
@@ -216,11 +234,8 @@ static int prompts_recent(struct nvshare_burst_page *p, uint64_t now, uint64_t w
  * (hold.c, sleeping on prompt_seq) looks again. */
 static void wake_holders(struct nvshare_burst_page *p)
 {
-    if (!prompts_recent(p, nvshare_now_ns(), CORUN_HOLD_RECENT_NS))
-        return;
-    atomic_fetch_add(&p->prompt_seq, 1);
-    if (atomic_load(&p->prompt_waiters))
-        futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+    if (prompts_recent(p, nvshare_now_ns(), CORUN_HOLD_RECENT_NS))
+        prompt_wake(p);
 }
 
 /* Until when the others hold for prompt bursts: the one under way, or one that waits its turn. */
@@ -441,9 +456,7 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
     uint64_t start = now, deadline = now + wait_bound(g);
     /* The others stay held from that burst's end to ours (the later claim stands). */
     uint64_t claim = deadline + PROMPT_NEXT_MARGIN_NS, cur = atomic_load(&p->prompt_next_until);
-    while (cur < claim && !atomic_compare_exchange_weak(&p->prompt_next_until, &cur, claim))
-        ;
-    atomic_store(&g->burst.next_mine, cur < claim ? claim : 0);
+    atomic_store(&g->burst.next_mine, raise_to(&p->prompt_next_until, &cur, claim) ? claim : 0);
     atomic_fetch_add(&g->burst.waiting, 1);   /* the demand sampler counts this as waiting */
     for (;;) {
         uint32_t seq = atomic_load(&p->prompt_seq);
@@ -470,8 +483,7 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
     uint64_t cur = atomic_load(&p->prompt_until);
     if (!early || cur <= now)
         atomic_store(&p->prompt_early, (uint32_t)early);   /* an early one never hides a prompt one */
-    while (cur < until && !atomic_compare_exchange_weak(&p->prompt_until, &cur, until))
-        ;
+    raise_to(&p->prompt_until, &cur, until);
     atomic_store(&g->burst.prompt_mine, until);
     atomic_store(&g->burst.prompting, 1);
     atomic_store_explicit(&p->prompt_began_ns, now, memory_order_relaxed);
@@ -482,9 +494,7 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
                           memory_order_relaxed);
     /* Wake whoever waits on prompt_seq: the co-runners' hold watchers (hold.c) hold their queued
      * work on the GPU from now; a prompt job waiting for another's burst looks again and waits on. */
-    atomic_fetch_add(&p->prompt_seq, 1);
-    if (atomic_load(&p->prompt_waiters))
-        futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+    prompt_wake(p);
     /* The owner word too, when free: bursty co-runners then wait for us as for any burst. */
     uint32_t none = 0, me = my_token();
     if (atomic_compare_exchange_strong(&p->owner, &none, me))
@@ -507,9 +517,7 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
         return;
     uint64_t mine = atomic_exchange(&g->burst.prompt_mine, 0);
     atomic_compare_exchange_strong(&p->prompt_until, &mine, 0);   /* not if another extended it */
-    atomic_fetch_add(&p->prompt_seq, 1);
-    if (atomic_load(&p->prompt_waiters))
-        futex(&p->prompt_seq, FUTEX_WAKE, 0x7fffffff, NULL);
+    prompt_wake(p);
 }
 
 /* The yield budget (YIELD_BUDGET_NS a second): when this second's runs out, `ongoing_ns` of a wait
