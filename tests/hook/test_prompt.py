@@ -142,20 +142,22 @@ def holder_backlog_ms(launches, holder_pid: int, prompt_pid: int, after_ns: int)
 def beside_prompt(scheduler, hook_lib, procs, trace, jobs: list[tuple[str, dict]], rounds: int,
                   launch_times: bool = True, prompt_env: dict | None = None):
     """Runs each (nvtest action, extra env) as a job, and a prompt job (1 ms kernels every 30 ms,
-    `rounds` of them, started 0.1-0.2 s later, `prompt_env` added) beside them, debug logs on; waits
-    for all. Returns (the jobs' processes, the prompt job's)."""
+    `rounds` of them, started 0.1-0.2 s later, `prompt_env` added; none with 0 rounds) beside them,
+    debug logs on; waits for all. Returns (the jobs' processes, the prompt job's or None)."""
     extra = {"NVSHARE_LOG_LEVEL": "debug", **({"FAKE_CUDA_TRACE_LAUNCH": "1"} if launch_times else {})}
     started = []
     for i, (action, env) in enumerate(jobs, start=1):
         started.append(start_nvtest(hook_lib, ["init", "ctx:0", action],
                                     dict(Job(scheduler, i, trace, gpu_index=[0]).env, **extra, **env)))
         procs.append(started[-1])
-    action = f"burst:{PROMPT_US}:{rounds}:{PROMPT_GAP_MS}"
-    prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", action],
-                          dict(Job(scheduler, len(jobs) + 1, trace, gpu_index=[0]).env, **extra,
-                               **(prompt_env or {})))
-    procs.append(prompt)
-    finish(prompt, timeout=60)
+    prompt = None
+    if rounds:
+        action = f"burst:{PROMPT_US}:{rounds}:{PROMPT_GAP_MS}"
+        prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", action],
+                              dict(Job(scheduler, len(jobs) + 1, trace, gpu_index=[0]).env, **extra,
+                                   **(prompt_env or {})))
+        procs.append(prompt)
+        finish(prompt, timeout=60)
     for proc in started:
         finish(proc, timeout=60)
     return started, prompt
@@ -574,23 +576,14 @@ def test_the_turn_holder_gives_way_to_a_co_runners_burst_while_prompt_bursts_are
 
     trace = tmp_path / "trace"
     env = {"NVSHARE_CORUN_HOLD": "off"} if case == "off" else {}
-    extra = {"NVSHARE_LOG_LEVEL": "debug", "FAKE_CUDA_TRACE_LAUNCH": "1", **env}
-    jobs = [start_nvtest(hook_lib, ["init", "ctx:0", action],
-                         dict(Job(scheduler, i, trace, gpu_index=[0]).env, **extra))
-            for i, action in ((1, "train:1000:20:150:0:0"), (2, "train:1000:20:36:0:60"))]
-    procs.extend(jobs)
-    if case != "no prompt job":
-        prompt = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", "burst:1000:70:30"],
-                              dict(Job(scheduler, 3, trace, gpu_index=[0]).env, **extra))
-        procs.append(prompt)
-        finish(prompt, timeout=60)
-    for proc in jobs:
-        finish(proc, timeout=60)
+    jobs, prompt = beside_prompt(scheduler, hook_lib, procs, trace,
+                                 [("train:1000:20:150:0:0", env), ("train:1000:20:36:0:60", env)],
+                                 0 if case == "no prompt job" else 70, prompt_env=env)
     holder, bursty = jobs
     launches = read_launches(trace)
     begin = min(r[2] for r in launches if r[0] == bursty.pid) + 700_000_000   # demand measured, co-running
     end = min(max(r[3] for r in launches if r[0] == p.pid) for p in jobs) - 100_000_000
-    if case != "no prompt job":
+    if prompt is not None:
         end = min(end, max(r[3] for r in launches if r[0] == prompt.pid))
     spans = [(s, e) for s, e in bursts_of(launches, bursty.pid) if s >= begin and e <= end]
     starts = sorted(r[2] for r in launches if r[0] == holder.pid and r[1] == GPU0)
