@@ -7,7 +7,8 @@ beside one or two W1 trainings (bench/gpu_bench.py's compute-bound job). Arms, e
   mps        all at once under NVIDIA MPS
   nvshare    all at once under libnvshare.so and a real nvshare-scheduler, every setting default
 Reported per arm: the probe's command latency p50/p90/max (ms), and each batch job's training
-phase against alone. Targets (issue 12): nvshare p90 <= 10 ms, batch jobs lose <= 2 %.
+phase against alone. Targets: nvshare p90 <= 10 ms, batch jobs lose <= 2 % (issue 12); the probe's
+p99 within 1 ms of its p99 alone (issue 42, for a command every second: --every 1), said per arm.
 
   python3 bench/bench_interactive.py --out DIR [--batch-jobs 1,2] [--arms alone,colocate,mps,nvshare]
 """
@@ -24,6 +25,7 @@ from gpu_bench import (REPO, SEEDS, TRAIN, WORKLOADS, Job, Mps, Scheduler, clean
                        log, percentile, run_jobs, train_phase)
 
 PROBE = REPO / "tests" / "gpu" / "probe.py"
+PROBE_SLACK_MS = 1.0   # issue 42: an interactive step's p99 within this of its p99 alone
 
 
 def gpu_uuid() -> str:
@@ -102,22 +104,27 @@ def main() -> int:
             if probe["status"] == "ok":
                 lat = probe["latencies_ms"][1:]
                 entry.update(p50_ms=statistics.median(lat), p90_ms=percentile(lat, 90),
-                             max_ms=max(lat), commands=len(lat))
+                             p99_ms=percentile(lat, 99), max_ms=max(lat), commands=len(lat))
             entry["batch_train_s"] = [train_phase(r) if r["status"] == "ok" else None for r in batch]
             results["arms"][key] = entry
             (out / "interactive.json").write_text(json.dumps(results, indent=1))
             log(f"{key}: {json.dumps(entry)}")
-    for entry in results["arms"].values():
+    for key, entry in results["arms"].items():
         ratios = [t / alone_train[i] if t and i in alone_train else None
                   for i, t in enumerate(entry["batch_train_s"])]
         entry["batch_vs_alone"] = ratios
+        alone = results["arms"].get(key.split("-")[0] + "-alone", {})
+        if "p99_ms" in entry and "p99_ms" in alone and not key.endswith("-alone"):
+            met = entry["p99_ms"] <= alone["p99_ms"] + PROBE_SLACK_MS
+            entry["target"] = f"{'met' if met else 'missed'} (p99 within {PROBE_SLACK_MS:g} ms of alone)"
     (out / "interactive.json").write_text(json.dumps(results, indent=1))
-    print("| arm | probe p50 ms | p90 ms | max ms | batch vs alone |")
-    print("|---|---|---|---|---|")
+    print("| arm | probe p50 ms | p90 ms | p99 ms | max ms | commands | batch vs alone | target |")
+    print("|---|---|---|---|---|---|---|---|")
     for key, e in results["arms"].items():
         ratios = ", ".join(f"{r:.3f}" for r in e["batch_vs_alone"] if r) or "-"
-        print(f"| {key} | {e.get('p50_ms', float('nan')):.1f} | {e.get('p90_ms', float('nan')):.1f} "
-              f"| {e.get('max_ms', float('nan')):.1f} | {ratios} |")
+        print(f"| {key} | {e.get('p50_ms', float('nan')):.2f} | {e.get('p90_ms', float('nan')):.2f} "
+              f"| {e.get('p99_ms', float('nan')):.2f} | {e.get('max_ms', float('nan')):.2f} "
+              f"| {e.get('commands', 0)} | {ratios} | {e.get('target', '')} |")
     return 0
 
 

@@ -1,0 +1,99 @@
+"""Issue 42's interactive srun step (bench/interactive_step.py) run end to end on the fake driver: its
+own one-node Slurm, an `srun --gres=nvshare:1` step as nobody alone and beside an `sbatch
+--gres=nvshare:1` training of another user. The GPU machine runs the same orchestration, parsing and
+checks with PyTorch payloads. The latency target is a figure of the report, not asserted here: on a
+loaded CI machine the fake driver's numbers are not a GPU's."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .cluster import SBIN
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "interactive_step.py"
+
+
+def run_step(out: Path, *options: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NVSHARE_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, str(SCRIPT), str(out), *options], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def need_cluster() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the run starts slurmctld, slurmd and munged: needs root")
+    if not (SBIN / "slurmd").exists() or not Path("/etc/munge/munge.key").exists():
+        pytest.skip("needs Slurm and munge installed (scripts/install-demo-slurm.sh)")
+    for user in ("nobody", "daemon"):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip(f"needs the user {user}")
+
+
+def test_the_step_alone_and_beside_another_users_training_through_slurm(tmp_path):
+    need_cluster()
+    proc = run_step(tmp_path, "--fake", "--seconds", "5", "--every", "0.5",
+                    "--variant", "NVSHARE_HOLD_SHAPES=off")
+    result = tmp_path / "result.json"
+    assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(result.read_text())
+    log = proc.stdout
+    assert proc.returncode == 0 and report["passed"], log[-4000:]
+    assert report["device"] == "fake driver"
+    assert log.count("  PASS  ") == len(report["checks"]) == 27, log[-3000:]
+    names = [c["check"] for c in report["checks"]]
+    for words, count in (("exited 0", 3), ("ran as nobody", 3), ("ran as daemon", 3),
+                         ("ran under the hook", 6), ("made its commands", 3), ("completed with exit 0", 3),
+                         ("the scheduler registered", 4), ("stepped through the step's whole window", 2)):
+        assert sum(words in n for n in names) == count, (words, names)
+    assert sorted({c["part"] for c in report["checks"]}) == ["a", "b", "c", "d"]
+    parts = report["parts"]
+    alone, shared = parts["a"], parts["c"]["step"]
+    # Every command timed, alone and beside the training, and the figures come from them.
+    for rec in (alone, shared):
+        assert rec["commands"] == len(rec["latencies_ms"]) >= 7
+        assert 0 < rec["p50_ms"] <= rec["p99_ms"] <= rec["max_ms"]
+    # Three jobs: the step's alone, the training alone, the training with the step's job beside it;
+    # the step's job beside the training is a job of its own, distinct from the training's.
+    variant = parts["d"]["step"]
+    jobs = {alone["env"]["job"], parts["b"]["job"], parts["c"]["training"]["job"], shared["env"]["job"],
+            parts["d"]["training"]["job"], variant["env"]["job"]}
+    assert len(jobs) == 6, jobs
+    # The variant's setting reached both of its jobs and neither of the others'.
+    said = "NVSHARE_HOLD_SHAPES=off"
+    assert variant["commands"] >= 7 and report["figures"]["variant"]["env"] == said
+    for rec in (variant, parts["d"]["training"]):
+        assert rec["env"].get("NVSHARE_HOLD_SHAPES") == "off", rec["env"]
+    for rec in (alone, parts["b"], shared, parts["c"]["training"]):
+        assert "NVSHARE_HOLD_SHAPES" not in rec["env"], rec["env"]
+    assert report["figures"]["variant"]["shared_p99_ms"] == variant["p99_ms"]
+    f = report["figures"]
+    assert f["alone_p99_ms"] == alone["p99_ms"] and f["shared_p99_ms"] == shared["p99_ms"]
+    assert f["target"].startswith(("met (", "missed (")) and "within 1 ms of alone" in f["target"]
+    assert f["train_alone_steps_per_s"] > 0 and f["train_shared_steps_per_s"] > 0
+    assert f["train_over_alone"] == pytest.approx(f["train_shared_steps_per_s"]
+                                                  / f["train_alone_steps_per_s"])
+    md = (tmp_path / "results.md").read_text()
+    assert "| alone |" in md and "| beside the training |" in md and f["target"] in md
+    assert f"| beside the training, {said} |" in md and report["figures"]["variant"]["target"] in md
+    assert {p.name for p in tmp_path.iterdir()} == {"result.json", "results.md", "logs.tar.gz"}
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--step-user", "nobody", "--train-user", "nobody"], "must differ"),
+    (["--train-user", "no-such-user-nvs"], "no user 'no-such-user-nvs'"),
+    (["--variant", "LD_PRELOAD=/tmp/x.so"], "NAME=VALUE of a hook setting"),
+], ids=["one user for both", "a user who does not exist", "a variant that is no hook setting"])
+def test_users_it_cannot_use_are_refused_before_anything_starts(tmp_path, options, words):
+    proc = run_step(tmp_path / "out", "--fake", *options, timeout=60)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
