@@ -292,10 +292,11 @@ void nvshare_read_settings(void)
     /* on (unset): on the H200 a 1 ms probe beside a training and a bursty co-runner waited for a kernel
      * of each (time-sliced) at p99, 2.9-3.4 ms against 1.1 alone (burst.c's header). off: the holder
      * runs beside a co-runner's burst, as before. */
-    const char *corun = getenv("NVSHARE_CORUN_HOLD");
-    nvshare_cfg.corun_hold = !(corun && !strcasecmp(corun, "off"));
-    if (corun && *corun && strcasecmp(corun, "on") && strcasecmp(corun, "off"))
-        nvshare_log("NVSHARE_CORUN_HOLD=%s is neither on nor off; on", corun);
+    nvshare_cfg.corun_hold = on_off("NVSHARE_CORUN_HOLD");
+    /* on (unset): held on the GPU, a launch of a kernel shape that ran a hold segment or longer gets a
+     * wait before and after it (pace.c, nvshare_pace_hold). off: segments of the mean launch only, as
+     * before (on the H200 an interactive step beside an fp32 training's GEMMs waited for two). */
+    nvshare_cfg.hold_shapes = on_off("NVSHARE_HOLD_SHAPES");
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

@@ -44,6 +44,9 @@ struct nvshare_settings {
     int corun_hold;              /* NVSHARE_CORUN_HOLD: the turn holder holds its queue on the GPU while a
                                   * co-runner's ordinary burst runs, when prompt bursts are about (burst.c,
                                   * corun_hold): 1 (on, the default), 0 (off: it runs beside it) */
+    int hold_shapes;             /* NVSHARE_HOLD_SHAPES: held on the GPU, a launch whose kernel shape ran a
+                                  * segment or longer gets waits of its own (pace.c): 1 (on, the
+                                  * default), 0 (off: segments of the mean launch only) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

@@ -159,6 +159,14 @@ struct nvshare_pace_slot {
     CUstream stream;              /* where it was recorded */
     uint32_t launches;            /* the launches it marks the end of */
     int behind;                   /* recorded while the slot before it, same stream, was still queued */
+    uintptr_t shape;              /* the shape of its one launch, measured alone (0: none) */
+};
+/* A launch's shape (its kernel at one grid and block, or a graph), and its GPU time measured alone:
+ * the longest lately (a longer one counts at once, a shorter one an eighth). Two ways per set. */
+#define NVSHARE_PACE_SHAPES 256
+struct nvshare_pace_shape {
+    uintptr_t key;                /* pace.h's nvshare_pace_shape_key(); 0: free */
+    uint64_t ns;
 };
 struct nvshare_pace_state {
     pthread_mutex_t mu;
@@ -173,6 +181,9 @@ struct nvshare_pace_state {
     uint64_t cap;                 /* the queue cap of the last paced launch (pace_wait's, for its event) */
     uint64_t cap_said;            /* the cap the log said last (and again when it moves) */
     uint32_t unwaited;            /* held on the GPU (hold.c): launches since the last wait put in */
+    int after_long;               /* held: the last launch's shape runs a segment or longer */
+    unsigned shapes_said;         /* long shapes the debug log named */
+    struct nvshare_pace_shape shapes[NVSHARE_PACE_SHAPES];
 };
 
 /* hold.c's: this process's queued work, held on the GPU while a co-runner's prompt burst runs. */

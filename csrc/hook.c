@@ -101,7 +101,9 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
  * stream would become part of the graph. The wait counts as a synchronise: uncounted, a paced
  * bursty job's waits of a sample or more read as idle to demand.c, which cut its 28 ms bursts into
  * pieces short enough to pass for prompt ones (seen on the H200). `stream`: where the work goes. */
-#define LAUNCH_WRAPPER(name, params, args, stream)                                           \
+/* key: the launch's kernel at its grid and block (a graph: its executable), which pace.c remembers the
+ * length of (nvshare_pace_shape). */
+#define LAUNCH_WRAPPER(name, params, args, stream, key)                                      \
     NVSHARE_EXPORT CUresult name params                                                      \
     {                                                                                        \
         REAL_OR_FAIL(name);                                                                  \
@@ -116,25 +118,28 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
         struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(pace_gpu_);                       \
         nvshare_tl_launch_held = 0;                                                          \
         if (paced_ == NVSHARE_PACE_HOLD)                                                     \
-            nvshare_pace_hold(pace_gpu_, stream);                                            \
+            nvshare_pace_hold(pace_gpu_, stream, key);                                       \
         nvshare_in_hook++;                                                                   \
         CUresult rc_ = nvshare_real.name args;                                               \
         nvshare_in_hook--;                                                                   \
         if (paced_ && rc_ == CUDA_SUCCESS)                                                   \
-            nvshare_pace_launched(pace_gpu_, stream);                                        \
+            nvshare_pace_launched(pace_gpu_, stream, key);                                   \
         nvshare_gate_leave(gate_gpu_);                                                       \
         return rc_;                                                                          \
     }
 /* A _ptsz entry point's NULL stream is the calling thread's own. */
 #define PT_STREAM(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
-LAUNCH_WRAPPER(cuLaunchKernel, NVP_LAUNCH, NVA_11, i)
-LAUNCH_WRAPPER(cuLaunchKernel_ptsz, NVP_LAUNCH, NVA_11, PT_STREAM(i))
-LAUNCH_WRAPPER(cuLaunchKernelEx, NVP_LAUNCH_EX, NVA_4, a ? a->hStream : NULL)
-LAUNCH_WRAPPER(cuLaunchKernelEx_ptsz, NVP_LAUNCH_EX, NVA_4, PT_STREAM(a ? a->hStream : NULL))
-LAUNCH_WRAPPER(cuLaunchCooperativeKernel, NVP_LAUNCH_COOP, NVA_10, i)
-LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP, NVA_10, PT_STREAM(i))
-LAUNCH_WRAPPER(cuGraphLaunch, NVP_GRAPH, NVA_2, b)
-LAUNCH_WRAPPER(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2, PT_STREAM(b))
+#define KERNEL_KEY nvshare_pace_shape_key((uintptr_t)a, (uint64_t)b * c * d, (uint64_t)e * f * g)
+#define EX_KEY (a ? nvshare_pace_shape_key((uintptr_t)b, (uint64_t)a->gridDimX * a->gridDimY * a->gridDimZ,  \
+                                           (uint64_t)a->blockDimX * a->blockDimY * a->blockDimZ) : 0)
+LAUNCH_WRAPPER(cuLaunchKernel, NVP_LAUNCH, NVA_11, i, KERNEL_KEY)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, NVP_LAUNCH, NVA_11, PT_STREAM(i), KERNEL_KEY)
+LAUNCH_WRAPPER(cuLaunchKernelEx, NVP_LAUNCH_EX, NVA_4, a ? a->hStream : NULL, EX_KEY)
+LAUNCH_WRAPPER(cuLaunchKernelEx_ptsz, NVP_LAUNCH_EX, NVA_4, PT_STREAM(a ? a->hStream : NULL), EX_KEY)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, NVP_LAUNCH_COOP, NVA_10, i, KERNEL_KEY)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP, NVA_10, PT_STREAM(i), KERNEL_KEY)
+LAUNCH_WRAPPER(cuGraphLaunch, NVP_GRAPH, NVA_2, b, (uintptr_t)a)
+LAUNCH_WRAPPER(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2, PT_STREAM(b), (uintptr_t)a)
 
 /* ---- peer copies ------------------------------------------------------------------------------ */
 /* A peer copy reads one GPU's memory and writes another's, whichever context is current: it runs

@@ -36,8 +36,13 @@
  * keeps its whole queue, and the GPU holds it while a prompt burst runs (hold.c). A launch then only
  * puts a wait for hold.c's word into its stream first, once the launches since the last wait add
  * up to a segment (a quarter of the cap, 0.2 to 0.5 ms; every launch while their length is
- * unknown); the events above still tell a launch's length. NVSHARE_PROMPT_HOLD=host, or a driver
- * that refuses the waits, keeps the host-side waits.
+ * unknown); the events above still tell a launch's length. A segment counts launches of their mean
+ * length, and a training's few long kernels hide among many short ones (fp32 GEMMs of 1.0-1.4 ms
+ * among elementwise kernels: a mean of 0.04-0.06 ms on the H200), so two of them could run in one
+ * segment. So the length of each launch shape (a kernel at one grid and block, a graph) is learned
+ * from events around it, and one that runs a segment or longer gets a wait before and after it
+ * (NVSHARE_HOLD_SHAPES=off: the mean only). NVSHARE_PROMPT_HOLD=host, or a driver that refuses the
+ * waits, keeps the host-side waits.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -65,6 +70,7 @@
 #define HOLD_SEG_PARTS 4
 #define HOLD_SEG_MIN_NS 200000ull
 #define HOLD_SEG_MAX_NS 500000ull
+#define SHAPES_SAID_MAX 8                 /* the debug log names this many long shapes */
 /* Co-runners' prompt bursts are "about" for a second after one was seen (the queue kept short
  * meanwhile): requests at a few per second still find every launch paced. Held on the GPU, for as
  * long as the job yields (UINT64_MAX): waits cost it about 1 % and no queue depth, and the daemon
@@ -94,6 +100,44 @@ static uint64_t hold_segment(uint64_t cap)
 }
 
 static unsigned slot_at(const struct nvshare_pace_state *p, unsigned i) { return (p->head + i) % NVSHARE_PACE_RING; }
+
+/* The table's entry of a shape, or NULL; with `make`, the entry it gets (the other way of its set
+ * is kept: the one looked at or measured last). */
+static struct nvshare_pace_shape *shape_entry(struct nvshare_pace_state *p, uintptr_t key, int make)
+{
+    uint64_t h = (uint64_t)key * 0x9e3779b97f4a7c15ull;
+    unsigned i = (unsigned)(h >> 40) % (NVSHARE_PACE_SHAPES / 2) * 2;
+    struct nvshare_pace_shape *a = &p->shapes[i], *b = &p->shapes[i + 1];
+    if (a->key == key || b->key == key) {
+        struct nvshare_pace_shape *hit = a->key == key ? a : b;
+        if (hit == b) {   /* the way looked at last goes first: the other is the next to go */
+            struct nvshare_pace_shape t = *a;
+            *a = *b;
+            *b = t;
+        }
+        return a;
+    }
+    if (!make)
+        return NULL;
+    *b = *a;
+    a->key = key;
+    a->ns = 0;
+    return a;
+}
+
+/* Measured alone: one launch of `key` took ns on the GPU. */
+static void shape_measured(struct nvshare_pace_state *p, uintptr_t key, uint64_t ns)
+{
+    struct nvshare_pace_shape *e = shape_entry(p, key, 1);
+    uint64_t seg = hold_segment(p->cap);
+    if (e->ns < seg && ns >= seg && p->shapes_said < SHAPES_SAID_MAX) {
+        p->shapes_said++;
+        nvshare_debug("a launch shape runs %.2f ms on the GPU, a segment %.2f ms: held, a wait goes before "
+                      "and after each of its launches%s", ns / 1e6, seg / 1e6,
+                      p->shapes_said == SHAPES_SAID_MAX ? " (said of no more shapes)" : "");
+    }
+    e->ns = !e->ns || ns > e->ns ? ns : (e->ns * (PACE_MEAN_WEIGHT - 1) + ns) / PACE_MEAN_WEIGHT;
+}
 
 /* The GPU time of the launches not seen done yet (marked by events, and those since); for a
  * co-runner, less the one that runs. With the length of a launch unknown, each counts half the cap. */
@@ -125,6 +169,8 @@ static void forget_done(struct nvshare_pace_state *p)
                 uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
                 p->launch_ns = p->launch_ns ? (p->launch_ns * (PACE_MEAN_WEIGHT - 1) + each) / PACE_MEAN_WEIGHT
                                             : each;
+                if (s->shape && s->launches == 1)
+                    shape_measured(p, s->shape, each);
             }
         }
         if (rc != CUDA_SUCCESS)
@@ -221,21 +267,69 @@ static int same_context(struct nvshare_pace_state *p)
     return 1;
 }
 
-void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream)
+/* With mu held, in the paced context: an event after the launches not marked yet, the last of
+ * them alone of `shape` (0: several, or not to be measured). */
+static void mark(struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
+{
+    if (p->n == NVSHARE_PACE_RING)
+        return;   /* every slot waits (only with more threads than the cap lets through) */
+    unsigned i = slot_at(p, p->n);
+    struct nvshare_pace_slot *s = &p->ring[i];
+    if (!s->ev && nvshare_real.cuEventCreate(&s->ev, 0) != CUDA_SUCCESS) {
+        s->ev = NULL;
+        return;
+    }
+    if ((int)i == p->last_done)
+        p->last_done = -1;   /* its event is recorded again */
+    if (nvshare_real.cuEventRecord(s->ev, stream) != CUDA_SUCCESS)
+        return;
+    struct nvshare_pace_slot *before = p->n ? &p->ring[slot_at(p, p->n - 1)] : NULL;
+    s->stream = stream;
+    s->launches = p->unmarked;
+    s->behind = before && before->stream == stream;
+    s->shape = shape;
+    p->unmarked = 0;
+    p->n++;
+}
+
+/* Held: how this thread's launch between nvshare_pace_hold() and nvshare_pace_launched() is to be
+ * measured and waited around. */
+enum { SHAPE_SHORT = 0, SHAPE_UNKNOWN = 1, SHAPE_LONG = 2 };
+static __thread int launch_shape_tl;
+
+/* A segment holds launches of their mean length; a launch of a shape that ran a segment or longer
+ * (a GEMM among elementwise kernels) gets a wait before it and one after: a prompt burst then waits
+ * for that one kernel at most, where two of them could run in one segment (on the H200 an
+ * interactive step beside an fp32 training's 1.4 ms GEMMs waited up to 3.7 ms more than alone). A
+ * shape not measured yet, or a long one, is measured alone (an event before it and after it). */
+void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
 {
     struct nvshare_pace_state *p = &g->pace;
     pthread_mutex_lock(&p->mu);
-    uint64_t each = p->launch_ns;
-    if (!each || (uint64_t)p->unwaited * each >= hold_segment(p->cap)) {
+    uint64_t each = p->launch_ns, seg = hold_segment(p->cap);
+    shape = nvshare_cfg.hold_shapes ? shape : 0;
+    struct nvshare_pace_shape *e = shape ? shape_entry(p, shape, 0) : NULL;
+    int kind = !shape ? SHAPE_SHORT : !e || !e->ns ? SHAPE_UNKNOWN : e->ns >= seg ? SHAPE_LONG : SHAPE_SHORT;
+    launch_shape_tl = kind;
+    if (!each || kind == SHAPE_LONG || p->after_long || (uint64_t)p->unwaited * each >= seg) {
         if (nvshare_hold_wait(g, stream))
             p->unwaited = 0;
+    }
+    p->after_long = kind == SHAPE_LONG;
+    if (kind != SHAPE_SHORT && p->unmarked) {
+        nvshare_in_hook++;
+        if (same_context(p))
+            mark(p, stream, 0);   /* the launches before it: it is measured alone */
+        nvshare_in_hook--;
     }
     pthread_mutex_unlock(&p->mu);
 }
 
-void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
 {
     struct nvshare_pace_state *p = &g->pace;
+    int kind = launch_shape_tl;
+    launch_shape_tl = SHAPE_SHORT;
     pthread_mutex_lock(&p->mu);
     nvshare_in_hook++;
     p->unwaited++;
@@ -243,26 +337,9 @@ void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
         goto out;
     p->unmarked++;
     uint64_t each = p->launch_ns;
-    if (each && p->unmarked * each < p->cap / PACE_MARK_PARTS)
+    if (kind == SHAPE_SHORT && each && p->unmarked * each < p->cap / PACE_MARK_PARTS)
         goto out;   /* short launches: one event marks several */
-    if (p->n == NVSHARE_PACE_RING)
-        goto out;   /* every slot waits (only with more threads than the cap lets through) */
-    unsigned i = slot_at(p, p->n);
-    struct nvshare_pace_slot *s = &p->ring[i];
-    if (!s->ev && nvshare_real.cuEventCreate(&s->ev, 0) != CUDA_SUCCESS) {
-        s->ev = NULL;
-        goto out;
-    }
-    if ((int)i == p->last_done)
-        p->last_done = -1;   /* its event is recorded again */
-    if (nvshare_real.cuEventRecord(s->ev, stream) != CUDA_SUCCESS)
-        goto out;
-    struct nvshare_pace_slot *before = p->n ? &p->ring[slot_at(p, p->n - 1)] : NULL;
-    s->stream = stream;
-    s->launches = p->unmarked;
-    s->behind = before && before->stream == stream;
-    p->unmarked = 0;
-    p->n++;
+    mark(p, stream, kind != SHAPE_SHORT && p->unmarked == 1 ? shape : 0);
 out:
     nvshare_in_hook--;
     pthread_mutex_unlock(&p->mu);

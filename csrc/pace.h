@@ -26,12 +26,20 @@ static inline int nvshare_pace_due(struct nvshare_gpu *g)
  * synchronise (waiting for its own work: busy, for demand.c). */
 enum { NVSHARE_PACE_HOST = 1, NVSHARE_PACE_HOLD = 2 };
 int nvshare_pace_wait(struct nvshare_gpu *g);
-/* A launch whose work the GPU holds goes into `stream`: a wait goes in before it when the launches
- * since the last add up to a segment. */
-void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream);
-/* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the
- * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
-void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);
+/* A launch's shape: its kernel (fn) at a grid and block of that many threads; a graph launch passes
+ * its executable as fn. Never 0. */
+static inline uintptr_t nvshare_pace_shape_key(uintptr_t fn, uint64_t grid, uint64_t block)
+{
+    uintptr_t key = fn ^ (uintptr_t)(grid * 0x9e3779b97f4a7c15ull) ^ (uintptr_t)(block << 40);
+    return key ? key : 1;
+}
+/* A launch of `shape` (0: unknown) whose work the GPU holds goes into `stream`: a wait goes in
+ * before it when the launches since the last add up to a segment, or when its shape or the last
+ * launch's ran a segment or longer. */
+void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape);
+/* A paced launch of `shape` was made on `stream` (as the launch named it: NULL is the legacy stream,
+ * or the thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream, uintptr_t shape);
 void nvshare_pace_after_fork(void);
 
 #pragma GCC visibility pop

@@ -928,6 +928,24 @@ static void run(char *action)
                 usleep((useconds_t)pause_ms * 1000);
         }
         printf("train ok\n");
+    } else if (strcmp(action, "mixtrain") == 0) {
+        /* mixtrain:SHORT_US:K:LONG_US:L:N: N steps of K short kernels then L long ones, launched at
+         * once, one synchronise: a training whose few long kernels (GEMMs) hide among many short ones
+         * (elementwise). The long ones are launched with a grid of 2 blocks, the short with 1: one
+         * kernel at two shapes, as cuBLAS's kernels run at several. */
+        unsigned long long us = 20, long_us = 2000;
+        int k = 1, l = 1, steps = 1;
+        sscanf(arg, "%llu:%d:%llu:%d:%d", &us, &k, &long_us, &l, &steps);
+        CUfunction f = sleep_fn();
+        for (int i = 0; i < steps; i++) {
+            for (int j = 0; j < k + l; j++) {
+                unsigned long long t = j < k ? us : long_us;
+                void *params[] = {&t};
+                check("cuLaunchKernel", api.cuLaunchKernel(f, j < k ? 1 : 2, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+            }
+            check("cuCtxSynchronize", api.cuCtxSynchronize());
+        }
+        printf("mixtrain ok\n");
     } else if (strcmp(action, "sync") == 0) {
         check("cuCtxSynchronize", api.cuCtxSynchronize());
         printf("sync ok\n");
