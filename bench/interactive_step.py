@@ -42,14 +42,13 @@ import pwd
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import WORKLOADS, percentile  # noqa: E402
-from slurm_node import OneNodeSlurm, tail  # noqa: E402
+from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = Path("/tmp/nvshare-step")    # short: munged's socket path must fit a sockaddr_un
@@ -66,16 +65,6 @@ SAY_ENV = ('echo "step-env user=$(id -un) job=${SLURM_JOB_ID:-} LD_PRELOAD=${LD_
 
 def say(text: str) -> None:
     print(f"interactive-step: {text}", flush=True)
-
-
-class Checks:
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def __call__(self, part: str, name: str, ok, detail: str = "") -> bool:
-        self.rows.append({"part": part, "check": name, "ok": bool(ok), "detail": detail})
-        print(f"  {'PASS' if ok else 'FAIL'}  ({part}) {name}{': ' + detail if detail else ''}", flush=True)
-        return bool(ok)
 
 
 def user_env(user: str) -> dict:
@@ -432,12 +421,7 @@ def main() -> int:
         check("-", "the run went to its end", False, str(exc)[:2000])
     finally:
         cluster.stop()
-        with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
-            for path in sorted(BASE.rglob("*")):
-                rel = path.relative_to(BASE)
-                if path.is_file() and path.suffix not in (".sock", ".key", ".seed") \
-                        and rel.parts[0] not in ("state", "spool") and ".cache" not in rel.parts:
-                    tar.add(path, arcname=str(rel))
+        write_logs(BASE, args.out / "logs.tar.gz")
     report["passed"] = bool(report["checks"]) and all(c["ok"] for c in report["checks"])
     (args.out / "result.json").write_text(json.dumps(report, indent=1))
     (args.out / "results.md").write_text(markdown(report))

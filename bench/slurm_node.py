@@ -1,8 +1,10 @@
 """A one-node Slurm cluster on this host with an nvshare-scheduler, for scripts that run real jobs
-through sbatch (bench/two_gpu_proof.py): Slurm installed in / or unpacked under a root
-(../shared/tools/gpu-machine-slurm.sh, as scripts/demo.sh uses it), nvshare-slurm run as
-`python -m nvshare_slurm.<module>` from the caller's PYTHONPATH. Every wait is bounded and names what
-it waited for; a daemon that exits meanwhile is reported with the end of its output."""
+through sbatch and srun (bench/two_gpu_proof.py, bench/interactive_step.py): Slurm installed in / or
+unpacked under a root (../shared/tools/gpu-machine-slurm.sh, as scripts/demo.sh uses it),
+nvshare-slurm run as `python -m nvshare_slurm.<module>` from the caller's PYTHONPATH. Every wait is
+bounded and names what it waited for; a daemon that exits meanwhile is reported with the end of its
+output. Also what those scripts share: their checks (Checks) and the tarball of the cluster's logs
+(write_logs)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -145,3 +148,31 @@ def stop_leftovers(pidfiles) -> None:
 
 def tail(path: Path, n: int = 2000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} missing)"
+
+
+class Checks:
+    """A proof script's checks: each printed as it is made, kept as rows for its report (ok None:
+    skipped, with why)."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def __call__(self, part: str, name: str, ok, detail: str = "") -> bool:
+        self.rows.append({"part": part, "check": name, "ok": bool(ok), "detail": detail})
+        print(f"  {'PASS' if ok else 'FAIL'}  ({part}) {name}{': ' + detail if detail else ''}", flush=True)
+        return bool(ok)
+
+    def skip(self, part: str, name: str, why: str) -> None:
+        self.rows.append({"part": part, "check": name, "ok": None, "detail": why})
+        print(f"  SKIP  ({part}) {name}: {why}", flush=True)
+
+
+def write_logs(base: Path, out: Path) -> None:
+    """The cluster folder's files into the tarball `out`: slurm.conf, nvshare.yaml, the daemons'
+    logs, the jobs' output; not sockets, keys, Slurm's state and spool, or the jobs' caches."""
+    with tarfile.open(out, "w:gz") as tar:
+        for path in sorted(base.rglob("*")):
+            rel = path.relative_to(base)
+            if path.is_file() and path.suffix not in (".sock", ".key", ".seed") \
+                    and rel.parts[0] not in ("state", "spool") and ".cache" not in rel.parts:
+                tar.add(path, arcname=str(rel))

@@ -31,14 +31,13 @@ import json
 import os
 import re
 import sys
-import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lock_timeline import gang_together, overlaps, switches, timeline_text, turns_from_log  # noqa: E402
-from slurm_node import OneNodeSlurm, tail  # noqa: E402
+from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = Path("/tmp/nvshare-2gpu")    # short: munged's socket path must fit a sockaddr_un
@@ -170,21 +169,6 @@ class Jobs:
 
 
 # ---- the proof ---------------------------------------------------------------------------------
-
-class Checks:
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def __call__(self, part: str, name: str, ok, detail: str = "") -> bool:
-        self.rows.append({"part": part, "check": name, "ok": bool(ok), "detail": detail})
-        print(f"  {'PASS' if ok else 'FAIL'}  ({part}) {name}{': ' + detail if detail else ''}",
-              flush=True)
-        return bool(ok)
-
-    def skip(self, part: str, name: str, why: str) -> None:
-        self.rows.append({"part": part, "check": name, "ok": None, "detail": why})
-        print(f"  SKIP  ({part}) {name}: {why}", flush=True)
-
 
 def seconds(rec: dict) -> float | None:
     res = rec.get("result")
@@ -453,12 +437,7 @@ def main() -> int:
         report.setdefault("jobs", {})
     finally:
         cluster.stop()
-        with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
-            for path in sorted(BASE.rglob("*")):
-                if path.is_file() and path.suffix not in (".sock", ".key", ".seed") \
-                        and "state" not in path.relative_to(BASE).parts[:1] \
-                        and "spool" not in path.relative_to(BASE).parts[:1]:
-                    tar.add(path, arcname=str(path.relative_to(BASE)))
+        write_logs(BASE, args.out / "logs.tar.gz")
     report["passed"] = bool(report["checks"]) and all(c["ok"] is not False for c in report["checks"])
     (args.out / "result.json").write_text(json.dumps(report, indent=1))
     (args.out / "results.md").write_text(markdown(report))

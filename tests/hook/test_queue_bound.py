@@ -194,10 +194,7 @@ def test_an_interactive_step_a_second_apart_finds_the_holders_queue_held(hook_li
     trace = tmp_path / "trace"
     holder = start(scheduler, hook_lib, procs, trace, 1, "train:500:40:750:0:0",
                    {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {})
-    probe = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", "burst:1000:11:1200"],
-                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug",
-                              FAKE_CUDA_TRACE_LAUNCH="1"))
-    procs.append(probe)
+    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:1000:11:1200", delay_ms=150)
     finish(probe, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
@@ -240,10 +237,7 @@ def test_a_long_kernel_among_short_ones_gets_a_wait_of_its_own(hook_lib, schedul
     trace = tmp_path / "trace"
     holder = start(scheduler, hook_lib, procs, trace, 1, "mixtrain:20:60:2000:2:700",
                    {"NVSHARE_HOLD_SHAPES": "off"} if shapes == "off" else {})
-    probe = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", "burst:2500:16:230"],
-                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug",
-                              FAKE_CUDA_TRACE_LAUNCH="1"))
-    procs.append(probe)
+    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:2500:16:230", delay_ms=150)
     finish(probe, timeout=90)
     finish(holder, timeout=120)
     launches = read_launches(trace)
