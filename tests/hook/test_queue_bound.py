@@ -39,6 +39,19 @@ def start(scheduler, hook_lib, procs, trace, job: int, action: str, env: dict | 
     return proc
 
 
+def holder_and_step(scheduler, hook_lib, procs, tmp_path, action: str, env: dict, commands: str):
+    """A holder (job 1: nvtest `action`, with `env`) and an interactive step beside it (job 2: the
+    nvtest `burst` commands, from 150 ms on), both run to their end: the two processes, the trace's
+    launches and the step's kernels' starts."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, action, env)
+    probe = start(scheduler, hook_lib, procs, trace, 2, commands, delay_ms=150)
+    finish(probe, timeout=90)
+    finish(holder, timeout=120)
+    launches = read_launches(trace)
+    return holder, probe, launches, sorted(r[2] for r in launches if r[0] == probe.pid)
+
+
 def request_starts(launches, pid: int) -> list[int]:
     """The start of each request's first kernel: launched after the one before it had ended."""
     rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])
@@ -191,14 +204,9 @@ def test_an_interactive_step_a_second_apart_finds_the_holders_queue_held(hook_li
     (they cost no queue depth), and the GPU holds the queue behind the kernel under way."""
     from test_prompt import holder_backlog_ms
 
-    trace = tmp_path / "trace"
-    holder = start(scheduler, hook_lib, procs, trace, 1, "train:500:40:750:0:0",
-                   {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {})
-    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:1000:11:1200", delay_ms=150)
-    finish(probe, timeout=90)
-    finish(holder, timeout=90)
-    launches = read_launches(trace)
-    starts = sorted(r[2] for r in launches if r[0] == probe.pid)
+    holder, probe, launches, starts = holder_and_step(
+        scheduler, hook_lib, procs, tmp_path, "train:500:40:750:0:0",
+        {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {}, "burst:1000:11:1200")
     # From the sixth command on: the first four make its class (prompt from the fifth).
     backlog = holder_backlog_ms(launches, holder.pid, probe.pid, starts[4] + 1)
     print(f"{how}: the holder's work that runs on at {len(backlog)} commands' starts: "
@@ -234,14 +242,9 @@ def test_a_long_kernel_among_short_ones_gets_a_wait_of_its_own(hook_lib, schedul
     holder's long kernels begins while a prompt kernel runs (the fake driver runs them side by side).
     On the last main 2 and 4 of 11 did, in two runs. NVSHARE_HOLD_SHAPES=off keeps segments of the
     mean launch only (the rule before): the long shape is neither measured nor said."""
-    trace = tmp_path / "trace"
-    holder = start(scheduler, hook_lib, procs, trace, 1, "mixtrain:20:60:2000:2:700",
-                   {"NVSHARE_HOLD_SHAPES": "off"} if shapes == "off" else {})
-    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:2500:16:230", delay_ms=150)
-    finish(probe, timeout=90)
-    finish(holder, timeout=120)
-    launches = read_launches(trace)
-    starts = sorted(r[2] for r in launches if r[0] == probe.pid)
+    holder, probe, launches, starts = holder_and_step(
+        scheduler, hook_lib, procs, tmp_path, "mixtrain:20:60:2000:2:700",
+        {"NVSHARE_HOLD_SHAPES": "off"} if shapes == "off" else {}, "burst:2500:16:230")
     # From the sixth command on (the first four make its class), while the holder still runs.
     last = max(r[3] for r in launches if r[0] == holder.pid)
     inside = long_begun_inside(launches, holder.pid, probe.pid, starts[4] + 1, 400_000, 1_500_000)
