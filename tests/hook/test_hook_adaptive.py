@@ -81,7 +81,11 @@ def test_two_overlapping_bursty_clients_take_turns_burst_by_burst(hook_lib, sche
     bad = overlaps(rows, GPU0)
     late = [(a, b) for a, b in bad if b[2] > start + 150_000_000]
     print(f"{len(bad)} overlaps, {len(late)} after the first 150 ms")
-    assert len(late) <= 8 and len(bad) <= 12, bad[:8]
+    # Once in CI (357bba2) the pair did not take turns at all (101 late overlaps): what each job
+    # said of its grants and bursts comes with a failure.
+    said = "\n".join(line for proc in procs for line in proc.stderr_text.splitlines()
+                     if any(w in line for w in ("granted", "burst", "yield", "prompt", "held")))
+    assert len(late) <= 8 and len(bad) <= 12, (bad[:8], said[-6000:])
     assert max(spans) / min(spans) <= 1.15, spans
     assert makespan <= 1.10 * needed, (makespan, needed)
     for proc in procs:
