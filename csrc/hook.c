@@ -102,7 +102,7 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
  * bursty job's waits of a sample or more read as idle to demand.c, which cut its 28 ms bursts into
  * pieces short enough to pass for prompt ones (seen on the H200). `stream`: where the work goes. */
 /* key: the launch's kernel at its grid and block (a graph: its executable), which pace.c remembers the
- * length of (nvshare_pace_shape). */
+ * length of (nvshare_pace_shape); computed only for a launch held on the GPU. */
 #define LAUNCH_WRAPPER(name, params, args, stream, key)                                      \
     NVSHARE_EXPORT CUresult name params                                                      \
     {                                                                                        \
@@ -123,7 +123,7 @@ NVSHARE_SYMBOLS(NVSHARE_GATE_WRAPPER, NVSHARE_NO_WRAPPER)
         CUresult rc_ = nvshare_real.name args;                                               \
         nvshare_in_hook--;                                                                   \
         if (paced_ && rc_ == CUDA_SUCCESS)                                                   \
-            nvshare_pace_launched(pace_gpu_, stream, key);                                   \
+            nvshare_pace_launched(pace_gpu_, stream);                                        \
         nvshare_gate_leave(gate_gpu_);                                                       \
         return rc_;                                                                          \
     }

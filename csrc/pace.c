@@ -101,6 +101,12 @@ static uint64_t hold_segment(uint64_t cap)
 
 static unsigned slot_at(const struct nvshare_pace_state *p, unsigned i) { return (p->head + i) % NVSHARE_PACE_RING; }
 
+/* A running mean with x in it (x itself while there is none). */
+static uint64_t mean_with(uint64_t mean, uint64_t x)
+{
+    return mean ? (mean * (PACE_MEAN_WEIGHT - 1) + x) / PACE_MEAN_WEIGHT : x;
+}
+
 /* The table's entry of a shape, or NULL; with `make`, the entry it gets (the other way of its set
  * is kept: the one looked at or measured last). */
 static struct nvshare_pace_shape *shape_entry(struct nvshare_pace_state *p, uintptr_t key, int make)
@@ -136,7 +142,7 @@ static void shape_measured(struct nvshare_pace_state *p, uintptr_t key, uint64_t
                       "and after each of its launches%s", ns / 1e6, seg / 1e6,
                       p->shapes_said == SHAPES_SAID_MAX ? " (said of no more shapes)" : "");
     }
-    e->ns = !e->ns || ns > e->ns ? ns : (e->ns * (PACE_MEAN_WEIGHT - 1) + ns) / PACE_MEAN_WEIGHT;
+    e->ns = ns > e->ns ? ns : mean_with(e->ns, ns);
 }
 
 /* The GPU time of the launches not seen done yet (marked by events, and those since); for a
@@ -167,8 +173,7 @@ static void forget_done(struct nvshare_pace_state *p)
             float ms = 0;
             if (nvshare_real.cuEventElapsedTime(&ms, p->ring[prev].ev, s->ev) == CUDA_SUCCESS && ms > 0) {
                 uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
-                p->launch_ns = p->launch_ns ? (p->launch_ns * (PACE_MEAN_WEIGHT - 1) + each) / PACE_MEAN_WEIGHT
-                                            : each;
+                p->launch_ns = mean_with(p->launch_ns, each);
                 if (s->shape && s->launches == 1)
                     shape_measured(p, s->shape, each);
             }
@@ -292,10 +297,10 @@ static void mark(struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
     p->n++;
 }
 
-/* Held: how this thread's launch between nvshare_pace_hold() and nvshare_pace_launched() is to be
- * measured and waited around. */
+/* Held: this thread's launch between nvshare_pace_hold() and nvshare_pace_launched(), its shape and
+ * how it is to be measured and waited around (host waits: none, a short one). */
 enum { SHAPE_SHORT = 0, SHAPE_UNKNOWN = 1, SHAPE_LONG = 2 };
-static __thread int launch_shape_tl;
+static __thread struct { uintptr_t shape; int kind; } launch_tl;
 
 /* A segment holds launches of their mean length; a launch of a shape that ran a segment or longer
  * (a GEMM among elementwise kernels) gets a wait before it and one after: a prompt burst then waits
@@ -310,7 +315,8 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     shape = nvshare_cfg.hold_shapes ? shape : 0;
     struct nvshare_pace_shape *e = shape ? shape_entry(p, shape, 0) : NULL;
     int kind = !shape ? SHAPE_SHORT : !e || !e->ns ? SHAPE_UNKNOWN : e->ns >= seg ? SHAPE_LONG : SHAPE_SHORT;
-    launch_shape_tl = kind;
+    launch_tl.shape = shape;
+    launch_tl.kind = kind;
     if (!each || kind == SHAPE_LONG || p->after_long || (uint64_t)p->unwaited * each >= seg) {
         if (nvshare_hold_wait(g, stream))
             p->unwaited = 0;
@@ -325,11 +331,13 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     pthread_mutex_unlock(&p->mu);
 }
 
-void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
 {
     struct nvshare_pace_state *p = &g->pace;
-    int kind = launch_shape_tl;
-    launch_shape_tl = SHAPE_SHORT;
+    uintptr_t shape = launch_tl.shape;
+    int kind = launch_tl.kind;
+    launch_tl.shape = 0;
+    launch_tl.kind = SHAPE_SHORT;
     pthread_mutex_lock(&p->mu);
     nvshare_in_hook++;
     p->unwaited++;

@@ -37,9 +37,10 @@ static inline uintptr_t nvshare_pace_shape_key(uintptr_t fn, uint64_t grid, uint
  * before it when the launches since the last add up to a segment, or when its shape or the last
  * launch's ran a segment or longer. */
 void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape);
-/* A paced launch of `shape` was made on `stream` (as the launch named it: NULL is the legacy stream,
- * or the thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead). */
-void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream, uintptr_t shape);
+/* A paced launch was made on `stream` (as the launch named it: NULL is the legacy stream, or the
+ * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead); held, its shape
+ * is the one nvshare_pace_hold() was given. */
+void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);
 void nvshare_pace_after_fork(void);
 
 #pragma GCC visibility pop
