@@ -96,7 +96,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_family import BURST, SMOKE_UUID, build_burst, burst_env, svg  # noqa: E402
-from gpu_bench import (CPU_TRAIN_ARGS, TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info,  # noqa: E402
+from gpu_bench import (CPU_TRAIN_ARGS, PROBE_SLACK_MS, TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info,  # noqa: E402
                        kill_running, percentile, run_jobs, sigterm_interrupts)
 
 KINDS = {   # kind: (gpu ms per step, host ms, timed: a window of seconds rather than steps)
@@ -115,7 +115,6 @@ TRAIN_SLACK_S = 4.0                 # the training runs the window and this much
 WAIT_TIMEOUT_S = 20.0               # the server waits at most this long for the training's 10 steps
 P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare p99 over alone, at most
 P99_TARGET_BESIDE_ONE = 1.2   # issue 42: a server beside one training (serve2's too), at most
-PROBE_SLACK_MS = 1.0          # issue 42: an interactive step's p99 within this of its p99 alone
 TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
 NEEDS_TORCH = "not run: needs torch"
 MIXES = {"serve2": ["compute", "serve"],

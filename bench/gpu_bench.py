@@ -97,6 +97,9 @@ def log(msg: str) -> None:
     print(f"gpu_bench: {msg}", flush=True)
 
 
+PROBE_SLACK_MS = 1.0   # issue 42: an interactive step's p99 within this of its p99 alone
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]

@@ -47,14 +47,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import WORKLOADS, percentile  # noqa: E402
+from bench_mixes import steps_per_s  # noqa: E402
+from gpu_bench import PROBE_SLACK_MS, WORKLOADS, percentile  # noqa: E402
 from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = Path("/tmp/nvshare-step")    # short: munged's socket path must fit a sockaddr_un
 BURST = REPO / "bench" / "build" / "burst"
 FAKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
-SLACK_MS = 1.0          # issue 42: an interactive step's p99 within this of its p99 alone
 TRAIN_SLACK_S = 10.0    # the training runs this much longer than the step's window
 WARM_STEPS = 3          # alone: the training's steps/s after these
 # What each job says first, parsed by given(): who ran it, its job and what the hook gave it.
@@ -124,11 +124,10 @@ exec {probe}
 
 
 class Runner:
-    def __init__(self, args, cluster: OneNodeSlurm):
-        self.args, self.c = args, cluster
+    def __init__(self, args, cluster: OneNodeSlurm, parts: dict):
+        self.args, self.c, self.parts = args, cluster, parts
         train, probe = payloads(args)
         self.train_sh, self.step_sh = job_script(train), step_script(probe)
-        self.parts: dict = {}
         self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
         if args.fake:
             self.env.update(LD_LIBRARY_PATH=f"{REPO}/tests/c/build", FAKE_CUDA_DEVICES=f"{FAKE_UUID}:16G")
@@ -151,17 +150,13 @@ class Runner:
         say(f"submitted {name} as {self.args.train_user}: job {job}")
         return job
 
-    def state(self, job: str) -> dict:
-        out = self.c.run("scontrol", "show", "job", "-o", job).stdout
-        return dict(f.split("=", 1) for f in out.split() if "=" in f)
-
     def wait_stepping(self, job: str) -> None:
         """Until the training has made steps (train.py's progress file; burst: a second running)."""
         deadline = time.monotonic() + self.args.job_timeout
         progress = self.c.jobs / f"progress-{job}"
         running_since = None
         while time.monotonic() < deadline:
-            st = self.state(job).get("JobState")
+            st = self.c.job_state(job).get("JobState")
             if st not in ("PENDING", "RUNNING", "CONFIGURING"):
                 raise RuntimeError(f"the training (job {job}) ended before the step: {st}\n"
                                    f"{tail(self.c.jobs / f'slurm-{job}.out')}")
@@ -178,7 +173,7 @@ class Runner:
         deadline = time.monotonic() + self.args.job_timeout
         st: dict = {}
         while time.monotonic() < deadline:
-            st = self.state(job)
+            st = self.c.job_state(job)
             if st.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
                 break
             time.sleep(0.5)
@@ -230,25 +225,27 @@ def train_rate(result: dict | None, window: list[float] | None) -> tuple[float |
         t0, t1 = ends[WARM_STEPS], ends[-1]
     else:
         t0, t1 = window
-    n = sum(1 for t in ends if t0 < t <= t1)
-    return (n / (t1 - t0) if t1 > t0 else None), n
+    return steps_per_s(ends, t0, t1)
+
+
+def check_given(check: Checks, part: str, what: str, env: dict, user: str) -> None:
+    """What a job said first (SAY_ENV): it ran as `user`, under the hook."""
+    check(part, f"{what} ran as {user}", env.get("user") == user, env.get("user", "?"))
+    check(part, f"{what} ran under the hook", "libnvshare.so" in env.get("LD_PRELOAD", ""),
+          env.get("LD_PRELOAD") or "LD_PRELOAD unset")
 
 
 def check_job(check: Checks, part: str, what: str, rec: dict, user: str) -> None:
     ok = rec["state"] == "COMPLETED" and rec["exit"] == "0:0"
     check(part, f"{what} (job {rec['job']}) completed with exit 0", ok,
           f"{rec['state']} {rec['exit']}" + ("" if ok else "\n" + rec["output_tail"][-600:]))
-    check(part, f"{what} ran as {user}", rec["env"].get("user") == user, rec["env"].get("user", "?"))
-    check(part, f"{what} ran under the hook", "libnvshare.so" in rec["env"].get("LD_PRELOAD", ""),
-          rec["env"].get("LD_PRELOAD") or "LD_PRELOAD unset")
+    check_given(check, part, what, rec["env"], user)
 
 
 def check_step(check: Checks, part: str, rec: dict, user: str, args) -> None:
     check(part, "the srun step exited 0", rec["exit"] == 0, f"exit {rec['exit']}: {rec['stderr_tail'][-400:]}"
           if rec["exit"] else "")
-    check(part, f"the srun step ran as {user}", rec["env"].get("user") == user, rec["env"].get("user", "?"))
-    check(part, "the srun step ran under the hook", "libnvshare.so" in rec["env"].get("LD_PRELOAD", ""),
-          rec["env"].get("LD_PRELOAD") or "LD_PRELOAD unset")
+    check_given(check, part, "the srun step", rec["env"], user)
     want = max(2, int(args.seconds / (args.every + 0.05) * 0.7))
     check(part, f"the step made its commands (at least {want})", rec.get("commands", 0) >= want,
           f"{rec.get('commands', 0)} commands")
@@ -256,8 +253,7 @@ def check_step(check: Checks, part: str, rec: dict, user: str, args) -> None:
 
 def run(args, cluster: OneNodeSlurm, check: Checks, parts: dict) -> dict:
     """Parts (a), (b), (c) and with --variant (d) into parts, their checks into check; the figures."""
-    r = Runner(args, cluster)
-    r.parts = parts
+    r = Runner(args, cluster, parts)
     say("(a) the step alone")
     parts["a"] = alone = r.step("step-alone")
     check_step(check, "a", alone, args.step_user, args)
@@ -305,8 +301,8 @@ def together(r: Runner, check: Checks, part: str, extra: dict, alone: dict, trai
                "train_alone_steps_per_s": train_alone.get("steps_per_s"),
                "train_shared_steps_per_s": train_shared.get("steps_per_s")}
     if figures["alone_p99_ms"] is not None and figures["shared_p99_ms"] is not None:
-        met = figures["shared_p99_ms"] <= figures["alone_p99_ms"] + SLACK_MS
-        figures["target"] = (f"{'met' if met else 'missed'} (the step's p99 within {SLACK_MS:g} ms of "
+        met = figures["shared_p99_ms"] <= figures["alone_p99_ms"] + PROBE_SLACK_MS
+        figures["target"] = (f"{'met' if met else 'missed'} (the step's p99 within {PROBE_SLACK_MS:g} ms of "
                              f"alone: {figures['shared_p99_ms']:.2f} against {figures['alone_p99_ms']:.2f})")
     if figures["train_alone_steps_per_s"] and figures["train_shared_steps_per_s"]:
         figures["train_over_alone"] = figures["train_shared_steps_per_s"] / figures["train_alone_steps_per_s"]

@@ -114,6 +114,11 @@ class OneNodeSlurm:
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 124, "", f"{cmd} timed out")
 
+    def job_state(self, job: str) -> dict:
+        """`scontrol show job -o`'s fields of a job ({} once Slurm has forgotten it)."""
+        out = self.run("scontrol", "show", "job", "-o", job).stdout
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
     def stop(self) -> None:
         if self.procs:
             self.run("scancel", "--full", "-u", "root", timeout=10)

@@ -123,16 +123,12 @@ class Jobs:
         say(f"submitted {name}: job {job} (--gres=nvshare:{nproc})")
         return job
 
-    def state(self, job: str) -> dict:
-        out = self.c.run("scontrol", "show", "job", "-o", job).stdout
-        return dict(f.split("=", 1) for f in out.split() if "=" in f)
-
     def wait(self, *jobs: str) -> None:
         deadline = time.monotonic() + self.timeout
         pending = set(jobs)
         while pending and time.monotonic() < deadline:
             for job in list(pending):
-                if self.state(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING",
+                if self.c.job_state(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING",
                                                            "COMPLETING", None):
                     pending.discard(job)
             time.sleep(0.5)
@@ -149,13 +145,13 @@ class Jobs:
         while time.monotonic() < deadline:
             if f"job {job}: registered" in tail(self.c.sched_log, 10**9):
                 return
-            if self.state(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            if self.c.job_state(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
                 return
             time.sleep(0.2)
         say(f"job {job} was not registered within {timeout:.0f} s; going on")
 
     def collect(self, job: str) -> dict:
-        rec, st = self.records[job], self.state(job)
+        rec, st = self.records[job], self.c.job_state(job)
         rec.update(state=st.get("JobState", "?"), exit=st.get("ExitCode", "?"))
         text = tail(self.c.jobs / f"slurm-{job}.out", 10**7)
         env = dict(re.findall(r"\b(\w+)=(\S*)", "\n".join(
