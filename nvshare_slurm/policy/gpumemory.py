@@ -141,6 +141,7 @@ class GpuMemory:
     prefetching: dict[int, _Prefetch] = field(default_factory=dict)
     prefetch_stalled: set[int] = field(default_factory=set)
     prefetch_fruitless: dict[int, int] = field(default_factory=dict)   # client -> the offer
+    prefetch_offered: set[int] = field(default_factory=set)   # offered one since its last grant
     holder_asked: list[tuple[float, int]] = field(default_factory=list)  # (when, bytes), recent
     pass_at: float = 0.0                   # the latest pass (expire): deadlines are after it
     skipped_head: int | None = None        # the queue head a waiter whose memory is here went before
@@ -470,6 +471,7 @@ class GpuMemory:
         self.prefetching.pop(client_id, None)
         self.prefetch_stalled.discard(client_id)
         self.prefetch_fruitless.pop(client_id, None)
+        self.prefetch_offered.discard(client_id)
 
     def _quiet_until(self) -> list[float]:
         """When the running holder's last request stops holding offers back (a pass is due)."""
@@ -506,6 +508,7 @@ class GpuMemory:
         if offer < min(swapped, PREFETCH_MIN) or offer <= self.prefetch_fruitless.get(cid, 0):
             return
         self.prefetching[cid] = _Prefetch(offer, swapped, now)
+        self.prefetch_offered.add(cid)
         out.append(Action(PREFETCH, head, 0, 0, offer))
 
     def freeze(self, client_id: int) -> None:
@@ -599,7 +602,9 @@ class GpuMemory:
             self.swap_asked[client.client_id] = _SwapAsk(move, now)
             out.append(Action(SWAP_OUT, client, 0, 0, move))
             need -= move
-            if client.client_id in self.gpu.queue:   # its prefetch came too early: no more
+            # Its prefetch came too early: no more. A waiter offered none yet (its memory moved out
+            # for the holder's allocation while it waited) still gets one when room comes back.
+            if client.client_id in self.gpu.queue and client.client_id in self.prefetch_offered:
                 self.prefetch_stalled.add(client.client_id)
         if need <= 0 or self.alloc_need <= 0:
             return dropped

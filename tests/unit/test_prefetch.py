@@ -224,3 +224,26 @@ def test_a_waiter_asked_to_give_its_prefetch_back_is_offered_nothing_more_before
     g.mem_update(a, 8, 10 * G, 0, 0)                           # a freed 2 GiB again: room grows
     assert PREFETCH not in [x.kind for x in g.tick(9)]
     assert g.memory.prefetch_stalled == {2}
+
+
+def test_a_waiter_whose_memory_moved_out_for_the_holder_before_any_offer_gets_one_when_room_comes():
+    """b waits for the GPU with all its memory on it; the holder's allocation needs room, so b moves
+    part of it out. That is no prefetch given back (it was offered none): when the holder frees memory
+    in its turn, b's part comes back before its turn. Before, any waiter asked to move memory out
+    was offered nothing more, and on the fake driver (tests/hook/test_prefetch_hook.py) b's memory
+    came back only with its grant whenever its request reached the daemon before the holder's
+    allocation did."""
+    g = gpu()
+    a, b = client(1), client(2)
+    g.request(a, 0)
+    g.mem_update(a, 0, 6 * G, 0, 0)
+    g.mem_update(b, 0, 8 * G, 0, 0)
+    g.request(b, 0.5)
+    actions, decision = g.mem_update(a, 1, 6 * G, 0, 0, 3 * G)   # 6 + 8 + 3 > 16: b moves 1G out
+    assert decision is None and moves(actions) == [(SWAP_OUT, 2, 1 * G)]
+    g.mem_update(b, 1.5, 7 * G, 0, 1 * G)                      # moved out: room for a
+    g.mem_update(a, 1.6, 9 * G, 0, 0)
+    assert g.memory.prefetch_stalled == set()
+    # a frees 8G in its turn: room 8G, less twice its last request (6G) left for its growth
+    actions, _ = g.mem_update(a, 1 + PREFETCH_QUIET_SEC + 1, 1 * G, 0, 0)
+    assert moves(actions) == [(PREFETCH, 2, 1 * G)]
