@@ -63,7 +63,12 @@ def test_smoke_serve2_the_hook_reports_a_servers_irregular_gaps(built, tmp_path)
     serve2 = (tmp_path / "logs" / "serve2-nvshare-scheduler.log").read_text().splitlines()
     demands = [line for line in serve2 if ": demand busy" in line]
     server = [line for line in demands if "job 502 " in line]
-    assert server and "gaps irregular (a server)" in server[-1], "\n".join(demands[-10:])
+    # Each report's spread is of its own gaps: random arrivals read under the line now and then (the
+    # last of a CI run's 3 s once did), and the daemon keeps a server one for 5 s after a report said
+    # so (policy/demand.py SERVE_STAY_SEC). Most of its reports say so, and one of the last 20 (4 a second).
+    labeled = [line for line in server[2:] if "gaps irregular (a server)" in line]
+    assert len(server) > 4 and len(labeled) >= len(server[2:]) / 2, "\n".join(demands[-10:])
+    assert labeled and server.index(labeled[-1]) >= len(server) - 1 - 20, "\n".join(server[-25:])
     assert not any("irregular" in line for line in demands if "job 501 " in line)
     mix3 = (tmp_path / "logs" / "mix3-nvshare-scheduler.log").read_text().splitlines()
     bursty = [line for line in mix3 if ": demand busy" in line and "job 502 " in line]
