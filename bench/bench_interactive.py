@@ -6,21 +6,29 @@ beside one or two W1 trainings (bench/gpu_bench.py's compute-bound job). Arms, e
   colocate   all at once, no hook
   mps        all at once under NVIDIA MPS
   nvshare    all at once under libnvshare.so and a real nvshare-scheduler, every setting default
-Reported per arm: the probe's command latency p50/p90/max (ms), and each batch job's training
-phase against alone. Targets: nvshare p90 <= 10 ms, batch jobs lose <= 2 % (issue 12); the probe's
+  nvshare:NAME=VALUE   (--variant NAME=VALUE, one arm each) the nvshare arm with that in every job's
+             environment: a hook setting, or LD_PRELOAD=another build of libnvshare.so (an A/B of two
+             builds in one run)
+Reported per arm: the probe's command latency p50/p90/max (ms), each batch job's training phase
+against alone, and the first batch job's steps/s while the probe typed (its first command to its
+last) against alone. Targets: nvshare p90 <= 10 ms, batch jobs lose <= 2 % (issue 12); the probe's
 p99 within 1 ms of its p99 alone (issue 42, for a command every second: --every 1), said per arm.
+--precision: the batch jobs' (tests/gpu/train.py: fp32, tf32 or bf16 mixed precision).
 
   python3 bench/bench_interactive.py --out DIR [--batch-jobs 1,2] [--arms alone,colocate,mps,nvshare]
+                                     [--precision fp32] [--variant NAME=VALUE ...]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_mixes import steps_per_s  # noqa: E402
 from gpu_bench import (PROBE_SLACK_MS, REPO, SEEDS, TRAIN, WORKLOADS, Job, Mps, Scheduler, clean_env,  # noqa: E402
                        log, percentile, run_jobs, train_phase)
 
@@ -54,43 +62,57 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=0.3)
     ap.add_argument("--start-delay", type=float, default=6.0,
                     help="the probe idles this long first, so the batch jobs are training")
+    ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                    help="the batch jobs' (tests/gpu/train.py --precision)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more nvshare arm with this in its jobs' environment")
     args = ap.parse_args()
+    bad = [v for v in args.variant if "=" not in v or not v.split("=", 1)[0]]
+    if bad:
+        ap.error(f"--variant {bad[0]!r}: NAME=VALUE")
     out, logs, base = prepare(args.out)
     w1 = WORKLOADS["W1"]
-    results: dict = {"steps": args.steps, "every_s": args.every, "arms": {}}
+    results: dict = {"steps": args.steps, "every_s": args.every, "precision": args.precision,
+                     "variants": args.variant, "arms": {}}
 
     def batch_cmd(seed: int) -> list[str]:
-        return [sys.executable, str(TRAIN), *w1.args, "--steps", str(args.steps), "--seed", str(seed)]
+        return [sys.executable, str(TRAIN), *w1.args, "--precision", args.precision,
+                "--steps", str(args.steps), "--seed", str(seed)]
 
     probe_cmd = [sys.executable, str(PROBE), "--seconds", str(args.probe_seconds), "--every",
                  str(args.every), "--start-delay", str(args.start_delay)]
     alone_train: dict[int, float] = {}
+    alone_rate: dict[int, float] = {}
+    arms = args.arms.split(",") + [f"nvshare:{v}" for v in args.variant]
     for n in [int(x) for x in args.batch_jobs.split(",")]:
-        for arm in args.arms.split(","):
+        for arm in arms:
             key = f"{n}batch-{arm}"
+            variant = dict([arm.split(":", 1)[1].split("=", 1)]) if ":" in arm else {}
+            tag = re.sub(r"[^A-Za-z0-9_.=-]", "_", key)   # its logs' names
             log(f"{key}: running")
             sched = mps = None
             try:
                 if arm == "alone":
-                    probe = run_jobs([Job(f"{key}-probe", probe_cmd, base, logs)], False, 300)[0]
-                    batch = run_jobs([Job(f"{key}-job{i}", batch_cmd(SEEDS[i]), base, logs)
+                    probe = run_jobs([Job(f"{tag}-probe", probe_cmd, base, logs)], False, 300)[0]
+                    batch = run_jobs([Job(f"{tag}-job{i}", batch_cmd(SEEDS[i]), base, logs)
                                       for i in range(n)], False, 600)
                     for i, r in enumerate(batch):
                         if r["status"] == "ok":
                             alone_train[i] = train_phase(r)
+                            alone_rate[i] = steps_per_s(r["times"], r["times"][3], r["times"][-1])[0] or 0.0
                 else:
-                    if arm == "nvshare":
-                        sched = Scheduler("auto", Path(logs / f"{key}-sched"),
-                                          logs / f"{key}-scheduler.log", None)
-                        envs = [sched.job_env(base)[1] for _ in range(n + 1)]
+                    if arm.startswith("nvshare"):
+                        sched = Scheduler("auto", Path(logs / f"{tag}-sched"), logs / f"{tag}-scheduler.log",
+                                          None)
+                        envs = [dict(sched.job_env(base)[1], **variant) for _ in range(n + 1)]
                     elif arm == "mps":
                         mps = Mps(logs / f"{key}-mps")
                         envs = [mps.client_env(base) for _ in range(n + 1)]
                     else:
                         envs = [base] * (n + 1)
-                    jobs = [Job(f"{key}-job{i}", batch_cmd(SEEDS[i]), envs[i], logs)
+                    jobs = [Job(f"{tag}-job{i}", batch_cmd(SEEDS[i]), envs[i], logs)
                             for i in range(n)]
-                    jobs.append(Job(f"{key}-probe", probe_cmd, envs[n], logs))
+                    jobs.append(Job(f"{tag}-probe", probe_cmd, envs[n], logs))
                     res = run_jobs(jobs, True, 900)
                     probe, batch = res[-1], res[:-1]
             finally:
@@ -105,6 +127,10 @@ def main() -> int:
                 entry.update(p50_ms=statistics.median(lat), p90_ms=percentile(lat, 90),
                              p99_ms=percentile(lat, 99), max_ms=max(lat), commands=len(lat))
             entry["batch_train_s"] = [train_phase(r) if r["status"] == "ok" else None for r in batch]
+            typed = probe["status"] == "ok" and probe.get("starts")
+            if arm != "alone" and typed and batch[0]["status"] == "ok":
+                window = probe["starts"][1], probe["starts"][-1] + probe["latencies_ms"][-1] / 1000
+                entry["batch0_window_steps_per_s"] = steps_per_s(batch[0]["times"], *window)[0]
             results["arms"][key] = entry
             (out / "interactive.json").write_text(json.dumps(results, indent=1))
             log(f"{key}: {json.dumps(entry)}")
@@ -112,18 +138,24 @@ def main() -> int:
         ratios = [t / alone_train[i] if t and i in alone_train else None
                   for i, t in enumerate(entry["batch_train_s"])]
         entry["batch_vs_alone"] = ratios
+        if entry.get("batch0_window_steps_per_s") and alone_rate.get(0):
+            entry["batch0_window_over_alone"] = entry["batch0_window_steps_per_s"] / alone_rate[0]
         alone = results["arms"].get(key.split("-")[0] + "-alone", {})
         if "p99_ms" in entry and "p99_ms" in alone and not key.endswith("-alone"):
             met = entry["p99_ms"] <= alone["p99_ms"] + PROBE_SLACK_MS
             entry["target"] = f"{'met' if met else 'missed'} (p99 within {PROBE_SLACK_MS:g} ms of alone)"
     (out / "interactive.json").write_text(json.dumps(results, indent=1))
-    print("| arm | probe p50 ms | p90 ms | p99 ms | max ms | commands | batch vs alone | target |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"The batch jobs in {args.precision}.\n")
+    print("| arm | probe p50 ms | p90 ms | p99 ms | max ms | commands | batch time vs alone | "
+          "job 0's steps/s while the probe typed, over alone | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key, e in results["arms"].items():
         ratios = ", ".join(f"{r:.3f}" for r in e["batch_vs_alone"] if r) or "-"
+        rate = e.get("batch0_window_over_alone")
         print(f"| {key} | {e.get('p50_ms', float('nan')):.2f} | {e.get('p90_ms', float('nan')):.2f} "
               f"| {e.get('p99_ms', float('nan')):.2f} | {e.get('max_ms', float('nan')):.2f} "
-              f"| {e.get('commands', 0)} | {ratios} | {e.get('target', '')} |")
+              f"| {e.get('commands', 0)} | {ratios} | {'-' if rate is None else f'{rate:.3f}'} "
+              f"| {e.get('target', '')} |")
     return 0
 
 

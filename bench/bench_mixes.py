@@ -9,7 +9,8 @@ Every job is tests/gpu/burst.c (bench_family.py's program, built into bench/buil
             work each, latency from arrival to result (burst --poisson-ms), a time window
 PyTorch members (issue 42; tests/gpu/train.py and bench/serve_torch.py, run with --torch-python):
   train     gpu_bench's W1 training (a transformer, width 1024, depth 8, batch 32 x 256 tokens: compute-
-            bound steps), for a time (--max-seconds), its throughput in steps/s
+            bound steps), for a time (--max-seconds), its throughput in steps/s; in fp32 (its GEMMs
+            1.0-1.4 ms on an H200), or --train-precision tf32 or bf16 (mixed precision: shorter GEMMs)
   gen       serve_torch.py --model gen: a random-weight Llama decoder (4 layers, hidden 768, fp16),
             batch 1, model.generate of 8 tokens from a 32-token prompt per request
   gengraph  serve_torch.py --model gen-graphs: the same requests, each token after the prefill one
@@ -86,6 +87,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -131,6 +133,11 @@ ARMS = ["serial", "colocate", "mps", "nvshare"]
 
 def log(msg: str) -> None:
     print(f"bench_mixes: {msg}", flush=True)
+
+
+def file_tag(mix: str, arm: str) -> str:
+    """A mix's arm as a file name's part: a variant's value may be a path (LD_PRELOAD=/x/libnvshare.so)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", f"{mix}-{arm}")
 
 
 def torch_mix(mix: str) -> bool:
@@ -203,7 +210,8 @@ class Mixes:
         hold exists); wait: how long the server waits for the training's 10 steps."""
         s, py, cpu = self.args.seconds, self.args.torch_python, self.args.torch_cpu
         if kind == "train":
-            out = [py, str(TRAIN), *TRAIN_ARGS, "--steps", "1000000", "--seed", str(i + 1),
+            out = [py, str(TRAIN), *TRAIN_ARGS, "--precision", self.args.train_precision,
+                   "--steps", "1000000", "--seed", str(i + 1),
                    "--max-seconds", f"{s if sync is None else s + TRAIN_SLACK_S:.2f}"]
             if sync is not None:
                 out += ["--progress", str(sync / "progress")]
@@ -281,7 +289,7 @@ class Mixes:
             return self.run_torch_arm(mix, arm)
         kinds = MIXES[mix]
         cmds = [self.cmd(k, i) for i, k in enumerate(kinds)]
-        base, tag = self.base_env(), f"{mix}-{arm}".replace(" ", "-").replace("=", "-")
+        base, tag = self.base_env(), file_tag(mix, arm)
         timeout = 30 + 6 * self.args.seconds * (len(kinds) if arm == "serial" else 2)
         if arm == "serial":
             jobs = [Job(f"{tag}-{i}", c, base, self.logs) for i, c in enumerate(cmds)]
@@ -305,7 +313,7 @@ class Mixes:
         if why:
             return {"status": "skipped", "error": why}
         kinds = MIXES[mix]
-        base, tag = self.torch_env(self.base_env()), f"{mix}-{arm}".replace(" ", "-").replace("=", "-")
+        base, tag = self.torch_env(self.base_env()), file_tag(mix, arm)
         timeout = 240 + 4 * self.args.seconds
         sync = self.work / f"sync-{tag}"
         sync.mkdir()
@@ -520,9 +528,9 @@ def table(res: dict) -> str:
                                "time (serial: its completion from the arm's start). Probe, serve, gen, "
                                "gengraph, cnn: latency percentiles from arrival to result, n requests, p99 "
                                "over solo p99. Train: steps/s in the server's window (serial: alone), over "
-                               "its steps/s alone. All done / serial: the arm's start to "
-                               "the last step of any job, over the same in the serial arm (the jobs one "
-                               "after the other).\n")
+                               f"its steps/s alone ({res['args'].get('train_precision', 'fp32')}). All "
+                               "done / serial: the arm's start to the last step of any job, over the same in "
+                               "the serial arm (the jobs one after the other).\n")
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
@@ -718,6 +726,8 @@ def main() -> int:
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     ap.add_argument("--torch-cpu", action="store_true",
                     help="with --smoke-cpu: run the PyTorch mixes on the CPU, tiny models (else skipped)")
+    ap.add_argument("--train-precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                    help="the PyTorch training's (tests/gpu/train.py --precision)")
     ap.add_argument("--torch-python", default=sys.executable,
                     help="the Python with torch and transformers for the PyTorch members (default this one)")
     args = ap.parse_args()

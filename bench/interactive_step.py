@@ -2,7 +2,7 @@
 from an `srun --gres=nvshare:1` step, beside another user's `sbatch --gres=nvshare:1` training.
 
   python3 bench/interactive_step.py OUT [--fake] [--seconds 40] [--every 1.0] [--slurm-root DIR]
-          [--step-user nobody] [--train-user daemon] [--probe-size 4096]
+          [--step-user nobody] [--train-user daemon] [--probe-size 4096] [--train-precision fp32]
 
 Brings up munged, an nvshare-scheduler, slurmctld and slurmd in /tmp/nvshare-step (bench/slurm_node.py)
 and runs, all through Slurm, each job as a user who is not root:
@@ -12,7 +12,8 @@ and runs, all through Slurm, each job as a user who is not root:
       probe.py: a --probe-size matmul and its .item(), as typed at a Python prompt; --fake: bench/
       build/burst's 1 ms bursts on the fake driver);
   (b) the training alone: `sbatch --gres=nvshare:1` as --train-user, --seconds + 10 s (tests/gpu/
-      train.py with gpu_bench's W1, a compute-bound transformer; --fake: burst's 20 ms bursts back to
+      train.py with gpu_bench's W1, a compute-bound transformer, in --train-precision: fp32, its GEMMs
+      1.0-1.4 ms on an H200, or tf32 or bf16, shorter ones; --fake: burst's 20 ms bursts back to
       back), its steps/s after its first 3 steps;
   (c) together: the training submitted again and, once it is stepping, the same srun step beside it;
       the training's steps/s in the step's window (its first command to its last);
@@ -91,7 +92,8 @@ def payloads(args) -> tuple[str, str]:
                  f"--seconds {args.seconds:.1f} --start-delay {args.every}")
     else:
         w1 = " ".join(WORKLOADS["W1"].args)
-        train = (f"{py} {REPO}/tests/gpu/train.py {w1} --steps 1000000 --seed 1 "
+        train = (f"{py} {REPO}/tests/gpu/train.py {w1} --precision {args.train_precision} "
+                 f"--steps 1000000 --seed 1 "
                  f"--max-seconds {args.train_seconds:.1f} --progress progress-$SLURM_JOB_ID "
                  f"--out train-$SLURM_JOB_ID.json")
         probe = (f"{py} {REPO}/tests/gpu/probe.py --seconds {args.seconds:.1f} --every {args.every} "
@@ -321,7 +323,8 @@ def markdown(report: dict) -> str:
     lines = [f"# An interactive srun step beside a training ({report['device']}, {report['date']})", "",
              f"Every {report['settings']['every']} s one small GPU command, for "
              f"{report['settings']['seconds']} s (bench/interactive_step.py; "
-             f"{'the fake driver' if report['settings']['fake'] else 'real Slurm, real GPU'}).",
+             f"{'the fake driver' if report['settings']['fake'] else 'real Slurm, real GPU'}; the training "
+             f"in {report['settings'].get('train_precision', 'fp32')}).",
              "", "| the step | p50 ms | p90 ms | p99 ms | max ms | commands |", "|---|---|---|---|---|---|"]
     if "a" in parts:
         lines.append(row("alone", parts["a"]))
@@ -368,6 +371,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=40.0, help="the step's window")
     ap.add_argument("--every", type=float, default=1.0, help="seconds between the step's commands")
     ap.add_argument("--probe-size", type=int, default=4096, help="the probe's matmul size (GPU)")
+    ap.add_argument("--train-precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                    help="the training's (tests/gpu/train.py --precision; not with --fake)")
     ap.add_argument("--step-user", default="nobody")
     ap.add_argument("--train-user", default="daemon")
     ap.add_argument("--variant", default="", metavar="NAME=VALUE",
@@ -377,6 +382,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.variant and not re.fullmatch(r"NVSHARE_[A-Z0-9_]+=[^\s]*", args.variant):
         ap.error(f"--variant {args.variant!r}: NAME=VALUE of a hook setting (NVSHARE_...)")
+    if args.fake and args.train_precision != "fp32":
+        ap.error("--train-precision is the PyTorch training's: not with --fake")
     if args.step_user == args.train_user:
         ap.error("--step-user and --train-user must differ: the step is another user's")
     for user in (args.step_user, args.train_user):

@@ -15,6 +15,12 @@ each step's start and end time (time.time()), and what the run measured of itsel
   python train.py --steps 200 --width 1024 [--model mlp|transformer] [--depth 4] [--batch 256]
                   [--sleep-ms 0 | --busy-fraction F] [--mem-gb 0] [--seed 1234] [--out FILE]
                   [--data gpu|cpu] [--max-seconds S] [--progress FILE] [--grow-gb G --grow-steps K]
+                  [--precision fp32|tf32|bf16]
+
+--precision: fp32 (the default: no TF32, every GEMM in full fp32, bit-exact), tf32 (TF32 tensor cores for
+matmuls and convolutions) or bf16 (the forward pass and loss under torch.autocast in bfloat16, the weights
+and optimizer in fp32: mixed precision as most trainings run). The GEMMs of one model are several times
+shorter in tf32 and bf16 (issue 42: what a command typed beside the training waits for).
 
 --busy-fraction F runs the first steps without sleeping, takes their median time as the GPU time of
 a step, then sleeps after every step so that the GPU is busy about F of the time; the JSON says
@@ -118,6 +124,8 @@ def main() -> int:
                     help="stop after this many seconds of training even if steps remain (0: never)")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to smoke-test this script)")
     ap.add_argument("--progress", default="", help="rewrite 'STEPS TIME' in this file every 10 steps")
+    ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                    help="fp32, TF32 matmuls, or bf16 autocast (mixed precision)")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if not 0.0 <= args.busy_fraction < 1.0:
@@ -126,9 +134,10 @@ def main() -> int:
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     dev = torch.device(args.device)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     model = build_model(args).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
@@ -158,7 +167,8 @@ def main() -> int:
             grown.append(torch.full((piece,), 1.0, dtype=torch.float32, device=dev))
         x = torch.randn(shape, generator=gen, device=data_dev).to(dev)
         y = torch.randint(0, 10, (args.batch,), generator=gen, device=data_dev).to(dev)
-        loss = F.cross_entropy(model(x), y)
+        with autocast:
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -188,7 +198,7 @@ def main() -> int:
               "t_launch": T_LAUNCH, "t_cuda": t_cuda, "t_ballast": t_ballast,
               "step_starts": starts,
               "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
-              "sleep_ms": sleep_s * 1000.0,
+              "precision": args.precision, "sleep_ms": sleep_s * 1000.0,
               "step_ms_median": statistics.median(durations) * 1000.0 if durations else 0.0,
               "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0,
               "ballast_ok": ballast_intact(ballast, grown)}

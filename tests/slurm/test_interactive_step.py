@@ -92,7 +92,9 @@ def test_the_step_alone_and_beside_another_users_training_through_slurm(tmp_path
     (["--step-user", "nobody", "--train-user", "nobody"], "must differ"),
     (["--train-user", "no-such-user-nvs"], "no user 'no-such-user-nvs'"),
     (["--variant", "LD_PRELOAD=/tmp/x.so"], "NAME=VALUE of a hook setting"),
-], ids=["one user for both", "a user who does not exist", "a variant that is no hook setting"])
+    (["--train-precision", "bf16"], "the PyTorch training's: not with --fake"),
+], ids=["one user for both", "a user who does not exist", "a variant that is no hook setting",
+        "a PyTorch precision for the fake driver's training"])
 def test_users_it_cannot_use_are_refused_before_anything_starts(tmp_path, options, words):
     proc = run_step(tmp_path / "out", "--fake", *options, timeout=60)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
