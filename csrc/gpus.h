@@ -160,6 +160,8 @@ struct nvshare_pace_slot {
     uint32_t launches;            /* the launches it marks the end of */
     int behind;                   /* recorded while the slot before it, same stream, was still queued */
     uintptr_t shape;              /* the shape of its one launch, measured alone (0: none) */
+    unsigned holds;               /* hold.c's nvshare_hold_count() when it was recorded, */
+    int held;                     /* ... and the queue held then (no measurement starts from it) */
 };
 /* A launch's shape (its kernel at one grid and block, or a graph), and its GPU time measured alone:
  * the longest lately (a longer one counts at once, a shorter one an eighth). Two ways per set. */
@@ -178,6 +180,7 @@ struct nvshare_pace_state {
     uint64_t launch_ns;           /* GPU time of one launch, back to back (a running mean; 0: unknown) */
     uint64_t off_until;           /* a wait ran out: not pacing until then */
     uint64_t paced_ns;            /* the last paced launch (the log says when pacing begins) */
+    uint64_t looked_ns;           /* held: when forget_done() last looked at the events */
     uint64_t cap;                 /* the queue cap of the last paced launch (pace_wait's, for its event) */
     uint64_t cap_said;            /* the cap the log said last (and again when it moves) */
     uint32_t unwaited;            /* held on the GPU (hold.c): launches since the last wait put in */
@@ -194,6 +197,8 @@ struct nvshare_hold_state {
                                      their next wait, 0 lets them run (its watcher alone writes 1) */
     CUdeviceptr dword;            /* ... its address on the GPU */
     CUcontext ctx;                /* the context the word was mapped in (waits go only into it) */
+    atomic_uint holds;            /* times the word was set: a queue held between two events makes
+                                     their elapsed time no launch's (pace.c) */
 };
 
 struct nvshare_gpu {

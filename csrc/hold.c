@@ -130,6 +130,8 @@ static void register_exit(void)
 static void set_word(struct nvshare_gpu *g, uint32_t v)
 {
     _Atomic(uint32_t) *w = atomic_load(&g->hold.word);
+    if (v)
+        atomic_fetch_add(&g->hold.holds, 1);   /* before the GPU can see it (pace.c's measurements) */
     atomic_store(w, v);
     if (v && atomic_load(&exiting))
         atomic_store(w, 0);   /* let_go_all ran meanwhile */

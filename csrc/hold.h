@@ -16,6 +16,18 @@ int nvshare_hold_ready(struct nvshare_gpu *g);
 /* Put a wait for the word into `stream` (before a launch): what follows runs once no prompt burst
  * of a co-runner does. 0 when the driver refused it (holding is then off for this process). */
 int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream);
+/* How many times this process's queue on g has been held so far (the word set): two events
+ * recorded with the same count, the later seen done with it still, had no hold between them. */
+static inline unsigned nvshare_hold_count(struct nvshare_gpu *g)
+{
+    return atomic_load_explicit(&g->hold.holds, memory_order_acquire);
+}
+/* Is the queue held now (the word set)? */
+static inline int nvshare_hold_on(struct nvshare_gpu *g)
+{
+    _Atomic(uint32_t) *w = atomic_load_explicit(&g->hold.word, memory_order_acquire);
+    return w && atomic_load_explicit(w, memory_order_relaxed);
+}
 void nvshare_hold_after_fork(void);
 
 #pragma GCC visibility pop

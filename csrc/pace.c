@@ -70,6 +70,12 @@
 #define HOLD_SEG_PARTS 4
 #define HOLD_SEG_MIN_NS 200000ull
 #define HOLD_SEG_MAX_NS 500000ull
+/* Held, the events only teach a launch's length and its shape's (nothing waits for the queue to
+ * shorten): one marks at least HOLD_MARK_NS of launches, and what is done is looked at once every
+ * HOLD_LOOK_NS at most. At the host wait's quarter of a 0.25 ms cap, a bf16 training's launches of
+ * 0.05-0.07 ms each got an event and a query apiece. */
+#define HOLD_MARK_NS 1000000ull
+#define HOLD_LOOK_NS 500000ull
 #define SHAPES_SAID_MAX 8                 /* the debug log names this many long shapes */
 /* Co-runners' prompt bursts are "about" for a second after one was seen (the queue kept short
  * meanwhile): requests at a few per second still find every launch paced. Held on the GPU, for as
@@ -158,8 +164,10 @@ static uint64_t queued_ns(const struct nvshare_pace_state *p, int corunner, uint
     return launches * each;
 }
 
-/* With mu held: forget the events found done, learning a launch's length from them. */
-static void forget_done(struct nvshare_pace_state *p)
+/* With mu held: forget the events found done, learning a launch's length from them: from two
+ * back to back in one stream with no hold between them (a segment's wait that held the queue for a
+ * 60 ms request made a 2 ms kernel read 61 ms on the fake driver). */
+static void forget_done(struct nvshare_gpu *g, struct nvshare_pace_state *p)
 {
     while (p->n) {
         unsigned i = p->head;
@@ -169,7 +177,8 @@ static void forget_done(struct nvshare_pace_state *p)
             return;
         int prev = p->last_done;   /* the slot before this one, its event still as recorded? */
         if (rc == CUDA_SUCCESS && s->behind && s->launches &&
-            prev == (int)((i + NVSHARE_PACE_RING - 1) % NVSHARE_PACE_RING)) {
+            prev == (int)((i + NVSHARE_PACE_RING - 1) % NVSHARE_PACE_RING) &&
+            !p->ring[prev].held && p->ring[prev].holds == s->holds && nvshare_hold_count(g) == s->holds) {
             float ms = 0;
             if (nvshare_real.cuEventElapsedTime(&ms, p->ring[prev].ev, s->ev) == CUDA_SUCCESS && ms > 0) {
                 uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
@@ -222,7 +231,10 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
     p->cap = cap;
     nvshare_in_hook++;
     if (held) {
-        forget_done(p);   /* what is done tells a launch's length; nothing is waited for here */
+        if (p->n && now - p->looked_ns >= HOLD_LOOK_NS) {
+            p->looked_ns = now;
+            forget_done(g, p);   /* what is done tells a launch's length; nothing is waited for here */
+        }
         nvshare_in_hook--;
         pthread_mutex_unlock(&p->mu);
         return NVSHARE_PACE_HOLD;
@@ -230,7 +242,7 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
     uint64_t deadline = now + PACE_WAIT_MAX_NS, spin_until = now + PACE_SPIN_NS;
     int corunner = atomic_load_explicit(&g->burst.armed, memory_order_relaxed);
     for (;;) {
-        forget_done(p);
+        forget_done(g, p);
         if (!p->n || queued_ns(p, corunner, cap) < cap)
             break;
         uint64_t t = nvshare_now_ns();
@@ -274,7 +286,7 @@ static int same_context(struct nvshare_pace_state *p)
 
 /* With mu held, in the paced context: an event after the launches not marked yet, the last of
  * them alone of `shape` (0: several, or not to be measured). */
-static void mark(struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
+static void mark(struct nvshare_gpu *g, struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
 {
     if (p->n == NVSHARE_PACE_RING)
         return;   /* every slot waits (only with more threads than the cap lets through) */
@@ -291,8 +303,13 @@ static void mark(struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
     struct nvshare_pace_slot *before = p->n ? &p->ring[slot_at(p, p->n - 1)] : NULL;
     s->stream = stream;
     s->launches = p->unmarked;
-    s->behind = before && before->stream == stream;
+    /* Still queued when this one is recorded: the GPU runs the launches between them back to back.
+     * Otherwise their elapsed time holds the host's gap too (a 20 us kernel read 0.68 ms on the fake
+     * driver behind an idle stream). */
+    s->behind = before && before->stream == stream && nvshare_real.cuEventQuery(before->ev) == CUDA_ERROR_NOT_READY;
     s->shape = shape;
+    s->holds = nvshare_hold_count(g);
+    s->held = nvshare_hold_on(g);
     p->unmarked = 0;
     p->n++;
 }
@@ -300,7 +317,7 @@ static void mark(struct nvshare_pace_state *p, CUstream stream, uintptr_t shape)
 /* Held: this thread's launch between nvshare_pace_hold() and nvshare_pace_launched(), its shape and
  * how it is to be measured and waited around (host waits: none, a short one). */
 enum { SHAPE_SHORT = 0, SHAPE_UNKNOWN = 1, SHAPE_LONG = 2 };
-static __thread struct { uintptr_t shape; int kind; } launch_tl;
+static __thread struct { uintptr_t shape; int kind, held; } launch_tl;
 
 /* A segment holds launches of their mean length; a launch of a shape that ran a segment or longer
  * (a GEMM among elementwise kernels) gets a wait before it and one after: a prompt burst then waits
@@ -317,6 +334,7 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     int kind = !shape ? SHAPE_SHORT : !e || !e->ns ? SHAPE_UNKNOWN : e->ns >= seg ? SHAPE_LONG : SHAPE_SHORT;
     launch_tl.shape = shape;
     launch_tl.kind = kind;
+    launch_tl.held = 1;
     if (!each || kind == SHAPE_LONG || p->after_long || (uint64_t)p->unwaited * each >= seg) {
         if (nvshare_hold_wait(g, stream))
             p->unwaited = 0;
@@ -325,7 +343,7 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     if (kind != SHAPE_SHORT && p->unmarked) {
         nvshare_in_hook++;
         if (same_context(p))
-            mark(p, stream, 0);   /* the launches before it: it is measured alone */
+            mark(g, p, stream, 0);   /* the launches before it: it is measured alone */
         nvshare_in_hook--;
     }
     pthread_mutex_unlock(&p->mu);
@@ -335,19 +353,20 @@ void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream)
 {
     struct nvshare_pace_state *p = &g->pace;
     uintptr_t shape = launch_tl.shape;
-    int kind = launch_tl.kind;
+    int kind = launch_tl.kind, held = launch_tl.held;
     launch_tl.shape = 0;
     launch_tl.kind = SHAPE_SHORT;
+    launch_tl.held = 0;
     pthread_mutex_lock(&p->mu);
     nvshare_in_hook++;
     p->unwaited++;
     if (!same_context(p))
         goto out;
     p->unmarked++;
-    uint64_t each = p->launch_ns;
-    if (kind == SHAPE_SHORT && each && p->unmarked * each < p->cap / PACE_MARK_PARTS)
+    uint64_t each = p->launch_ns, every = held ? HOLD_MARK_NS : p->cap / PACE_MARK_PARTS;
+    if (kind == SHAPE_SHORT && each && p->unmarked * each < every)
         goto out;   /* short launches: one event marks several */
-    mark(p, stream, kind != SHAPE_SHORT && p->unmarked == 1 ? shape : 0);
+    mark(g, p, stream, kind != SHAPE_SHORT && p->unmarked == 1 ? shape : 0);
 out:
     nvshare_in_hook--;
     pthread_mutex_unlock(&p->mu);

@@ -262,6 +262,33 @@ def test_a_long_kernel_among_short_ones_gets_a_wait_of_its_own(hook_lib, schedul
     assert sum(inside) <= len(inside) // 10, inside
 
 
+def test_a_long_kernels_length_is_measured_without_the_holds_between_its_events(
+        hook_lib, scheduler, tmp_path, procs):
+    """The same holder (2 ms kernels among 20 us ones) beside a server of 20 ms requests, held a
+    third of the time. A launch's length is learned from the elapsed time of two events of its
+    stream. Where a segment's wait held the queue between them, that time was the request's too (a
+    2 ms kernel read 61 ms in one run of five here); where the stream had run dry before the later
+    one, the host's gap too (a 20 us kernel read 0.68 ms); and a launch shape so measured is waited
+    around long after (its longest length counts at once). Now no measurement spans a hold (hold.c
+    counts them), and the earlier event must still be queued when the later is recorded."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, "mixtrain:20:60:2000:2:1000")
+    server = start(scheduler, hook_lib, procs, trace, 2, SERVER.format(n=30), delay_ms=150, warmup=True)
+    finish(server, timeout=120)
+    finish(holder, timeout=120)
+    launches = read_launches(trace)
+    spans = request_spans(launches, server.pid)
+    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    assert sum(1 for a, _ in spans if a < holder_end) >= 20, spans
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    assert "a co-runner's prompt burst runs: this job's queued work is held" in holder.stderr_text, \
+        holder.stderr_text[-3000:]
+    said = [float(x) for x in re.findall(r"a launch shape runs ([0-9.]+) ms on the GPU", holder.stderr_text)]
+    # A 20 us shape still reads 0.3-0.7 ms now and then (2 of 6 runs on the last main, 1 of 13 with
+    # the change; the cause is not found): what is checked is the 2 ms one, and that none read a hold.
+    assert any(1.9 <= ms <= 3.0 for ms in said) and all(ms <= 3.0 for ms in said), said
+
+
 def test_a_server_that_grows_busier_under_load_stays_prompt(hook_lib, scheduler, tmp_path, procs):
     """Sharing stretches a server's requests (on the H200 a model.generate server, 28 % busy alone,
     read 54-55 % beside a training): its class must hold. The server here is prompt at 20 ms
