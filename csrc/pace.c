@@ -14,10 +14,11 @@
  * NVSHARE_PROMPT_QUEUE_MS set the cap is that, fixed (before issue 42: 1 ms for every request).
  *
  * How much is queued: an event is recorded after a launch once the launches since the last event
- * add up to a quarter of the cap (every launch while their length is unknown). The events not yet
- * done, times the launches each marks, times the GPU time of one launch, is the queue. That time is
- * measured, not guessed: between two events of one stream where the later was recorded while the
- * earlier was still queued, the GPU ran the later's launches back to back (a running mean).
+ * add up to a quarter of the cap (every launch while their length is unknown; held on the GPU,
+ * below, HOLD_MARK_NS). The events not yet done, times the launches each marks, times the GPU time
+ * of one launch, is the queue. That time is measured, not guessed: between two events of one stream
+ * where the later was recorded while the earlier was still queued, and with no hold of the queue
+ * between them (hold.c counts them), the GPU ran the later's launches back to back (a running mean).
  *
  * The turn holder counts the launch that runs too: a request then waits for the least. A co-runner
  * (a bursty job) counts only what waits behind it: with kernels as long as the cap it would
