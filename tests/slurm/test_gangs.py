@@ -30,8 +30,15 @@ def short_turns(healthy):
     n1.admin_update("all", mode=C.NVSHARE_MODE_AUTO, switch_mode=C.NVSHARE_SWITCH_AUTO)
 
 
-def two_rank_job(cluster, nvtest, trace: Path) -> int:
-    rank = (f"exec {shlex.quote(str(nvtest))} init ctx:$SLURM_PROCID "
+def two_rank_job(cluster, nvtest, trace: Path, started: Path) -> int:
+    """A job of two ranks; each rank begins once `started` holds a file of all four ranks of the two
+    jobs (it writes its own, and waits 60 s at most): a job's 200 ms of kernels would otherwise end
+    before the other job's ranks began where Slurm starts those late (once in CI, under Slurm 24.11:
+    one switch on GPU 0)."""
+    d = shlex.quote(str(started))
+    rank = (f"touch {d}/$SLURM_JOB_ID.$SLURM_PROCID; i=0; "
+            f"while [ $(ls {d} | wc -l) -lt 4 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+            f"exec {shlex.quote(str(nvtest))} init ctx:$SLURM_PROCID "
             f"barrier:{KERNEL_US}:{ROUNDS}:2:$SLURM_PROCID")
     script = (f"#!/bin/sh\nexport LD_LIBRARY_PATH={shlex.quote(str(BUILD))}\n"
               f"export FAKE_CUDA_TRACE={shlex.quote(str(trace))}\n"
@@ -52,9 +59,12 @@ def rows(trace: Path, job: int) -> list[tuple[int, str, int, int]]:
 def test_two_two_gpu_jobs_of_two_tasks_complete_in_gang_turns(healthy, jobdir, nvtest,
                                                               short_turns):
     traces = {}
+    started = jobdir / "started"
+    started.mkdir()
+    started.chmod(0o777)
     for n in (1, 2):
         trace = jobdir / f"trace{n}"
-        traces[two_rank_job(healthy, nvtest, trace)] = trace
+        traces[two_rank_job(healthy, nvtest, trace, started)] = trace
     for job in traces:
         assert healthy.wait_job(job, 120) == "COMPLETED", healthy.diagnostics()
     kernels = [r for job, trace in traces.items() for r in rows(trace, job)]
