@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mixes import steps_per_s  # noqa: E402
+from bench_mixes import file_tag, steps_per_s, warm_steps_per_s  # noqa: E402
 from gpu_bench import (PROBE_SLACK_MS, REPO, SEEDS, TRAIN, WORKLOADS, Job, Mps, Scheduler, clean_env,  # noqa: E402
                        log, percentile, run_jobs, train_phase)
 
@@ -88,7 +87,7 @@ def main() -> int:
         for arm in arms:
             key = f"{n}batch-{arm}"
             variant = dict([arm.split(":", 1)[1].split("=", 1)]) if ":" in arm else {}
-            tag = re.sub(r"[^A-Za-z0-9_.=-]", "_", key)   # its logs' names
+            tag = file_tag(f"{n}batch", arm)   # its logs' names
             log(f"{key}: running")
             sched = mps = None
             try:
@@ -99,14 +98,14 @@ def main() -> int:
                     for i, r in enumerate(batch):
                         if r["status"] == "ok":
                             alone_train[i] = train_phase(r)
-                            alone_rate[i] = steps_per_s(r["times"], r["times"][3], r["times"][-1])[0] or 0.0
+                            alone_rate[i] = warm_steps_per_s(r["times"])[0] or 0.0
                 else:
                     if arm.startswith("nvshare"):
                         sched = Scheduler("auto", Path(logs / f"{tag}-sched"), logs / f"{tag}-scheduler.log",
                                           None)
                         envs = [dict(sched.job_env(base)[1], **variant) for _ in range(n + 1)]
                     elif arm == "mps":
-                        mps = Mps(logs / f"{key}-mps")
+                        mps = Mps(logs / f"{tag}-mps")
                         envs = [mps.client_env(base) for _ in range(n + 1)]
                     else:
                         envs = [base] * (n + 1)

@@ -374,6 +374,12 @@ def steps_per_s(ends: list[float], t0: float, t1: float) -> tuple[float | None, 
     return (n / (t1 - t0) if t1 > t0 else None), n
 
 
+def warm_steps_per_s(ends: list[float]) -> tuple[float | None, int]:
+    """A training alone: steps/s after its first 3 (fewer when it made fewer), and how many."""
+    k = min(3, len(ends) - 2)
+    return steps_per_s(ends, ends[k], ends[-1]) if k >= 0 else (None, 0)
+
+
 def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
     """Each job's numbers. A training (kind train) beside a server: its steps/s over the server's
     window; alone (the serial arm): over its steps after the first 3."""
@@ -399,8 +405,7 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
             elif kind == "train":
                 ends = j["times"]
                 if alone or window is None:
-                    k = min(3, len(ends) - 2)
-                    rate, n = steps_per_s(ends, ends[k], ends[-1]) if k >= 0 else (None, 0)
+                    rate, n = warm_steps_per_s(ends)
                     e.update(steps_per_s=rate, rate_steps=n)
                 else:   # the server's window; cut where the training ended, if it ended first
                     end = min(window[1], ends[-1])

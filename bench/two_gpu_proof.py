@@ -129,7 +129,7 @@ class Jobs:
         while pending and time.monotonic() < deadline:
             for job in list(pending):
                 if self.c.job_state(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING",
-                                                           "COMPLETING", None):
+                                                                 "COMPLETING", None):
                     pending.discard(job)
             time.sleep(0.5)
         for job in pending:

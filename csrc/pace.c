@@ -307,7 +307,8 @@ static void mark(struct nvshare_gpu *g, struct nvshare_pace_state *p, CUstream s
     /* Still queued when this one is recorded: the GPU runs the launches between them back to back.
      * Otherwise their elapsed time holds the host's gap too (a 20 us kernel read 0.68 ms on the fake
      * driver behind an idle stream). */
-    s->behind = before && before->stream == stream && nvshare_real.cuEventQuery(before->ev) == CUDA_ERROR_NOT_READY;
+    s->behind = before && before->stream == stream &&
+                nvshare_real.cuEventQuery(before->ev) == CUDA_ERROR_NOT_READY;
     s->shape = shape;
     s->holds = nvshare_hold_count(g);
     s->held = nvshare_hold_on(g);
