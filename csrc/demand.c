@@ -154,6 +154,9 @@ static uint64_t overslept(struct nvshare_gpu *g, struct demand *d, uint64_t from
 
 static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
 {
+    /* A burst under way with no first launch of it on its way into the gate (gate.h: announced, not
+     * inside yet), read first and in this order: a burst begun after this look is not ended by it. */
+    int burst_open = atomic_load(&g->burst.in_burst) && !atomic_load(&g->gate.beginning);
     int active = atomic_load_explicit(&g->gate.inside, memory_order_relaxed) > 0
                  || atomic_load_explicit(&g->gate.syncing, memory_order_relaxed) > 0;
     int busy = nvshare_gate_take_touched(g) || active;
@@ -204,7 +207,7 @@ static void sample(struct nvshare_gpu *g, struct demand *d, uint64_t now)
     nvshare_burst_note_demand(g, &note);
     /* Idle for a whole sample: a burst that no synchronise ended (a job that polls) is over. */
     int idle_sample = !busy || (!d->busy_now && now - d->run_start >= DEMAND_SAMPLE_NS);
-    if (idle_sample && atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))
+    if (idle_sample && burst_open)
         nvshare_burst_end(g);
     if (nvshare_outbox_connected())
         report(g, d, now);

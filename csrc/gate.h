@@ -33,14 +33,26 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
 {
     if (!g)
         return NULL;
+    /* A burst begun here is announced before this thread is inside: the demand sampler, which ends
+     * a burst it finds idle, leaves it be until then (preempted in between on a loaded CPU, an
+     * interactive command's burst read as ended before its kernel was launched, and the training
+     * beside it ran unheld for 5-15 ms). */
+    int beginning = 0;
     if (!atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed)) {
         if (atomic_load_explicit(&g->burst.armed, memory_order_relaxed) &&
-            !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed))
+            !atomic_load_explicit(&g->burst.in_burst, memory_order_relaxed)) {
+            beginning = 1;
+            atomic_fetch_add(&g->gate.beginning, 1);
             nvshare_burst_begin(g);
+        }
         nvshare_burst_yield_point(g);
     }
     for (;;) {
         atomic_fetch_add(&g->gate.inside, 1);
+        if (beginning) {
+            beginning = 0;
+            atomic_fetch_sub(&g->gate.beginning, 1);
+        }
         if (atomic_load(&g->gate.open) && !atomic_load(&g->gate.closing)) {
             if (!atomic_load_explicit(&g->gate.touched, memory_order_relaxed))
                 atomic_store_explicit(&g->gate.touched, 1, memory_order_relaxed);

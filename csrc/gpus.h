@@ -33,6 +33,7 @@ struct nvshare_gate_state {
     atomic_uint opens;            /* times it opened: swap.c's chunks untouched since a prefetch */
     atomic_int closing;           /* a release is draining the gate: new entries wait */
     atomic_int inside;            /* threads between gate_enter and gate_leave */
+    atomic_int beginning;         /* threads that began a burst and are not inside yet (demand.c) */
     atomic_int touched;           /* set by every entry, cleared by the keeper: idleness */
     atomic_int demand_touched;    /* set by every entry, taken by the demand sampler */
     atomic_int syncing;           /* threads in a synchronising call: waiting for this GPU's work */
