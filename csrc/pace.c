@@ -337,15 +337,21 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     launch_tl.shape = shape;
     launch_tl.kind = kind;
     launch_tl.held = 1;
+    int waited = 0;
     if (!each || kind == SHAPE_LONG || p->after_long || (uint64_t)p->unwaited * each >= seg) {
-        if (nvshare_hold_wait(g, stream))
+        if (nvshare_hold_wait(g, stream)) {
             p->unwaited = 0;
+            waited = 1;
+        }
     }
     p->after_long = kind == SHAPE_LONG;
-    if (kind != SHAPE_SHORT && p->unmarked) {
+    /* It is measured alone: an event after the launches before it, and after the wait just put in
+     * (one after the launch before, a long one, would measure the wait too: on the fake driver,
+     * whose waits pass when a polling thread next looks, a 20 us kernel read 0.3-0.7 ms so). */
+    if (kind != SHAPE_SHORT && (p->unmarked || waited)) {
         nvshare_in_hook++;
         if (same_context(p))
-            mark(g, p, stream, 0);   /* the launches before it: it is measured alone */
+            mark(g, p, stream, 0);
         nvshare_in_hook--;
     }
     pthread_mutex_unlock(&p->mu);
