@@ -48,7 +48,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mixes import steps_per_s  # noqa: E402
+from bench_mixes import steps_per_s, warm_steps_per_s  # noqa: E402
 from gpu_bench import PROBE_SLACK_MS, WORKLOADS, percentile  # noqa: E402
 from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
@@ -57,7 +57,6 @@ BASE = Path("/tmp/nvshare-step")    # short: munged's socket path must fit a soc
 BURST = REPO / "bench" / "build" / "burst"
 FAKE_UUID = "GPU-fa4e0000-0000-0000-0000-000000000000"
 TRAIN_SLACK_S = 10.0    # the training runs this much longer than the step's window
-WARM_STEPS = 3          # alone: the training's steps/s after these
 # What each job says first, parsed by given(): who ran it, its job and what the hook gave it.
 SAY_ENV = ('echo "step-env user=$(id -un) job=${SLURM_JOB_ID:-} LD_PRELOAD=${LD_PRELOAD:-} '
            'CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} '
@@ -219,15 +218,10 @@ def given(text: str) -> dict:
 
 
 def train_rate(result: dict | None, window: list[float] | None) -> tuple[float | None, int]:
-    """Steps/s: in the window (steps that ended inside it), or after the first WARM_STEPS alone."""
+    """Steps/s: in the window (steps that ended inside it), or alone after its first 3 (bench_mixes'
+    rule)."""
     ends = (result or {}).get("times") or []
-    if window is None:
-        if len(ends) <= WARM_STEPS + 1:
-            return None, 0
-        t0, t1 = ends[WARM_STEPS], ends[-1]
-    else:
-        t0, t1 = window
-    return steps_per_s(ends, t0, t1)
+    return warm_steps_per_s(ends) if window is None else steps_per_s(ends, *window)
 
 
 def check_given(check: Checks, part: str, what: str, env: dict, user: str) -> None:
