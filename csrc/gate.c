@@ -904,6 +904,7 @@ void nvshare_gate_after_fork(void)
         atomic_store(&g->gate.captures, 0);
         g->gate.last_release_idle = g->gate.quick_reasks = 0;
         atomic_store(&g->gate.inside, 0);
+        atomic_store(&g->gate.beginning, 0);   /* a parent's thread on its way in is not the child's */
         atomic_store(&g->gate.closing, 0);
         if (atomic_load(&g->mode) == GPU_GATED)
             atomic_store(&g->mode, GPU_UNKNOWN);
