@@ -36,7 +36,7 @@ static inline struct nvshare_gpu *nvshare_gate_enter(struct nvshare_gpu *g)
     /* A burst begun here is announced before this thread is inside: the demand sampler, which ends
      * a burst it finds idle, leaves it be until then (preempted in between on a loaded CPU, an
      * interactive command's burst read as ended before its kernel was launched, and the training
-     * beside it ran unheld for 5-15 ms). */
+     * beside it ran unheld for 5-20 ms). */
     int beginning = 0;
     if (!atomic_load_explicit(&nvshare_tl_capturing, memory_order_relaxed)) {
         if (atomic_load_explicit(&g->burst.armed, memory_order_relaxed) &&

@@ -347,7 +347,7 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     p->after_long = kind == SHAPE_LONG;
     /* It is measured alone: an event after the launches before it, and after the wait just put in
      * (one after the launch before, a long one, would measure the wait too: on the fake driver,
-     * whose waits pass when a polling thread next looks, a 20 us kernel read 0.3-0.7 ms so). */
+     * whose waits pass when a polling thread next looks, a 20 us kernel read up to 2 ms so). */
     if (kind != SHAPE_SHORT && (p->unmarked || waited)) {
         nvshare_in_hook++;
         if (same_context(p))

@@ -57,6 +57,21 @@ def holder_and_step(scheduler, hook_lib, procs, tmp_path, action: str, env: dict
     return holder, probe, launches, sorted(r[2] for r in launches if r[0] == probe.pid)
 
 
+def step_backlog(scheduler, hook_lib, procs, tmp_path, action: str, env: dict, commands: str, label: str,
+                 cpu: int | None = None) -> list[float]:
+    """holder_and_step, then the holder's work that runs on at each of the step's commands from the
+    sixth on (the first four make its class, prompt from the fifth: checked), in ms."""
+    from test_prompt import holder_backlog_ms
+
+    holder, probe, launches, starts = holder_and_step(scheduler, hook_lib, procs, tmp_path, action, env,
+                                                      commands, cpu)
+    backlog = holder_backlog_ms(launches, holder.pid, probe.pid, starts[4] + 1)
+    print(f"{label}the holder's work that runs on at {len(backlog)} commands' starts: "
+          f"{[round(b, 1) for b in backlog]}")
+    assert "its bursts are prompt" in probe.stderr_text, probe.stderr_text[-3000:]
+    return backlog
+
+
 def request_starts(launches, pid: int) -> list[int]:
     """The start of each request's first kernel: launched after the one before it had ended."""
     rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])
@@ -207,16 +222,9 @@ def test_an_interactive_step_a_second_apart_finds_the_holders_queue_held(hook_li
     training's queue unpaced (steps of 20 ms launched at once: about half of one ahead of it).
     Held on the GPU, the waits stay in the training's stream for ten seconds after a prompt burst
     (they cost no queue depth), and the GPU holds the queue behind the kernel under way."""
-    from test_prompt import holder_backlog_ms
-
-    holder, probe, launches, starts = holder_and_step(
-        scheduler, hook_lib, procs, tmp_path, "train:500:40:750:0:0",
-        {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {}, "burst:1000:11:1200")
-    # From the sixth command on: the first four make its class (prompt from the fifth).
-    backlog = holder_backlog_ms(launches, holder.pid, probe.pid, starts[4] + 1)
-    print(f"{how}: the holder's work that runs on at {len(backlog)} commands' starts: "
-          f"{[round(b, 1) for b in backlog]}")
-    assert "its bursts are prompt" in probe.stderr_text, probe.stderr_text[-3000:]
+    backlog = step_backlog(scheduler, hook_lib, procs, tmp_path, "train:500:40:750:0:0",
+                           {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {}, "burst:1000:11:1200",
+                           f"{how}: ")
     assert len(backlog) >= 5, backlog
     if how == "host":
         assert statistics.median(backlog) >= 3.0, backlog
@@ -234,23 +242,16 @@ def test_a_command_on_a_busy_cpu_is_held_for_its_whole_burst(hook_lib, scheduler
     holder's work beside a command), and the test above failed in CI (4.8 ms). A burst whose first
     launch is on its way into the gate is not ended (gate.h: `beginning`): at most 0.5 ms in 6
     runs."""
-    from test_prompt import holder_backlog_ms
-
     cpus = sorted(os.sched_getaffinity(0))
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}))
     procs.append(spinner)
     try:
-        holder, probe, launches, starts = holder_and_step(
-            scheduler, hook_lib, procs, tmp_path, "train:500:40:550:0:0", {}, "burst:1000:100:100",
-            cpu=cpus[0])
+        backlog = step_backlog(scheduler, hook_lib, procs, tmp_path, "train:500:40:550:0:0", {},
+                               "burst:1000:100:100", "", cpu=cpus[0])
     finally:
         spinner.kill()
         spinner.wait()
-    backlog = holder_backlog_ms(launches, holder.pid, probe.pid, starts[4] + 1)
-    print(f"the holder's work that runs on at {len(backlog)} commands' starts: "
-          f"{[round(b, 1) for b in backlog]}")
-    assert "its bursts are prompt" in probe.stderr_text, probe.stderr_text[-3000:]
     assert len(backlog) >= 80, backlog
     assert max(backlog) <= 3.0, backlog
 
