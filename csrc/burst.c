@@ -136,6 +136,10 @@
 /* A prompt job waiting its turn claims the others' hold until its wait's end and this much more (it
  * announces its own burst at once then). */
 #define PROMPT_NEXT_MARGIN_NS 1000000ull
+/* Leaks (hold.c, NVSHARE_PROMPT_LEAK_MS): a holder lets one segment of its work pass every period
+ * while a prompt job's burst launches, only into bursts of this mean length or more (a segment, up
+ * to a long kernel of 1.4 ms, then delays the burst's end by a fraction of it at most). */
+#define LEAK_BURST_MIN_NS 3000000ull
 
 NVSHARE_TLS int nvshare_tl_launch_held;
 
@@ -513,6 +517,8 @@ static void prompt_run(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint
 
 static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
 {
+    if (atomic_exchange(&g->burst.sync_marked, 0))
+        atomic_fetch_sub(&p->prompt_syncing, 1);
     if (!atomic_exchange(&g->burst.prompting, 0))
         return;
     uint64_t mine = atomic_exchange(&g->burst.prompt_mine, 0);
@@ -663,6 +669,27 @@ void nvshare_burst_end(struct nvshare_gpu *g)
     wake_holders(p);
 }
 
+void nvshare_burst_syncing(struct nvshare_gpu *g, int on)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    if (!p)
+        return;
+    if (on) {
+        if (atomic_load_explicit(&g->burst.prompting, memory_order_relaxed) &&
+            !atomic_exchange(&g->burst.sync_marked, 1))
+            atomic_fetch_add(&p->prompt_syncing, 1);
+    } else if (atomic_load_explicit(&g->burst.sync_marked, memory_order_relaxed) &&
+               atomic_exchange(&g->burst.sync_marked, 0)) {
+        atomic_fetch_sub(&p->prompt_syncing, 1);
+    }
+}
+
+int nvshare_burst_prompt_syncing(struct nvshare_gpu *g)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    return p && atomic_load_explicit(&p->prompt_syncing, memory_order_relaxed) != 0;
+}
+
 uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g)
 {
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
@@ -739,6 +766,7 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     a->until = p ? announced(p) : 0;
     a->began = p ? atomic_load_explicit(&p->prompt_began_ns, memory_order_relaxed) : 0;
     a->end = 0;
+    a->leak_from = 0;
     a->why = NULL;
     if (!p)
         return 0;
@@ -759,6 +787,13 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
         return 0;
     }
     a->end = a->until < budget ? a->until : budget;
+    /* Leaks (hold.c): only into a prompt job's bursts of LEAK_BURST_MIN_NS or more (what a leaked
+     * segment can cost it is small beside them), not its early ones, from a period into the burst. */
+    uint64_t len = atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed);
+    if (nvshare_cfg.prompt_leak_ns && len >= LEAK_BURST_MIN_NS && !atomic_load(&p->prompt_early)) {
+        uint64_t from = a->began && a->began <= now ? a->began : now;
+        a->leak_from = from + nvshare_cfg.prompt_leak_ns;
+    }
     return 1;
 }
 

@@ -27,7 +27,8 @@ struct nvshare_burst_page {
     _Atomic uint64_t prompt_began_ns;  /* when the last prompt burst began (or one that may be: a
                                           provisional one), CLOCK_MONOTONIC: prompt bursts are about */
     _Atomic uint64_t prompt_next_until;  /* a prompt job waits for another's prompt burst and runs its
-                                            own at the latest by this time: the others stay held */
+                                            own at the latest by this time: the others stay held */    _Atomic uint32_t prompt_syncing;  /* prompt jobs whose burst waits in a synchronise now (a hint): its
+                                         launches are in, what is left is GPU work (hold.c's leaks wait) */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -68,6 +69,11 @@ struct nvshare_burst_demand {
     uint64_t seen_ns;         /* how long its work has been sampled (lock waits left out) */
 };
 void nvshare_burst_note_demand(struct nvshare_gpu *g, const struct nvshare_burst_demand *d);
+/* A synchronise of this process on g begins (on: 1), or its last one ends (0): while its burst
+ * is a prompt one, the page counts it (prompt_syncing). */
+void nvshare_burst_syncing(struct nvshare_gpu *g, int on);
+/* Does a prompt job's burst wait in a synchronise now (the page says so; untrusted)? */
+int nvshare_burst_prompt_syncing(struct nvshare_gpu *g);
 /* The length the last prompt burst's job announced for its bursts (0: none; untrusted). */
 uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g);
 void nvshare_burst_after_fork(void);
@@ -90,6 +96,8 @@ struct nvshare_hold_ask {
     uint32_t seq;
     uint64_t until, end;
     uint64_t began;    /* when the prompt burst under way began, as the page says (debug counts) */
+    uint64_t leak_from; /* a prompt hold that may let one segment of this job's work pass at a time from
+                           then on (hold.c's leaks), 0: none may */
     const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);

@@ -297,6 +297,23 @@ void nvshare_read_settings(void)
      * wait before and after it (pace.c, nvshare_pace_hold). off: segments of the mean launch only, as
      * before (on the H200 an interactive step beside an fp32 training's GEMMs waited for two). */
     nvshare_cfg.hold_shapes = on_off("NVSHARE_HOLD_SHAPES");
+    /* 1 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst) no
+     * longer holds the training beside it for its whole burst: one segment of the training's work
+     * passes every millisecond while the server launches, none while it waits in a synchronise
+     * (hold.c). off or 0: held for the whole burst, as before. */
+    const char *leak = getenv("NVSHARE_PROMPT_LEAK_MS");
+    nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_MS_DEFAULT * 1000000ull;
+    if (leak && (!strcasecmp(leak, "off") || !strcmp(leak, "0"))) {
+        nvshare_cfg.prompt_leak_ns = 0;
+    } else if (leak && *leak) {
+        char *end = NULL;
+        double ms = strtod(leak, &end);
+        if (end == leak || *end || !(ms >= 0.05 && ms <= 1000))
+            nvshare_log("NVSHARE_PROMPT_LEAK_MS=%s is not off nor a number of milliseconds from 0.05 to 1000; "
+                        "using %u", leak, NVSHARE_PROMPT_LEAK_MS_DEFAULT);
+        else
+            nvshare_cfg.prompt_leak_ns = (uint64_t)(ms * 1e6);
+    }
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

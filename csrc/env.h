@@ -47,6 +47,9 @@ struct nvshare_settings {
     int hold_shapes;             /* NVSHARE_HOLD_SHAPES: held on the GPU, a launch whose kernel shape ran a
                                   * segment or longer gets waits of its own (pace.c): 1 (on, the
                                   * default), 0 (off: segments of the mean launch only) */
+    uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
+                                  * launches, one segment of this job's work passes every this much
+                                  * (hold.c's leaks); 0 (off): none */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -61,6 +64,7 @@ struct nvshare_settings {
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
 #define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
+#define NVSHARE_PROMPT_LEAK_MS_DEFAULT 1u
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 extern struct nvshare_settings nvshare_cfg;

@@ -111,6 +111,7 @@ struct nvshare_burst_state {
     _Atomic uint64_t yielded_ns;         /* waited for prompt bursts in that second */
     _Atomic uint64_t yield_ignore_until; /* waited a budget's worth: ignore prompt bursts till then */
     _Atomic uint64_t next_mine;   /* the prompt_next_until this process wrote (waiting its turn) */
+    atomic_int sync_marked;       /* a synchronise of its prompt burst is counted on the page (prompt_syncing) */
     /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
      * only hold.c's watcher touches these. */
     uint64_t corun_window_ns;     /* the start of the second whose holds are counted */
@@ -200,6 +201,12 @@ struct nvshare_hold_state {
     CUcontext ctx;                /* the context the word was mapped in (waits go only into it) */
     atomic_uint holds;            /* times the word was set: a queue held between two events makes
                                      their elapsed time no launch's (pace.c) */
+    _Atomic(uint32_t) *passed;    /* beside the word: the GPU writes the number of each wait it passed there
+                                     (hold.c's leaks let one segment pass), NULL: it cannot */
+    CUdeviceptr dpassed;          /* ... its address on the GPU, and that of the word it writes a wait's
+                                     number into as it comes to it */
+    CUdeviceptr darrived;
+    atomic_uint tickets;          /* waits put in so far (the last number written after one) */
 };
 
 struct nvshare_gpu {

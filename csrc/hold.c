@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "burst.h"
@@ -44,6 +45,17 @@
  * HOLD_LOOKS_WINDOW_NS (a server of a thousand requests a second makes 20) it pauses
  * HOLD_FLOOD_PAUSE_NS before each look until the window ends: a prompt burst is then held up to
  * that much later. */
+/* Leaks (NVSHARE_PROMPT_LEAK_MS, burst.c says when): the GPU writes a wait's number into `arrived`
+ * as it comes to the wait (the segment before it has run), and into `passed` once past it (words of
+ * the word's page, HOLD_ARRIVED_OFFSET and HOLD_PASSED_OFFSET). A leak lets the word go until `passed`
+ * moves, at most LEAK_OPEN_MAX_NS, and sets it again: one segment of the queue runs (or one long
+ * kernel), and the next leak comes a period after `arrived` says it has run (looked at every
+ * LEAK_LOOK_NS, at most LEAK_SEGMENT_MAX_NS). */
+#define HOLD_ARRIVED_OFFSET 64
+#define HOLD_PASSED_OFFSET 128
+#define LEAK_OPEN_MAX_NS 200000ull
+#define LEAK_SEGMENT_MAX_NS 5000000ull
+#define LEAK_LOOK_NS 5000L
 #define HOLD_LOOKS_MAX 50
 #define HOLD_LOOKS_WINDOW_NS 10000000ull
 #define HOLD_FLOOD_PAUSE_NS 1000000ull
@@ -56,7 +68,9 @@
 #define HOLD_LAG_BUCKETS 6
 static const uint64_t lag_edges_ns[HOLD_LAG_BUCKETS - 1] = {50000, 100000, 200000, 500000, 1000000};
 #define HOLD_WHY_MAX 4
+enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_KINDS };
 struct hold_counts {
+    atomic_uint leaks[LEAK_KINDS];   /* leaks whose segment passed, that found none, not made (syncing) */
     atomic_uint lag[HOLD_LAG_BUCKETS];
     atomic_uint not_held[HOLD_WHY_MAX];
     const char *_Atomic why[HOLD_WHY_MAX];
@@ -103,6 +117,11 @@ static void say_counts(struct nvshare_gpu *g)
         nvshare_debug("gpu %s: held its queue %u times for prompt bursts, the word set after the burst began: within "
                       "0.05 ms %u, 0.1 ms %u, 0.2 ms %u, 0.5 ms %u, 1 ms %u, later %u%s", g->uuid, held, l[0], l[1],
                       l[2], l[3], l[4], l[5], why);
+    if (atomic_load(&c->leaks[LEAK_PASSED]) || atomic_load(&c->leaks[LEAK_NOTHING]) ||
+        atomic_load(&c->leaks[LEAK_SYNCING]))
+        nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass, %u found none waiting, %u not made "
+                      "(the prompt job waited in a synchronise)", g->uuid, atomic_load(&c->leaks[LEAK_PASSED]),
+                      atomic_load(&c->leaks[LEAK_NOTHING]), atomic_load(&c->leaks[LEAK_SYNCING]));
 }
 
 static atomic_int exiting;
@@ -137,12 +156,45 @@ static void set_word(struct nvshare_gpu *g, uint32_t v)
         atomic_store(w, 0);   /* let_go_all ran meanwhile */
 }
 
+/* A leak (see above); returns when the leaked segment had run (or was given up on). */
+static uint64_t leak(struct nvshare_gpu *g)
+{
+    _Atomic(uint32_t) *passed = atomic_load(&g->hold.passed);
+    if (!passed)
+        return nvshare_now_ns();
+    _Atomic(uint32_t) *arrived = passed - (HOLD_PASSED_OFFSET - HOLD_ARRIVED_OFFSET) / sizeof *passed;
+    uint32_t before = atomic_load(passed);
+    uint64_t now = nvshare_now_ns(), deadline = now + LEAK_OPEN_MAX_NS;
+    int moved = 0;
+    set_word(g, 0);
+    while (!(moved = atomic_load(passed) != before) && !atomic_load(&exiting) && now < deadline) {
+        struct timespec ts = {0, LEAK_LOOK_NS};
+        nanosleep(&ts, NULL);
+        now = nvshare_now_ns();
+    }
+    set_word(g, 1);
+    if (nvshare_cfg.debug)
+        atomic_fetch_add_explicit(&counts[g - nvshare_gpus].leaks[moved ? LEAK_PASSED : LEAK_NOTHING], 1,
+                                  memory_order_relaxed);
+    if (!moved)
+        return now;
+    uint32_t mine = atomic_load(passed);   /* the segment after this wait runs until the next one */
+    deadline = now + LEAK_SEGMENT_MAX_NS;
+    while ((int32_t)(atomic_load(arrived) - mine) <= 0 && !atomic_load(&exiting) && now < deadline) {
+        struct timespec ts = {0, 4 * LEAK_LOOK_NS};
+        nanosleep(&ts, NULL);
+        now = nvshare_now_ns();
+    }
+    return now;
+}
+
 static void *watch(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;
     pthread_setname_np(pthread_self(), "nvshare-hold");   /* top -H and the tests tell it apart */
-    uint64_t held_since = 0, gave_up = 0, window = 0;
+    prctl(PR_SET_TIMERSLACK, 1000UL);   /* a leak's looks every 5 us, not the default 50 us later */
+    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0;
     unsigned looks = 0;
     int said[2] = {0, 0}, said_flood = 0, held_corun = 0;
     for (;;) {
@@ -189,9 +241,27 @@ static void *watch(void *arg)
             }
             uint64_t cap = held_since + NVSHARE_SERVE_HOLD_MAX_NS;
             uint64_t end = a.end < cap ? a.end : cap;
+            if (a.corun || !a.leak_from) {
+                leak_began = leak_next = 0;
+            } else if (a.began != leak_began || !leak_next) {   /* a prompt burst to leak into: from a period on */
+                leak_began = a.began;
+                leak_next = a.leak_from;
+            }
+            if (leak_next && now >= leak_next) {
+                uint64_t done = nvshare_now_ns();
+                if (!nvshare_burst_prompt_syncing(g))
+                    done = leak(g);
+                else if (nvshare_cfg.debug)
+                    atomic_fetch_add_explicit(&counts[g - nvshare_gpus].leaks[LEAK_SYNCING], 1, memory_order_relaxed);
+                leak_next = done + nvshare_cfg.prompt_leak_ns;
+                continue;
+            }
+            if (leak_next && leak_next < end)
+                end = leak_next;
             nvshare_burst_wait_prompts(g, a.seq, end > now ? end - now : 1000);
             continue;
         }
+        leak_began = leak_next = 0;
         count_not_held(g, a.why);
         if (held_since) {
             set_word(g, 0);
@@ -215,6 +285,12 @@ static cuStreamWaitValue32_v2_fn wait_value(void)
 {
     return nvshare_real.cuStreamWaitValue32_v2 ? nvshare_real.cuStreamWaitValue32_v2
                                                : (cuStreamWaitValue32_v2_fn)nvshare_real.cuStreamWaitValue32;
+}
+
+static cuStreamWaitValue32_v2_fn write_value(void)
+{
+    return nvshare_real.cuStreamWriteValue32_v2 ? (cuStreamWaitValue32_v2_fn)nvshare_real.cuStreamWriteValue32_v2
+                                                : (cuStreamWaitValue32_v2_fn)nvshare_real.cuStreamWriteValue32;
 }
 
 static int make(struct nvshare_gpu *g)
@@ -243,8 +319,13 @@ static int make(struct nvshare_gpu *g)
                       "host while co-runners' prompt bursts run", g->uuid, (int)rc);
         return 0;
     }
-    atomic_store(&g->hold.word, (_Atomic(uint32_t) *)p);
     g->hold.dword = d;
+    if (nvshare_cfg.prompt_leak_ns && write_value()) {   /* before the word: the watcher sees both */
+        g->hold.darrived = d + HOLD_ARRIVED_OFFSET;
+        g->hold.dpassed = d + HOLD_PASSED_OFFSET;
+        atomic_store(&g->hold.passed, (_Atomic(uint32_t) *)((char *)p + HOLD_PASSED_OFFSET));
+    }
+    atomic_store(&g->hold.word, (_Atomic(uint32_t) *)p);
     pthread_once(&exit_once, register_exit);
     if (nvshare_start_thread(watch, g, 128 * 1024) != 0)
         return 0;   /* the word stays, never written: waits on it would pass */
@@ -267,10 +348,26 @@ int nvshare_hold_ready(struct nvshare_gpu *g)
     return atomic_load(&g->hold.state) == NVSHARE_HOLD_READY;
 }
 
+/* The driver refused a write of a word in a stream: no leaks from now on (0). */
+static int no_writes(struct nvshare_gpu *g)
+{
+    if (atomic_exchange(&g->hold.passed, NULL))
+        nvshare_debug("gpu %s: the driver refused a write after a wait: its queue is held for whole prompt "
+                      "bursts", g->uuid);
+    return 0;
+}
+
 int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream)
 {
     nvshare_in_hook++;
+    /* With leaks, the GPU says when it comes to the wait and when it is past it (see above). */
+    int said = atomic_load_explicit(&g->hold.passed, memory_order_relaxed) != NULL;
+    uint32_t n = said ? atomic_fetch_add_explicit(&g->hold.tickets, 1, memory_order_relaxed) + 1 : 0;
+    if (said && write_value()(stream, g->hold.darrived, n, 0) != CUDA_SUCCESS)
+        said = no_writes(g);
     CUresult rc = wait_value()(stream, g->hold.dword, 0, CU_STREAM_WAIT_VALUE_EQ);
+    if (rc == CUDA_SUCCESS && said && write_value()(stream, g->hold.dpassed, n, 0) != CUDA_SUCCESS)
+        no_writes(g);
     nvshare_in_hook--;
     if (rc == CUDA_SUCCESS)
         return 1;
@@ -289,6 +386,9 @@ void nvshare_hold_after_fork(void)
         struct nvshare_hold_state *h = &nvshare_gpus[i].hold;
         atomic_store(&h->word, NULL);
         h->dword = 0;
+        atomic_store(&h->passed, NULL);
+        h->dpassed = h->darrived = 0;
+        atomic_store(&h->tickets, 0);
         atomic_store(&h->state, NVSHARE_HOLD_UNTRIED);
     }
 }

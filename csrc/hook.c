@@ -387,11 +387,15 @@ END_CAPTURE_WRAPPER(cuStreamEndCapture_ptsz)
     do {                                                                                         \
         REAL_OR_FAIL(name);                                                                      \
         struct nvshare_gpu *sync_gpu_ = (gpu);                                                   \
-        if (sync_gpu_)                                                                           \
+        if (sync_gpu_) {                                                                         \
             nvshare_gate_sync_begin(sync_gpu_);                                                  \
+            nvshare_burst_syncing(sync_gpu_, 1);                                                 \
+        }                                                                                        \
         CUresult sync_rc_ = call;                                                                \
-        if (sync_gpu_ && nvshare_gate_sync_end(sync_gpu_) &&                                     \
-            atomic_load_explicit(&sync_gpu_->burst.in_burst, memory_order_relaxed) &&            \
+        int sync_last_ = sync_gpu_ && nvshare_gate_sync_end(sync_gpu_);                          \
+        if (sync_last_)                                                                          \
+            nvshare_burst_syncing(sync_gpu_, 0);                                                 \
+        if (sync_last_ && atomic_load_explicit(&sync_gpu_->burst.in_burst, memory_order_relaxed) && \
             atomic_load(&sync_gpu_->gate.inside) == 0)                                           \
             nvshare_burst_end(sync_gpu_); /* its work is done: a co-runner's burst may begin */  \
         return sync_rc_;                                                                         \

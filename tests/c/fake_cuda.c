@@ -601,8 +601,8 @@ struct bar_op {
     int barrier;          /* 0: a sleep kernel queued behind a barrier (or a wait); BAR_* */
     uint64_t us, k, launch_ns;
     int ranks;
-    volatile uint32_t *word;   /* BAR_WAIT: the host word it waits on ... */
-    uint32_t value;            /* ... until it equals this (or is at least this: geq) */
+    volatile uint32_t *word;   /* BAR_WAIT: the host word it waits on ... (BAR_WRITE: writes) */
+    uint32_t value;            /* ... until it equals this (or is at least this: geq); BAR_WRITE: this */
     int geq;
     struct fevent *ev;         /* BAR_EVENT: the event recorded behind a pending operation */
     struct bar_op *next;
@@ -611,6 +611,7 @@ struct bar_op {
 #define BAR_BARRIER 1
 #define BAR_WAIT 2
 #define BAR_EVENT 3
+#define BAR_WRITE 4
 static struct {
     struct fstream *st;
     struct bar_op *head, *tail;
@@ -696,6 +697,11 @@ static int bar_resolve(int i)
             if (op->geq ? v < op->value : v != op->value)
                 return 0;
             ready = seen > start ? seen : start;
+        } else if (op->barrier == BAR_WRITE) {
+            /* Written when the stream reaches it (the poller, or whoever waits for the stream). */
+            if (start > now_ns())
+                return 0;
+            __atomic_store_n(op->word, op->value, __ATOMIC_RELEASE);
         } else if (op->barrier == BAR_EVENT) {
             op->ev->at = start;
         } else if (op->barrier == BAR_BARRIER) {
@@ -820,6 +826,32 @@ EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t 
 }
 EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 { return cuStreamWaitValue32_v2(s, addr, value, flags); }
+
+/* A write of a host word in stream order (cuStreamWriteValue32): done when the stream reaches it,
+ * as the GPU does once the work before it has run. FAKE_CUDA_NO_WAIT_VALUE=1 refuses it too. */
+EXPORT CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NEED_CTX();
+    const char *no = getenv("FAKE_CUDA_NO_WAIT_VALUE");
+    if (no && *no == '1')
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct fstream *st = stream_of(s);
+    if (!st || !addr || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (st->capturing)
+        return CUDA_SUCCESS;
+    struct bar_op *op = calloc(1, sizeof *op);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->barrier = BAR_WRITE;
+    op->word = (volatile uint32_t *)(uintptr_t)addr;
+    op->value = value;
+    op->launch_ns = now_ns();
+    pthread_once(&poller_once, start_poller);
+    pthread_mutex_lock(&bar_mu);
+    return bar_enqueue(st, op);
+}
+EXPORT CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{ return cuStreamWriteValue32_v2(s, addr, value, flags); }
 
 /* Mapped host memory: the device sees it at the same address (unified addressing).
  * FAKE_CUDA_NO_HOST_DEVICE_POINTER=1 refuses it (CUDA_ERROR_NOT_SUPPORTED) after a registration
@@ -1904,7 +1936,8 @@ EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *p, CUstream st)
     F(cuCtxEnablePeerAccess) F(cuDevicePrimaryCtxReset_v2) F(cuMemExportToShareableHandle)                    \
     F(cuMemImportFromShareableHandle) F(cuIpcGetMemHandle) F(cuIpcOpenMemHandle_v2) F(cuIpcCloseMemHandle)  \
     F(cuMemcpyPeer) F(cuMemcpyPeerAsync) F(cuMemcpy3DPeer) F(cuMemcpy3DPeerAsync)                   \
-    F(cuStreamWaitValue32) F(cuStreamWaitValue32_v2) F(cuMemHostGetDevicePointer_v2)
+    F(cuStreamWaitValue32) F(cuStreamWaitValue32_v2) F(cuMemHostGetDevicePointer_v2)                    \
+    F(cuStreamWriteValue32) F(cuStreamWriteValue32_v2)
 
 static const struct { const char *name; void *fn; } proc_table_more[] = {
     FAKE_FUNCS_MORE(PROC_ENTRY)

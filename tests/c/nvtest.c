@@ -894,9 +894,12 @@ static void run(char *action)
         }
         printf("burst ok\n");
     } else if (strcmp(action, "serve") == 0) {
-        unsigned long long us = 1000, seed = 1;
+        /* serve:US:K:N:MEANMS:SEED[:HOSTUS]: N requests arriving at random (mean MEANMS apart), each K
+         * kernels of US and a synchronise; with HOSTUS, that much host work before each kernel (a
+         * server bound by its host's launches: model.generate's tokens). */
+        unsigned long long us = 1000, seed = 1, host_us = 0;
         int k = 1, requests = 1, mean_ms = 30;
-        sscanf(arg, "%llu:%d:%d:%d:%llu", &us, &k, &requests, &mean_ms, &seed);
+        sscanf(arg, "%llu:%d:%d:%d:%llu:%llu", &us, &k, &requests, &mean_ms, &seed, &host_us);
         uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1, next = now_ns();
         for (int i = 0; i < requests; i++) {
             x ^= x << 13; x ^= x >> 7; x ^= x << 17;   /* xorshift64: uniform in (0, 1] below */
@@ -905,8 +908,11 @@ static void run(char *action)
             uint64_t t = now_ns();
             if (next > t)
                 usleep((useconds_t)((next - t) / 1000));
-            for (int j = 0; j < k; j++)
+            for (int j = 0; j < k; j++) {
+                if (host_us)
+                    usleep((useconds_t)host_us);
                 launch(us, 1);
+            }
             check("cuCtxSynchronize", api.cuCtxSynchronize());
         }
         printf("serve ok\n");
