@@ -140,6 +140,14 @@
  * while a prompt job's burst launches, only into bursts of this mean length or more (a segment, up
  * to a long kernel of 1.4 ms, then delays the burst's end by a fraction of it at most). */
 #define LEAK_BURST_MIN_NS 3000000ull
+/* A prompt job whose bursts come in trains (LINGER_TRAIN_MIN_PPM of its gaps shorter than
+ * LINGER_GAP_MAX_NS: model.generate's tokens, each ended by a synchronise, 0.6-1.6 ms apart on the
+ * H200) keeps the others held after a burst for 1.5 of its short gaps' mean and LINGER_MARGIN_NS, at
+ * most LINGER_GAP_MAX_NS (NVSHARE_PROMPT_LINGER=off: not): let go between two tokens, the training
+ * ran a kernel (a GEMM of 1.0-1.4 ms) that the next token waited for, at each of them. */
+#define LINGER_GAP_MAX_NS 3000000ull
+#define LINGER_TRAIN_MIN_PPM 500000u
+#define LINGER_MARGIN_NS 300000ull
 
 NVSHARE_TLS int nvshare_tl_launch_held;
 
@@ -510,9 +518,35 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
 static void prompt_run(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, uint64_t hold,
                        int early)
 {
-    if (atomic_load(&p->prompt_until) > now)
+    uint64_t until = atomic_load(&p->prompt_until);
+    if (until > now && until != atomic_load(&g->burst.linger_mine))   /* not our own linger */
         prompt_take_turn(g, p, now);
     prompt_begin(g, p, hold, early);
+}
+
+/* A burst of this job begins `gap` after its last one ended: the share of its gaps that are short
+ * (a train of bursts: model.generate's tokens, each ended by a synchronise) and their mean. */
+static void note_gap(struct nvshare_burst_state *b, uint64_t gap)
+{
+    int train = gap < LINGER_GAP_MAX_NS;
+    double ppm = atomic_load_explicit(&b->train_ppm, memory_order_relaxed);
+    atomic_store_explicit(&b->train_ppm, (unsigned)(ppm + NVSHARE_RUN_WEIGHT * (train * 1e6 - ppm)),
+                          memory_order_relaxed);
+    if (train)
+        atomic_store_explicit(&b->train_gap_ns,
+                              (uint64_t)nvshare_run_mean((double)atomic_load(&b->train_gap_ns), (double)gap),
+                              memory_order_relaxed);
+}
+
+/* How long the others stay held after a prompt burst of this job ends (see LINGER_*), 0: not. */
+static uint64_t linger_ns(struct nvshare_gpu *g)
+{
+    uint64_t gap = atomic_load_explicit(&g->burst.train_gap_ns, memory_order_relaxed);
+    if (!nvshare_cfg.prompt_linger || !gap ||
+        atomic_load_explicit(&g->burst.train_ppm, memory_order_relaxed) < LINGER_TRAIN_MIN_PPM)
+        return 0;
+    uint64_t linger = gap + gap / 2 + LINGER_MARGIN_NS;
+    return linger < LINGER_GAP_MAX_NS ? linger : LINGER_GAP_MAX_NS;
 }
 
 static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
@@ -521,8 +555,12 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
         atomic_fetch_sub(&p->prompt_syncing, 1);
     if (!atomic_exchange(&g->burst.prompting, 0))
         return;
-    uint64_t mine = atomic_exchange(&g->burst.prompt_mine, 0);
-    atomic_compare_exchange_strong(&p->prompt_until, &mine, 0);   /* not if another extended it */
+    uint64_t mine = atomic_exchange(&g->burst.prompt_mine, 0), linger = linger_ns(g);
+    /* Not if another extended it. Lingering, the others stay held until the next burst of the train
+     * is due (the wake makes their watchers look at the new end). */
+    uint64_t until = linger ? nvshare_now_ns() + linger : 0;
+    atomic_store(&g->burst.linger_mine, until);
+    atomic_compare_exchange_strong(&p->prompt_until, &mine, until);
     prompt_wake(p);
 }
 
@@ -591,6 +629,9 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         return;  /* another thread of this process began it */
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
+    uint64_t ended = atomic_load_explicit(&g->burst.ended_ns, memory_order_relaxed);
+    if (ended && now > ended)
+        note_gap(&g->burst, now - ended);
     uint64_t idle_since = atomic_load_explicit(&g->burst.idle_since, memory_order_relaxed);
     if (p && idle_since)
         serves_now(g, now, idle_since);   /* the gap that ends here counts */
@@ -656,6 +697,7 @@ void nvshare_burst_end(struct nvshare_gpu *g)
 {
     if (!atomic_exchange(&g->burst.in_burst, 0))
         return;
+    atomic_store_explicit(&g->burst.ended_ns, nvshare_now_ns(), memory_order_relaxed);
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     if (p)
         prompt_end(g, p);

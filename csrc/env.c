@@ -301,6 +301,10 @@ void nvshare_read_settings(void)
      * longer holds the training beside it for its whole burst: one segment of the training's work
      * passes every millisecond while the server launches, none while it waits in a synchronise
      * (hold.c). off or 0: held for the whole burst, as before. */
+    /* on (unset): model.generate's tokens are bursts of their own, each ended by a synchronise; let go
+     * between two, the training ran a kernel (a 1.0-1.4 ms GEMM on the H200) that the next token waited
+     * for (burst.c's linger). off: let go at every burst's end, as before. */
+    nvshare_cfg.prompt_linger = on_off("NVSHARE_PROMPT_LINGER");
     const char *leak = getenv("NVSHARE_PROMPT_LEAK_MS");
     nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_MS_DEFAULT * 1000000ull;
     if (leak && (!strcasecmp(leak, "off") || !strcmp(leak, "0"))) {

@@ -47,6 +47,8 @@ struct nvshare_settings {
     int hold_shapes;             /* NVSHARE_HOLD_SHAPES: held on the GPU, a launch whose kernel shape ran a
                                   * segment or longer gets waits of its own (pace.c): 1 (on, the
                                   * default), 0 (off: segments of the mean launch only) */
+    int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
+                                  * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
                                   * launches, one segment of this job's work passes every this much
                                   * (hold.c's leaks); 0 (off): none */

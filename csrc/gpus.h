@@ -112,6 +112,11 @@ struct nvshare_burst_state {
     _Atomic uint64_t yield_ignore_until; /* waited a budget's worth: ignore prompt bursts till then */
     _Atomic uint64_t next_mine;   /* the prompt_next_until this process wrote (waiting its turn) */
     atomic_int sync_marked;       /* a synchronise of its prompt burst is counted on the page (prompt_syncing) */
+    _Atomic uint64_t ended_ns;    /* when its last burst ended (0: none yet) */
+    atomic_uint train_ppm;        /* the share of its gaps between bursts that are short (a train: burst.c's
+                                     linger), a running mean */
+    _Atomic uint64_t train_gap_ns; /* ... and their mean length */
+    _Atomic uint64_t linger_mine; /* the prompt_until its last prompt burst's end wrote (lingering), 0: none */
     /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
      * only hold.c's watcher touches these. */
     uint64_t corun_window_ns;     /* the start of the second whose holds are counted */

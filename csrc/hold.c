@@ -188,13 +188,21 @@ static uint64_t leak(struct nvshare_gpu *g)
     return now;
 }
 
+/* A hold of `ns` in which leaks let `leaked_ns` of this job's work run counts that much less against
+ * the yield budget, but at least half of it: a page that claims a prompt burst without end holds the
+ * job at most the budget's worth still, or twice that with every other moment leaked. */
+static uint64_t counted(uint64_t ns, uint64_t leaked_ns)
+{
+    return ns - (leaked_ns < ns / 2 ? leaked_ns : ns / 2);
+}
+
 static void *watch(void *arg)
 {
     struct nvshare_gpu *g = arg;
     nvshare_in_hook = 1;
     pthread_setname_np(pthread_self(), "nvshare-hold");   /* top -H and the tests tell it apart */
     prctl(PR_SET_TIMERSLACK, 1000UL);   /* a leak's looks every 5 us, not the default 50 us later */
-    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0;
+    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0;
     unsigned looks = 0;
     int said[2] = {0, 0}, said_flood = 0, held_corun = 0;
     for (;;) {
@@ -219,7 +227,7 @@ static void *watch(void *arg)
         }
         struct nvshare_hold_ask a;
         uint64_t prompt_held = held_since && !held_corun ? now - held_since : 0;
-        int hold = nvshare_burst_hold_now(g, now, prompt_held, &a) && a.until != gave_up;
+        int hold = nvshare_burst_hold_now(g, now, counted(prompt_held, leaked), &a) && a.until != gave_up;
         if (hold && !a.corun && prompt_held >= NVSHARE_SERVE_HOLD_MAX_NS) {
             gave_up = a.until;   /* held as long as one burst may ask: not again for this one */
             hold = 0;
@@ -229,7 +237,8 @@ static void *watch(void *arg)
                 if (!held_since)
                     set_word(g, 1);
                 else if (!held_corun)
-                    nvshare_burst_held(g, now - held_since);
+                    nvshare_burst_held(g, counted(now - held_since, leaked));
+                leaked = 0;
                 if (!a.corun)   /* held already as the prompt burst began: a lag of 0 */
                     count_lag(g, held_since ? a.began : nvshare_now_ns(), a.began);
                 held_since = now;
@@ -249,8 +258,11 @@ static void *watch(void *arg)
             }
             if (leak_next && now >= leak_next) {
                 uint64_t done = nvshare_now_ns();
-                if (!nvshare_burst_prompt_syncing(g))
+                if (!nvshare_burst_prompt_syncing(g)) {
+                    uint64_t from = done;
                     done = leak(g);
+                    leaked += done - from;
+                }
                 else if (nvshare_cfg.debug)
                     atomic_fetch_add_explicit(&counts[g - nvshare_gpus].leaks[LEAK_SYNCING], 1, memory_order_relaxed);
                 leak_next = done + nvshare_cfg.prompt_leak_ns;
@@ -266,8 +278,9 @@ static void *watch(void *arg)
         if (held_since) {
             set_word(g, 0);
             if (!held_corun)
-                nvshare_burst_held(g, now - held_since);
+                nvshare_burst_held(g, counted(now - held_since, leaked));
             held_since = 0;
+            leaked = 0;
         }
         if (a.page) {
             nvshare_burst_wait_prompts(g, a.seq, HOLD_LOOK_NS);

@@ -894,12 +894,13 @@ static void run(char *action)
         }
         printf("burst ok\n");
     } else if (strcmp(action, "serve") == 0) {
-        /* serve:US:K:N:MEANMS:SEED[:HOSTUS]: N requests arriving at random (mean MEANMS apart), each K
-         * kernels of US and a synchronise; with HOSTUS, that much host work before each kernel (a
-         * server bound by its host's launches: model.generate's tokens). */
+        /* serve:US:K:N:MEANMS:SEED[:HOSTUS[:TOKENS]]: N requests arriving at random (mean MEANMS apart),
+         * each K kernels of US and a synchronise; with HOSTUS, that much host work before each kernel
+         * (a server bound by its host's launches); with TOKENS, a request is that many such rounds, each
+         * after HOSTUS more (model.generate's tokens, each ended by a synchronise). */
         unsigned long long us = 1000, seed = 1, host_us = 0;
-        int k = 1, requests = 1, mean_ms = 30;
-        sscanf(arg, "%llu:%d:%d:%d:%llu:%llu", &us, &k, &requests, &mean_ms, &seed, &host_us);
+        int k = 1, requests = 1, mean_ms = 30, tokens = 1;
+        sscanf(arg, "%llu:%d:%d:%d:%llu:%llu:%d", &us, &k, &requests, &mean_ms, &seed, &host_us, &tokens);
         uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1, next = now_ns();
         for (int i = 0; i < requests; i++) {
             x ^= x << 13; x ^= x >> 7; x ^= x << 17;   /* xorshift64: uniform in (0, 1] below */
@@ -908,12 +909,16 @@ static void run(char *action)
             uint64_t t = now_ns();
             if (next > t)
                 usleep((useconds_t)((next - t) / 1000));
-            for (int j = 0; j < k; j++) {
-                if (host_us)
+            for (int t = 0; t < tokens; t++) {
+                if (t && host_us)
                     usleep((useconds_t)host_us);
-                launch(us, 1);
+                for (int j = 0; j < k; j++) {
+                    if (host_us)
+                        usleep((useconds_t)host_us);
+                    launch(us, 1);
+                }
+                check("cuCtxSynchronize", api.cuCtxSynchronize());
             }
-            check("cuCtxSynchronize", api.cuCtxSynchronize());
         }
         printf("serve ok\n");
     } else if (strcmp(action, "train") == 0) {

@@ -441,3 +441,39 @@ def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_
         return
     assert said and int(said.group(1)) >= 50, holder.stderr_text[-3000:]
     assert median >= 2.5, sorted(measured)
+
+
+@pytest.mark.parametrize("linger", ["on", "off"])
+def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
+        hook_lib, scheduler, tmp_path, procs, linger):
+    """model.generate's tokens are bursts of their own, each ended by a synchronise, with a little
+    host work between them (0.6-1.6 ms on the H200). Let go at each token's end, the training ran a
+    kernel between two tokens (a 1.0-1.4 ms GEMM there) that the next token waited for. A prompt job
+    whose bursts come in trains keeps the others held for 1.5 of its short gaps after each
+    (NVSHARE_PROMPT_LINGER, on by default). Requests of 8 tokens (a 2 ms kernel after 1 ms of host
+    work, a synchronise), no leaks (NVSHARE_PROMPT_LEAK_MS=off): the holder's work during a request
+    is the 1 ms kernel under way at its start with the linger, and a kernel or more in each of its 7
+    gaps without."""
+    trace = tmp_path / "trace"
+    env = {"NVSHARE_PROMPT_LEAK_MS": "off"}
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=450), env)
+    server = start(scheduler, hook_lib, procs, trace, 2, "serve:2000:1:50:80:7:1000:8",
+                   {**env, **({} if linger == "on" else {"NVSHARE_PROMPT_LINGER": "off"})}, delay_ms=150,
+                   warmup=True)
+    finish(server, timeout=90)
+    finish(holder, timeout=90)
+    launches = read_launches(trace)
+    spans = request_spans_by_launch(launches, server.pid, gap_ns=8_000_000)
+    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    served = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000]
+    measured = [ran_ms(launches, holder.pid, a, b) for a, b in served[2:] if b < holder_end]
+    lengths = [(b - a) / 1e6 for a, b in served[2:] if b < holder_end]
+    median = statistics.median(measured)
+    print(f"linger {linger}: the holder's work that ran during {len(measured)} requests of "
+          f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, most {max(measured):.1f}")
+    assert len(measured) >= 15, len(measured)   # requests that came close together merge
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    if linger == "on":
+        assert median <= 2.0, sorted(measured)
+    else:
+        assert median >= 4.0, sorted(measured)
