@@ -306,7 +306,7 @@ void nvshare_read_settings(void)
      * for (burst.c's linger). off: let go at every burst's end, as before. */
     nvshare_cfg.prompt_linger = on_off("NVSHARE_PROMPT_LINGER");
     const char *leak = getenv("NVSHARE_PROMPT_LEAK_MS");
-    nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_MS_DEFAULT * 1000000ull;
+    nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_NS_DEFAULT;
     if (leak && (!strcasecmp(leak, "off") || !strcmp(leak, "0"))) {
         nvshare_cfg.prompt_leak_ns = 0;
     } else if (leak && *leak) {
@@ -314,7 +314,7 @@ void nvshare_read_settings(void)
         double ms = strtod(leak, &end);
         if (end == leak || *end || !(ms >= 0.05 && ms <= 1000))
             nvshare_log("NVSHARE_PROMPT_LEAK_MS=%s is not off nor a number of milliseconds from 0.05 to 1000; "
-                        "using %u", leak, NVSHARE_PROMPT_LEAK_MS_DEFAULT);
+                        "using %.1f", leak, NVSHARE_PROMPT_LEAK_NS_DEFAULT / 1e6);
         else
             nvshare_cfg.prompt_leak_ns = (uint64_t)(ms * 1e6);
     }

@@ -66,7 +66,7 @@ struct nvshare_settings {
 #define NVSHARE_DAEMON_TIMEOUT_MS_DEFAULT 10000u
 #define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
-#define NVSHARE_PROMPT_LEAK_MS_DEFAULT 1u
+#define NVSHARE_PROMPT_LEAK_NS_DEFAULT 500000ull   /* 0.5 ms */
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 extern struct nvshare_settings nvshare_cfg;
