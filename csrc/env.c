@@ -297,14 +297,15 @@ void nvshare_read_settings(void)
      * wait before and after it (pace.c, nvshare_pace_hold). off: segments of the mean launch only, as
      * before (on the H200 an interactive step beside an fp32 training's GEMMs waited for two). */
     nvshare_cfg.hold_shapes = on_off("NVSHARE_HOLD_SHAPES");
-    /* 1 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst) no
-     * longer holds the training beside it for its whole burst: one segment of the training's work
-     * passes every millisecond while the server launches, none while it waits in a synchronise
-     * (hold.c). off or 0: held for the whole burst, as before. */
     /* on (unset): model.generate's tokens are bursts of their own, each ended by a synchronise; let go
      * between two, the training ran a kernel (a 1.0-1.4 ms GEMM on the H200) that the next token waited
      * for (burst.c's linger). off: let go at every burst's end, as before. */
     nvshare_cfg.prompt_linger = on_off("NVSHARE_PROMPT_LINGER");
+    /* 0.5 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst)
+     * no longer holds the training beside it for its whole burst: one segment of the training's work
+     * passes, then the server has the GPU to itself for this long, while it launches; none while it
+     * waits in a synchronise (hold.c). On the H200 the training beside generate kept 0.915 of its
+     * co-located steps/s with 0.5, 0.885 with 1, 0.855 with none. off or 0: held for the whole burst. */
     const char *leak = getenv("NVSHARE_PROMPT_LEAK_MS");
     nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_NS_DEFAULT;
     if (leak && (!strcasecmp(leak, "off") || !strcmp(leak, "0"))) {

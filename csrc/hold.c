@@ -21,6 +21,13 @@
  * the word is let go first (atexit, registered after the CUDA runtime's own): a context torn down
  * with work held would otherwise wait for it. The word is mapped host memory of our own (mmap, then
  * registered), never freed: a context destroyed does not take it from under the watcher.
+ *
+ * Leaks: held for a whole request of a server bound by its host's launches (batch-1 model.generate),
+ * a training lost the request, though the GPU idled most of it (0.83-0.89 of its co-located steps/s
+ * on the H200). While such a request launches (burst.c says when: a long prompt burst whose job does
+ * not wait in a synchronise), the watcher lets the word go until the GPU says it passed a wait, sets
+ * it again, and once the GPU says the next wait is reached (one segment, or one long kernel, has
+ * run), holds for NVSHARE_PROMPT_LEAK_MS before the next (see `leak`).
  */
 #define _GNU_SOURCE
 #include <pthread.h>

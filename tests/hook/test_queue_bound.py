@@ -409,9 +409,9 @@ def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_
     """A server bound by its host's launches (model.generate's tokens: on the H200 the GPU idles
     most of each request, and the training held for the whole of it kept 0.83-0.89 of its
     co-located steps/s): 40 kernels of 20 us, each after 100 us of host work, about 6 ms a request.
-    By default (NVSHARE_PROMPT_LEAK_MS=1) the holder lets one segment of its queue pass every
-    millisecond while such a request launches (here one 1 ms kernel: each has waits of its own),
-    from a millisecond into it: about 4 ms of its work runs during each. Off, none but the kernel
+    By default (NVSHARE_PROMPT_LEAK_MS=0.5) the holder lets one segment of its queue pass while such
+    a request launches (here one 1 ms kernel: each has waits of its own), then holds it 0.5 ms, from
+    0.5 ms into the request: about 3.5 ms of its work runs during each. Off, none but the kernel
     under way at the request's start. A server that waits in a synchronise gets no leaks: the
     bounded-queue test above (4 kernels of 5 ms launched at once, then a synchronise) checks that
     its requests still run beside at most 1.5 ms of the holder's work at the median."""
@@ -477,3 +477,17 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
         assert median <= 2.0, sorted(measured)
     else:
         assert median >= 4.0, sorted(measured)
+
+
+@pytest.mark.parametrize("value, said", [("abc", True), ("-1", True), ("0.01", True), ("5000", True),
+                                         ("0.5x", True), ("0.5", False), ("2", False), ("off", False)])
+def test_a_leak_period_that_is_no_number_of_milliseconds_is_said_and_the_default_used(
+        hook_lib, scheduler, tmp_path, procs, value, said):
+    """NVSHARE_PROMPT_LEAK_MS: off, or 0.05 to 1000 ms; anything else is said once and 0.5 ms used
+    (the job runs on)."""
+    proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync",
+                 {"NVSHARE_PROMPT_LEAK_MS": value})
+    assert "sync ok" in finish(proc, timeout=60)
+    text = (f"NVSHARE_PROMPT_LEAK_MS={value} is not off nor a number of milliseconds from 0.05 to 1000; "
+            "using 0.5")
+    assert (text in proc.stderr_text) == said, proc.stderr_text[-2000:]
