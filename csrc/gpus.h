@@ -206,8 +206,8 @@ struct nvshare_hold_state {
     CUcontext ctx;                /* the context the word was mapped in (waits go only into it) */
     atomic_uint holds;            /* times the word was set: a queue held between two events makes
                                      their elapsed time no launch's (pace.c) */
-    _Atomic(uint32_t) *passed;    /* beside the word: the GPU writes the number of each wait it passed there
-                                     (hold.c's leaks let one segment pass), NULL: it cannot */
+    _Atomic(_Atomic(uint32_t) *) passed;  /* beside the word: the GPU writes the number of each wait it
+                                     passed there (hold.c's leaks let one segment pass), NULL: it cannot */
     CUdeviceptr dpassed;          /* ... its address on the GPU, and that of the word it writes a wait's
                                      number into as it comes to it */
     CUdeviceptr darrived;

@@ -802,53 +802,48 @@ static void start_poller(void)
         pthread_detach(t);
 }
 
-EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+/* A wait on a host word (BAR_WAIT) or a write of one (BAR_WRITE) joins the stream's pending
+ * operations. FAKE_CUDA_NO_WAIT_VALUE=1 refuses both (CUDA_ERROR_NOT_SUPPORTED). */
+static CUresult word_op(CUstream s, CUdeviceptr addr, cuuint32_t value, int barrier, int geq)
 {
-    NEED_CTX();
     const char *no = getenv("FAKE_CUDA_NO_WAIT_VALUE");
     if (no && *no == '1')
         return CUDA_ERROR_NOT_SUPPORTED;
     struct fstream *st = stream_of(s);
-    if (!st || !addr || (flags & 0xf) > 1)   /* GEQ (0) and EQ (1) only */
+    if (!st || !addr)
         return CUDA_ERROR_INVALID_VALUE;
     if (st->capturing)
         return CUDA_SUCCESS;   /* recorded, not run (no graph replays it here) */
     struct bar_op *op = calloc(1, sizeof *op);
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
-    op->barrier = BAR_WAIT;
+    op->barrier = barrier;
     op->word = (volatile uint32_t *)(uintptr_t)addr;
     op->value = value;
-    op->geq = (flags & 0xf) == 0;
+    op->geq = geq;
     op->launch_ns = now_ns();
     pthread_once(&poller_once, start_poller);
     pthread_mutex_lock(&bar_mu);
     return bar_enqueue(st, op);
 }
+
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    NEED_CTX();
+    if ((flags & 0xf) > 1)   /* GEQ (0) and EQ (1) only */
+        return CUDA_ERROR_INVALID_VALUE;
+    return word_op(s, addr, value, BAR_WAIT, (flags & 0xf) == 0);
+}
 EXPORT CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 { return cuStreamWaitValue32_v2(s, addr, value, flags); }
 
 /* A write of a host word in stream order (cuStreamWriteValue32): done when the stream reaches it,
- * as the GPU does once the work before it has run. FAKE_CUDA_NO_WAIT_VALUE=1 refuses it too. */
+ * as the GPU does once the work before it has run. */
 EXPORT CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
     NEED_CTX();
-    const char *no = getenv("FAKE_CUDA_NO_WAIT_VALUE");
-    if (no && *no == '1')
-        return CUDA_ERROR_NOT_SUPPORTED;
-    struct fstream *st = stream_of(s);
-    if (!st || !addr || flags > 1)
+    if (flags > 1)
         return CUDA_ERROR_INVALID_VALUE;
-    if (st->capturing)
-        return CUDA_SUCCESS;
-    struct bar_op *op = calloc(1, sizeof *op);
-    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
-    op->barrier = BAR_WRITE;
-    op->word = (volatile uint32_t *)(uintptr_t)addr;
-    op->value = value;
-    op->launch_ns = now_ns();
-    pthread_once(&poller_once, start_poller);
-    pthread_mutex_lock(&bar_mu);
-    return bar_enqueue(st, op);
+    return word_op(s, addr, value, BAR_WRITE, 0);
 }
 EXPORT CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 { return cuStreamWriteValue32_v2(s, addr, value, flags); }

@@ -102,6 +102,17 @@ def queued_ms(launches, pid: int, at: int) -> float:
                if p == pid and gpu == GPU0 and launched < at) / 1e6
 
 
+def holder_during_requests(launches, holder_pid: int, spans) -> tuple[list[float], list[float]]:
+    """The holder's work that ran during each of a server's requests (`spans`) after its warm-up and
+    idle second, but the first two (the gaps' spread needs two gaps, the second request's begin ends
+    the second, and the first is the wait after the warm-up), while the holder still ran; and each
+    such request's length, in ms."""
+    holder_end = max(r[3] for r in launches if r[0] == holder_pid)
+    served = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000][2:]
+    served = [(a, b) for a, b in served if b < holder_end]
+    return [ran_ms(launches, holder_pid, a, b) for a, b in served], [(b - a) / 1e6 for a, b in served]
+
+
 @pytest.mark.parametrize("how", ["gpu", "host", "short"])
 def test_a_holder_keeps_its_queue_bounded_beside_a_server_of_long_requests(
         hook_lib, scheduler, tmp_path, procs, how):
@@ -117,13 +128,7 @@ def test_a_holder_keeps_its_queue_bounded_beside_a_server_of_long_requests(
     finish(server, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
-    spans = request_spans(launches, server.pid)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
-    # Its requests after the warm-up and the idle second, but the first two: the gaps' spread needs
-    # two gaps (the second request's begin ends the second), and the first is the wait after the
-    # warm-up.
-    served = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000]
-    measured = [ran_ms(launches, holder.pid, a, b) for a, b in served[2:] if b < holder_end]
+    measured, _ = holder_during_requests(launches, holder.pid, request_spans(launches, server.pid))
     median = statistics.median(measured)
     p90 = sorted(measured)[int(0.9 * len(measured))]
     print(f"{how}: the holder's work that ran during {len(measured)} requests of 20 ms: median "
@@ -423,10 +428,7 @@ def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_
     finish(holder, timeout=90)
     launches = read_launches(trace)
     spans = request_spans_by_launch(launches, server.pid)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
-    served = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000]
-    measured = [ran_ms(launches, holder.pid, a, b) for a, b in served[2:] if b < holder_end]
-    lengths = [(b - a) / 1e6 for a, b in served[2:] if b < holder_end]
+    measured, lengths = holder_during_requests(launches, holder.pid, spans)
     median = statistics.median(measured)
     print(f"leak {leak}: the holder's work that ran during {len(measured)} requests of "
           f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, "
@@ -464,10 +466,7 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
     finish(holder, timeout=90)
     launches = read_launches(trace)
     spans = request_spans_by_launch(launches, server.pid, gap_ns=8_000_000)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
-    served = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000]
-    measured = [ran_ms(launches, holder.pid, a, b) for a, b in served[2:] if b < holder_end]
-    lengths = [(b - a) / 1e6 for a, b in served[2:] if b < holder_end]
+    measured, lengths = holder_during_requests(launches, holder.pid, spans)
     median = statistics.median(measured)
     print(f"linger {linger}: the holder's work that ran during {len(measured)} requests of "
           f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, most {max(measured):.1f}")
