@@ -556,9 +556,11 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
     if (!atomic_exchange(&g->burst.prompting, 0))
         return;
     /* Not if another extended it. Lingering, the others stay held until the next burst of the train
-     * is due (the wake makes their watchers look at the new end); not after a release (disarmed). */
+     * is due (the wake makes their watchers look at the new end); not after a release (disarmed), and
+     * only a job whose bursts are prompt ones by its class: a job's early bursts (a training's first
+     * steps, back to back) would otherwise leave an announcement that it paces and holds for itself. */
     uint64_t mine = atomic_exchange(&g->burst.prompt_mine, 0);
-    uint64_t linger = atomic_load(&g->burst.armed) ? linger_ns(g) : 0;
+    uint64_t linger = atomic_load(&g->burst.armed) && looks_prompt(g) ? linger_ns(g) : 0;
     uint64_t until = linger ? nvshare_now_ns() + linger : 0;
     atomic_store(&g->burst.linger_mine, until);
     atomic_compare_exchange_strong(&p->prompt_until, &mine, until);
