@@ -549,10 +549,17 @@ static uint64_t linger_ns(struct nvshare_gpu *g)
     return linger < LINGER_GAP_MAX_NS ? linger : LINGER_GAP_MAX_NS;
 }
 
+/* A synchronise of this job counted on the page (prompt_syncing) no longer is. */
+static void sync_unmark(struct nvshare_gpu *g, struct nvshare_burst_page *p)
+{
+    if (atomic_load_explicit(&g->burst.sync_marked, memory_order_relaxed) &&
+        atomic_exchange(&g->burst.sync_marked, 0))
+        atomic_fetch_sub(&p->prompt_syncing, 1);
+}
+
 static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
 {
-    if (atomic_exchange(&g->burst.sync_marked, 0))
-        atomic_fetch_sub(&p->prompt_syncing, 1);
+    sync_unmark(g, p);
     if (!atomic_exchange(&g->burst.prompting, 0))
         return;
     /* Not if another extended it. Lingering, the others stay held until the next burst of the train
@@ -719,14 +726,11 @@ void nvshare_burst_syncing(struct nvshare_gpu *g, int on)
     struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
     if (!p)
         return;
-    if (on) {
-        if (atomic_load_explicit(&g->burst.prompting, memory_order_relaxed) &&
-            !atomic_exchange(&g->burst.sync_marked, 1))
-            atomic_fetch_add(&p->prompt_syncing, 1);
-    } else if (atomic_load_explicit(&g->burst.sync_marked, memory_order_relaxed) &&
-               atomic_exchange(&g->burst.sync_marked, 0)) {
-        atomic_fetch_sub(&p->prompt_syncing, 1);
-    }
+    if (!on)
+        sync_unmark(g, p);
+    else if (atomic_load_explicit(&g->burst.prompting, memory_order_relaxed) &&
+             !atomic_exchange(&g->burst.sync_marked, 1))
+        atomic_fetch_add(&p->prompt_syncing, 1);
 }
 
 int nvshare_burst_prompt_syncing(struct nvshare_gpu *g)

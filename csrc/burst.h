@@ -27,7 +27,8 @@ struct nvshare_burst_page {
     _Atomic uint64_t prompt_began_ns;  /* when the last prompt burst began (or one that may be: a
                                           provisional one), CLOCK_MONOTONIC: prompt bursts are about */
     _Atomic uint64_t prompt_next_until;  /* a prompt job waits for another's prompt burst and runs its
-                                            own at the latest by this time: the others stay held */    _Atomic uint32_t prompt_syncing;  /* prompt jobs whose burst waits in a synchronise now (a hint): its
+                                            own at the latest by this time: the others stay held */
+    _Atomic uint32_t prompt_syncing;  /* prompt jobs whose burst waits in a synchronise now (a hint): its
                                          launches are in, what is left is GPU work (hold.c's leaks wait) */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */

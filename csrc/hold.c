@@ -47,11 +47,6 @@
 #define HOLD_LOOK_NS 100000000ull      /* no prompt burst runs: look again after this at the latest */
 #define HOLD_NO_PAGE_NS 50000000ull    /* no page yet: look again after this */
 #define HOLD_WORD_BYTES 4096
-/* The page is any co-runner's to write and to wake: a job that wakes its futex without end would
- * make the watcher look without end, a core of this job's CPU. Past HOLD_LOOKS_MAX looks in
- * HOLD_LOOKS_WINDOW_NS (a server of a thousand requests a second makes 20) it pauses
- * HOLD_FLOOD_PAUSE_NS before each look until the window ends: a prompt burst is then held up to
- * that much later. */
 /* Leaks (NVSHARE_PROMPT_LEAK_MS, burst.c says when): the GPU writes a wait's number into `arrived`
  * as it comes to the wait (the segment before it has run), and into `passed` once past it (words of
  * the word's page, HOLD_ARRIVED_OFFSET and HOLD_PASSED_OFFSET). A leak lets the word go until `passed`
@@ -63,6 +58,11 @@
 #define LEAK_OPEN_MAX_NS 200000ull
 #define LEAK_SEGMENT_MAX_NS 5000000ull
 #define LEAK_LOOK_NS 5000L
+/* The page is any co-runner's to write and to wake: a job that wakes its futex without end would
+ * make the watcher look without end, a core of this job's CPU. Past HOLD_LOOKS_MAX looks in
+ * HOLD_LOOKS_WINDOW_NS (a server of a thousand requests a second makes 20) it pauses
+ * HOLD_FLOOD_PAUSE_NS before each look until the window ends: a prompt burst is then held up to
+ * that much later. */
 #define HOLD_LOOKS_MAX 50
 #define HOLD_LOOKS_WINDOW_NS 10000000ull
 #define HOLD_FLOOD_PAUSE_NS 1000000ull
