@@ -618,6 +618,7 @@ void nvshare_burst_yield(struct nvshare_gpu *g)
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
     atomic_fetch_add(&g->burst.yielded_ns, now - start);
+    waited(g, start, "co-runners' prompt bursts");
 }
 
 int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64_t window_ns)
