@@ -268,6 +268,18 @@ static void launch(unsigned long long us, int n)
         check("cuLaunchKernel", api.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
 }
 
+/* K kernels of US, each after HOSTUS of host work (none: launched at once), then a synchronise: a
+ * training's step, a server's request (or one token of it). */
+static void step(unsigned long long us, int k, unsigned long long host_us)
+{
+    for (int j = 0; j < k; j++) {
+        if (host_us)
+            usleep((useconds_t)host_us);
+        launch(us, 1);
+    }
+    check("cuCtxSynchronize", api.cuCtxSynchronize());
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -912,12 +924,7 @@ static void run(char *action)
             for (int t = 0; t < tokens; t++) {
                 if (t && host_us)
                     usleep((useconds_t)host_us);
-                for (int j = 0; j < k; j++) {
-                    if (host_us)
-                        usleep((useconds_t)host_us);
-                    launch(us, 1);
-                }
-                check("cuCtxSynchronize", api.cuCtxSynchronize());
+                step(us, k, host_us);
             }
         }
         printf("serve ok\n");
@@ -929,12 +936,7 @@ static void run(char *action)
         int k = 1, steps = 1, pause_ms = 0;
         sscanf(arg, "%llu:%d:%d:%llu:%d", &us, &k, &steps, &host_us, &pause_ms);
         for (int i = 0; i < steps; i++) {
-            for (int j = 0; j < k; j++) {
-                if (host_us)
-                    usleep((useconds_t)host_us);
-                launch(us, 1);
-            }
-            check("cuCtxSynchronize", api.cuCtxSynchronize());
+            step(us, k, host_us);
             if (pause_ms)
                 usleep((useconds_t)pause_ms * 1000);
         }
