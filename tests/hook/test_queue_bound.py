@@ -235,15 +235,18 @@ def test_an_interactive_step_a_second_apart_finds_the_holders_queue_held(hook_li
     training's queue unpaced (steps of 20 ms launched at once: about half of one ahead of it).
     Held on the GPU, the waits stay in the training's stream for ten seconds after a prompt burst
     (they cost no queue depth), and the GPU holds the queue behind the kernel under way."""
-    backlog = step_backlog(scheduler, hook_lib, procs, tmp_path, "train:500:40:750:0:0",
-                           {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {}, "burst:1000:11:1200",
+    backlog = step_backlog(scheduler, hook_lib, procs, tmp_path, "train:500:40:1050:0:0",
+                           {"NVSHARE_PROMPT_HOLD": "host"} if how == "host" else {}, "burst:1000:16:1200",
                            f"{how}: ")
-    assert len(backlog) >= 5, backlog
+    assert len(backlog) >= 10, backlog
     if how == "host":
         assert statistics.median(backlog) >= 3.0, backlog
     else:
-        # The 0.5 ms kernel under way, and the watcher's look (microseconds).
-        assert statistics.median(backlog) <= 1.5 and max(backlog) <= 3.0, backlog
+        # The 0.5 ms kernel under way, and the watcher's look (microseconds). One command may find
+        # the queue unheld: the watcher is a thread of the holder, and on this machine (2 CPUs)
+        # about 1 command in 240 found it descheduled for 3 ms, its futex wake-up and its 100 ms
+        # timeout both that late, by when the 1 ms command had ended (a prompt burst it never saw).
+        assert statistics.median(backlog) <= 1.5 and sorted(backlog)[-2] <= 3.0, backlog
 
 
 def test_a_command_on_a_busy_cpu_is_held_for_its_whole_burst(hook_lib, scheduler, tmp_path, procs):
