@@ -64,7 +64,8 @@ steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs torch" in 
 torch and transformers are installed; --torch-python names that Python).
 
 --variant NAME=VALUE adds an arm "nvshare NAME=VALUE": the nvshare arm with that setting too, in the
-same table beside the default (an A/B measured side by side in one run).
+same table beside the default (an A/B measured side by side in one run); several settings in one arm
+are joined by commas (--variant A=1,B=2).
 
 --uids runs job i as uid BASE+i (setpriv; the daemon registers each job with its uid): MPS then
 serves one uid at a time, as at a site. Needs root; the scratch directory is made world-readable.
@@ -138,6 +139,13 @@ def log(msg: str) -> None:
 def file_tag(mix: str, arm: str) -> str:
     """A mix's arm as a file name's part: a variant's value may be a path (LD_PRELOAD=/x/libnvshare.so)."""
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", f"{mix}-{arm}")
+
+
+def variant_settings(variant: str) -> list[tuple[str, str]]:
+    """A variant's settings: NAME=VALUE, several joined by commas where each next one is NAME=
+    (NVSHARE_PROMPT_LEAK_MS=0.25,NVSHARE_PROMPT_LEAK_OPEN_MS=1); a value may hold commas otherwise."""
+    parts = re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", variant)
+    return [(name, value) for name, value in (part.split("=", 1) for part in parts)]
 
 
 def torch_mix(mix: str) -> bool:
@@ -280,8 +288,8 @@ class Mixes:
         if self.args.uids:
             os.chmod(self.work / tag, 0o755)
         hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
-        if arm != "nvshare":   # a variant: "nvshare NAME=VALUE"
-            hook_env.update([arm.split(" ", 1)[1].split("=", 1)])
+        if arm != "nvshare":   # a variant: "nvshare NAME=VALUE[,NAME=VALUE...]"
+            hook_env.update(variant_settings(arm.split(" ", 1)[1]))
         return [dict(e, **hook_env) for e in self.nvshare_envs(sched, base, n)]
 
     def run_arm(self, mix: str, arm: str) -> dict:

@@ -319,6 +319,24 @@ void nvshare_read_settings(void)
         else
             nvshare_cfg.prompt_leak_ns = (uint64_t)(ms * 1e6);
     }
+    /* segment (unset): a leak lets one segment of this job's work pass (or one long kernel). A number
+     * of milliseconds: every segment passes for that long from the first, and no longer than the
+     * prompt job launches (its synchronise ends the leak): the short kernels between a training's
+     * GEMMs, a segment of 0.2 ms each beside model.generate's tokens, ran a fraction of each leak's
+     * period alone (hold.c). */
+    const char *open_ms = getenv("NVSHARE_PROMPT_LEAK_OPEN_MS");
+    nvshare_cfg.prompt_leak_open_ns = NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT;
+    if (open_ms && !strcasecmp(open_ms, "segment")) {
+        nvshare_cfg.prompt_leak_open_ns = 0;
+    } else if (open_ms && *open_ms) {
+        char *end = NULL;
+        double ms = strtod(open_ms, &end);
+        if (end == open_ms || *end || !(ms >= 0.05 && ms <= 100))
+            nvshare_log("NVSHARE_PROMPT_LEAK_OPEN_MS=%s is not segment nor a number of milliseconds from 0.05 to "
+                        "100; using %s", open_ms, NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT ? "the default" : "segment");
+        else
+            nvshare_cfg.prompt_leak_open_ns = (uint64_t)(ms * 1e6);
+    }
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

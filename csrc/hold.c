@@ -27,7 +27,11 @@
  * on the H200). While such a request launches (burst.c says when: a long prompt burst whose job does
  * not wait in a synchronise), the watcher lets the word go until the GPU says it passed a wait, sets
  * it again, and once the GPU says the next wait is reached (one segment, or one long kernel, has
- * run), holds for NVSHARE_PROMPT_LEAK_MS before the next (see `leak`).
+ * run), holds for NVSHARE_PROMPT_LEAK_MS before the next (see `leak`). With NVSHARE_PROMPT_LEAK_OPEN_MS
+ * the word stays let go that long from the first segment's pass, so that a training's short kernels
+ * between its GEMMs (segments of 0.2 ms beside generate's tokens) run more than one at a time, and
+ * is set again as soon as the prompt job waits in a synchronise: what its synchronise waits for is
+ * the segment under way, as with one segment.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -78,6 +82,7 @@ static const uint64_t lag_edges_ns[HOLD_LAG_BUCKETS - 1] = {50000, 100000, 20000
 enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_KINDS };
 struct hold_counts {
     atomic_uint leaks[LEAK_KINDS];   /* leaks whose segment passed, that found none, not made (syncing) */
+    atomic_uint open_us;             /* leaks open for several segments (NVSHARE_PROMPT_LEAK_OPEN_MS): how long */
     atomic_uint lag[HOLD_LAG_BUCKETS];
     atomic_uint not_held[HOLD_WHY_MAX];
     const char *_Atomic why[HOLD_WHY_MAX];
@@ -126,8 +131,9 @@ static void say_counts(struct nvshare_gpu *g)
                       l[2], l[3], l[4], l[5], why);
     if (atomic_load(&c->leaks[LEAK_PASSED]) || atomic_load(&c->leaks[LEAK_NOTHING]) ||
         atomic_load(&c->leaks[LEAK_SYNCING]))
-        nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass, %u found none waiting, %u not made "
-                      "(the prompt job waited in a synchronise)", g->uuid, atomic_load(&c->leaks[LEAK_PASSED]),
+        nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass (open %.1f ms in all after the "
+                      "first), %u found none waiting, %u not made (the prompt job waited in a synchronise)", g->uuid,
+                      atomic_load(&c->leaks[LEAK_PASSED]), atomic_load(&c->open_us) / 1e3,
                       atomic_load(&c->leaks[LEAK_NOTHING]), atomic_load(&c->leaks[LEAK_SYNCING]));
 }
 
@@ -178,6 +184,17 @@ static uint64_t leak(struct nvshare_gpu *g)
         struct timespec ts = {0, LEAK_LOOK_NS};
         nanosleep(&ts, NULL);
         now = nvshare_now_ns();
+    }
+    if (moved && nvshare_cfg.prompt_leak_open_ns) {   /* open: every segment passes, while the prompt job launches */
+        uint64_t shut = now + nvshare_cfg.prompt_leak_open_ns;
+        while (now < shut && !atomic_load(&exiting) && !nvshare_burst_prompt_syncing(g)) {
+            struct timespec ts = {0, LEAK_LOOK_NS};
+            nanosleep(&ts, NULL);
+            now = nvshare_now_ns();
+        }
+        if (nvshare_cfg.debug)
+            atomic_fetch_add_explicit(&counts[g - nvshare_gpus].open_us, (unsigned)((now - (shut -
+                                      nvshare_cfg.prompt_leak_open_ns)) / 1000), memory_order_relaxed);
     }
     set_word(g, 1);
     if (nvshare_cfg.debug)

@@ -233,3 +233,12 @@ def test_smoke_torch_cpu_runs_a_pytorch_mix(built, tmp_path):  # noqa: F811
     assert all(arms[a]["status"] == "ok" for a in ("serial", "colocate", "nvshare")), arms
     assert arms["nvshare"]["jobs"][0]["steps_per_s"] > 0 and arms["nvshare"]["jobs"][1]["n"] >= 1
     assert (tmp_path / "latency_serve-cnn.svg").exists()
+
+
+def test_a_variant_arm_may_set_several_settings():
+    """--variant A=1,B=2 sets both in one arm; a value with a comma that starts no NAME= stays whole."""
+    assert bench_mixes.variant_settings("NVSHARE_PROMPT_LEAK_MS=0.25,NVSHARE_PROMPT_LEAK_OPEN_MS=1") == [
+        ("NVSHARE_PROMPT_LEAK_MS", "0.25"), ("NVSHARE_PROMPT_LEAK_OPEN_MS", "1")]
+    assert bench_mixes.variant_settings("NVSHARE_MANAGED_GPUS=GPU-a,GPU-b") == [
+        ("NVSHARE_MANAGED_GPUS", "GPU-a,GPU-b")]
+    assert bench_mixes.variant_settings("LD_PRELOAD=/x/libnvshare.so") == [("LD_PRELOAD", "/x/libnvshare.so")]
