@@ -88,6 +88,7 @@ import argparse
 import json
 import math
 import os
+import hashlib
 import re
 import shutil
 import statistics
@@ -120,6 +121,7 @@ P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare
 P99_TARGET_BESIDE_ONE = 1.2   # issue 42: a server beside one training (serve2's too), at most
 TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
 NEEDS_TORCH = "not run: needs torch"
+DIR_TAG_MAX = 48   # /tmp/nvmixes-XXXXXXXX/<tag>/s.sock within AF_UNIX's 108 bytes
 MIXES = {"serve2": ["compute", "serve"],
          "mix3": ["compute", "bursty", "probe"],
          "mix4": ["compute", "compute", "bursty", "serve"],
@@ -139,6 +141,14 @@ def log(msg: str) -> None:
 def file_tag(mix: str, arm: str) -> str:
     """A mix's arm as a file name's part: a variant's value may be a path (LD_PRELOAD=/x/libnvshare.so)."""
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", f"{mix}-{arm}")
+
+
+def dir_tag(tag: str) -> str:
+    """A file tag short enough for a directory that holds the scheduler's socket (AF_UNIX: 108 bytes
+    in all): a long variant's tag is cut and a digest of the whole of it added."""
+    if len(tag) <= DIR_TAG_MAX:
+        return tag
+    return f"{tag[:DIR_TAG_MAX - 9]}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 def variant_settings(variant: str) -> list[tuple[str, str]]:
@@ -282,11 +292,11 @@ class Mixes:
             return [mps.client_env(base) for _ in range(n)]
         gpus = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
         reserve = self.args.memory_reserve_percent
-        sched = Scheduler("auto", self.work / tag, self.logs / f"{tag}-scheduler.log", gpus,
+        sched = Scheduler("auto", self.work / dir_tag(tag), self.logs / f"{tag}-scheduler.log", gpus,
                           None if reserve is None else {"memory_reserve_percent": reserve})
         stops.append(sched.stop)
         if self.args.uids:
-            os.chmod(self.work / tag, 0o755)
+            os.chmod(self.work / dir_tag(tag), 0o755)
         hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
         if arm != "nvshare":   # a variant: "nvshare NAME=VALUE[,NAME=VALUE...]"
             hook_env.update(variant_settings(arm.split(" ", 1)[1]))

@@ -319,11 +319,11 @@ void nvshare_read_settings(void)
         else
             nvshare_cfg.prompt_leak_ns = (uint64_t)(ms * 1e6);
     }
-    /* segment (unset): a leak lets one segment of this job's work pass (or one long kernel). A number
-     * of milliseconds: every segment passes for that long from the first, and no longer than the
-     * prompt job launches (its synchronise ends the leak): the short kernels between a training's
-     * GEMMs, a segment of 0.2 ms each beside model.generate's tokens, ran a fraction of each leak's
-     * period alone (hold.c). */
+    /* 2 ms (unset): a leak lets every segment of this job's work pass for that long from the first,
+     * and no longer than the prompt job launches (its synchronise ends the leak). segment: one
+     * segment (or one long kernel) a leak, the rule before: the short kernels between a training's
+     * GEMMs, segments of 0.2-0.34 ms beside model.generate's tokens, ran a fraction of each leak's
+     * period (hold.c). */
     const char *open_ms = getenv("NVSHARE_PROMPT_LEAK_OPEN_MS");
     nvshare_cfg.prompt_leak_open_ns = NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT;
     if (open_ms && !strcasecmp(open_ms, "segment")) {
@@ -333,7 +333,7 @@ void nvshare_read_settings(void)
         double ms = strtod(open_ms, &end);
         if (end == open_ms || *end || !(ms >= 0.05 && ms <= 100))
             nvshare_log("NVSHARE_PROMPT_LEAK_OPEN_MS=%s is not segment nor a number of milliseconds from 0.05 to "
-                        "100; using %s", open_ms, NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT ? "the default" : "segment");
+                        "100; using %.1f", open_ms, NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT / 1e6);
         else
             nvshare_cfg.prompt_leak_open_ns = (uint64_t)(ms * 1e6);
     }

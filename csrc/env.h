@@ -53,8 +53,8 @@ struct nvshare_settings {
                                   * launches, one segment of this job's work passes every this much
                                   * (hold.c's leaks); 0 (off): none */
     uint64_t prompt_leak_open_ns; /* NVSHARE_PROMPT_LEAK_OPEN_MS: a leak lets this job's segments pass for this
-                                  * long from the first, until the prompt job synchronises; 0
-                                  * ("segment"): one segment (or one long kernel) a leak */
+                                  * long from the first (2 ms, the default), until the prompt job
+                                  * synchronises; 0 ("segment"): one segment (or one long kernel) a leak */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -70,7 +70,7 @@ struct nvshare_settings {
 #define NVSHARE_OOM_WAIT_SEC_DEFAULT 60u
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
 #define NVSHARE_PROMPT_LEAK_NS_DEFAULT 500000ull   /* 0.5 ms */
-#define NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT 0ull    /* one segment */
+#define NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT 2000000ull   /* 2 ms */
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 extern struct nvshare_settings nvshare_cfg;

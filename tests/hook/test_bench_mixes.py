@@ -242,3 +242,14 @@ def test_a_variant_arm_may_set_several_settings():
     assert bench_mixes.variant_settings("NVSHARE_MANAGED_GPUS=GPU-a,GPU-b") == [
         ("NVSHARE_MANAGED_GPUS", "GPU-a,GPU-b")]
     assert bench_mixes.variant_settings("LD_PRELOAD=/x/libnvshare.so") == [("LD_PRELOAD", "/x/libnvshare.so")]
+
+
+def test_a_long_variants_scheduler_directory_keeps_its_socket_path_short():
+    """The scheduler of an arm serves on <work>/<tag>/s.sock: a variant of two settings made a path
+    over AF_UNIX's 108 bytes on the H200 ("AF_UNIX path too long"), and the run stopped there."""
+    a = bench_mixes.file_tag("serve-gen", "nvshare NVSHARE_PROMPT_LEAK_OPEN_MS=2,NVSHARE_PROMPT_LEAK_MS=0.25")
+    b = bench_mixes.file_tag("serve-gen", "nvshare NVSHARE_PROMPT_LEAK_OPEN_MS=2,NVSHARE_PROMPT_LEAK_MS=0.1")
+    assert len(bench_mixes.dir_tag(a)) <= bench_mixes.DIR_TAG_MAX
+    assert bench_mixes.dir_tag(a) != bench_mixes.dir_tag(b)
+    assert bench_mixes.dir_tag("serve-gen-nvshare") == "serve-gen-nvshare"
+    assert len("/tmp/nvmixes-XXXXXXXX/") + bench_mixes.DIR_TAG_MAX + len("/s.sock") < 108

@@ -547,5 +547,5 @@ def test_a_leak_open_time_that_is_no_number_of_milliseconds_is_said_and_the_defa
                  {"NVSHARE_PROMPT_LEAK_OPEN_MS": value})
     assert "sync ok" in finish(proc, timeout=60)
     text = (f"NVSHARE_PROMPT_LEAK_OPEN_MS={value} is not segment nor a number of milliseconds from 0.05 "
-            "to 100; using ")
+            "to 100; using 2.0")
     assert (text in proc.stderr_text) == said, proc.stderr_text[-2000:]
