@@ -88,13 +88,48 @@ def test_the_step_alone_and_beside_another_users_training_through_slurm(tmp_path
     assert {p.name for p in tmp_path.iterdir()} == {"result.json", "results.md", "logs.tar.gz"}
 
 
+def test_a_server_as_an_srun_step_beside_another_users_training_through_slurm(tmp_path):
+    """--server: the srun step serves requests arriving at random (on the fake driver burst's 3 ms
+    requests, 30 ms apart; on a GPU serve_torch's model.generate, graph decoder or CNN), alone and
+    beside the training; its target is its p99 over alone."""
+    need_cluster()
+    proc = run_step(tmp_path, "--fake", "--server", "serve", "--seconds", "5")
+    result = tmp_path / "result.json"
+    assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(result.read_text())
+    assert proc.returncode == 0 and report["passed"], proc.stdout[-4000:]
+    names = [c["check"] for c in report["checks"]]
+    assert len(names) == 17, names
+    for words, count in (("the server's srun step (serve) exited 0", 2), ("ran as nobody", 2),
+                         ("the server served its requests (at least 83)", 2), ("ran as daemon", 2),
+                         ("stepped through the step's whole window", 1), ("the scheduler registered", 2)):
+        assert sum(words in n for n in names) == count, (words, names)
+    assert not any("made its commands" in n for n in names), names
+    parts = report["parts"]
+    alone, shared = parts["a"], parts["c"]["step"]
+    for rec in (alone, shared):   # requests of 3 ms of GPU work: none served in less
+        assert rec["commands"] == len(rec["latencies_ms"]) >= 83
+        assert 3.0 <= rec["p50_ms"] <= rec["p99_ms"] <= rec["max_ms"]
+    jobs = {alone["env"]["job"], parts["b"]["job"], parts["c"]["training"]["job"], shared["env"]["job"]}
+    assert len(jobs) == 4, jobs
+    f = report["figures"]
+    assert f["target"].startswith(("met (", "missed (")) and "p99 at most 1.2 x alone" in f["target"], f
+    assert f"{f['shared_p99_ms'] / f['alone_p99_ms']:.2f}x" in f["target"]
+    md = (tmp_path / "results.md").read_text()
+    assert md.startswith("# A server (serve) as an srun step beside a training (fake driver")
+    assert "| the server |" in md and f["target"] in md and "| beside the training |" in md
+
+
 @pytest.mark.parametrize("options, words", [
     (["--step-user", "nobody", "--train-user", "nobody"], "must differ"),
     (["--train-user", "no-such-user-nvs"], "no user 'no-such-user-nvs'"),
     (["--variant", "LD_PRELOAD=/tmp/x.so"], "NAME=VALUE of a hook setting"),
     (["--train-precision", "bf16"], "the PyTorch training's: not with --fake"),
+    (["--server", "gen"], "gen, gengraph and cnn need a GPU"),
+    (["--server", "llama"], "invalid choice: 'llama'"),
 ], ids=["one user for both", "a user who does not exist", "a variant that is no hook setting",
-        "a PyTorch precision for the fake driver's training"])
+        "a PyTorch precision for the fake driver's training", "a PyTorch server on the fake driver",
+        "a server that does not exist"])
 def test_users_it_cannot_use_are_refused_before_anything_starts(tmp_path, options, words):
     proc = run_step(tmp_path / "out", "--fake", *options, timeout=60)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
