@@ -175,6 +175,26 @@ static uint32_t read_ms(const char *name, uint32_t fallback)
     return ms;
 }
 
+/* Milliseconds from lo to hi in the environment, as ns, or 0 for the word `zero` (any case; "0"
+ * too where zero_digit); else the default (said when malformed). */
+static uint64_t read_ms_or(const char *name, const char *zero, int zero_digit, double lo, double hi,
+                           uint64_t fallback_ns)
+{
+    const char *text = getenv(name);
+    if (!text || !*text)
+        return fallback_ns;
+    if (!strcasecmp(text, zero) || (zero_digit && !strcmp(text, "0")))
+        return 0;
+    char *end = NULL;
+    double ms = strtod(text, &end);
+    if (end == text || *end || !(ms >= lo && ms <= hi)) {
+        nvshare_log("%s=%s is not %s nor a number of milliseconds from %g to %g; using %.1f", name, text, zero,
+                    lo, hi, fallback_ns / 1e6);
+        return fallback_ns;
+    }
+    return (uint64_t)(ms * 1e6);
+}
+
 int nvshare_gpu_is_managed(const char *uuid)
 {
     if (nvshare_cfg.managed_all)
@@ -302,41 +322,20 @@ void nvshare_read_settings(void)
      * for (burst.c's linger). off: let go at every burst's end, as before. */
     nvshare_cfg.prompt_linger = on_off("NVSHARE_PROMPT_LINGER");
     /* 0.5 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst)
-     * no longer holds the training beside it for its whole burst: one segment of the training's work
-     * passes, then the server has the GPU to itself for this long, while it launches; none while it
-     * waits in a synchronise (hold.c). On the H200 the training beside generate kept 0.915 of its
-     * co-located steps/s with 0.5, 0.885 with 1, 0.855 with none. off or 0: held for the whole burst. */
-    const char *leak = getenv("NVSHARE_PROMPT_LEAK_MS");
-    nvshare_cfg.prompt_leak_ns = NVSHARE_PROMPT_LEAK_NS_DEFAULT;
-    if (leak && (!strcasecmp(leak, "off") || !strcmp(leak, "0"))) {
-        nvshare_cfg.prompt_leak_ns = 0;
-    } else if (leak && *leak) {
-        char *end = NULL;
-        double ms = strtod(leak, &end);
-        if (end == leak || *end || !(ms >= 0.05 && ms <= 1000))
-            nvshare_log("NVSHARE_PROMPT_LEAK_MS=%s is not off nor a number of milliseconds from 0.05 to 1000; "
-                        "using %.1f", leak, NVSHARE_PROMPT_LEAK_NS_DEFAULT / 1e6);
-        else
-            nvshare_cfg.prompt_leak_ns = (uint64_t)(ms * 1e6);
-    }
+     * no longer holds the training beside it for its whole burst: the training's work leaks (for
+     * NVSHARE_PROMPT_LEAK_OPEN_MS), then the server has the GPU to itself for this long, and so on
+     * while it launches; none while it waits in a synchronise (hold.c). On the H200 the training
+     * beside generate kept 0.915 of its co-located steps/s with 0.5, 0.885 with 1, 0.855 with none
+     * (one segment a leak). off or 0: held for the whole burst. */
+    nvshare_cfg.prompt_leak_ns = read_ms_or("NVSHARE_PROMPT_LEAK_MS", "off", 1, 0.05, 1000,
+                                            NVSHARE_PROMPT_LEAK_NS_DEFAULT);
     /* 2 ms (unset): a leak lets every segment of this job's work pass for that long from the first,
      * and no longer than the prompt job launches (its synchronise ends the leak). segment: one
      * segment (or one long kernel) a leak, the rule before: the short kernels between a training's
      * GEMMs, segments of 0.2-0.34 ms beside model.generate's tokens, ran a fraction of each leak's
      * period (hold.c). */
-    const char *open_ms = getenv("NVSHARE_PROMPT_LEAK_OPEN_MS");
-    nvshare_cfg.prompt_leak_open_ns = NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT;
-    if (open_ms && !strcasecmp(open_ms, "segment")) {
-        nvshare_cfg.prompt_leak_open_ns = 0;
-    } else if (open_ms && *open_ms) {
-        char *end = NULL;
-        double ms = strtod(open_ms, &end);
-        if (end == open_ms || *end || !(ms >= 0.05 && ms <= 100))
-            nvshare_log("NVSHARE_PROMPT_LEAK_OPEN_MS=%s is not segment nor a number of milliseconds from 0.05 to "
-                        "100; using %.1f", open_ms, NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT / 1e6);
-        else
-            nvshare_cfg.prompt_leak_open_ns = (uint64_t)(ms * 1e6);
-    }
+    nvshare_cfg.prompt_leak_open_ns = read_ms_or("NVSHARE_PROMPT_LEAK_OPEN_MS", "segment", 0, 0.05, 100,
+                                                 NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);
