@@ -419,27 +419,36 @@ def request_spans_by_launch(launches, pid: int, gap_ns: int = 2_000_000) -> list
     return [(a, b) for a, b in spans]
 
 
-@pytest.mark.parametrize("leak", ["on", "off"])
-def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_time(
-        hook_lib, scheduler, tmp_path, procs, leak):
-    """A server bound by its host's launches (model.generate's tokens: on the H200 the GPU idles
-    most of each request, and the training held for the whole of it kept 0.83-0.89 of its
-    co-located steps/s): 40 kernels of 20 us, each after 100 us of host work, about 6 ms a request.
-    By default (NVSHARE_PROMPT_LEAK_MS=0.5) the holder lets one segment of its queue pass while such
-    a request launches (here one 1 ms kernel: each has waits of its own), then holds it 0.5 ms, from
-    0.5 ms into the request: about 3.5 ms of its work runs during each. Off, none but the kernel
-    under way at the request's start. A server that waits in a synchronise gets no leaks: the
-    bounded-queue test above (4 kernels of 5 ms launched at once, then a synchronise) checks that
-    its requests still run beside at most 1.5 ms of the holder's work at the median."""
+def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_action: str, env: dict):
+    """A holder of holder_action beside a host-bound server (40 kernels of 20 us, each after 100 us of
+    host work, about 6 ms a request): the holder's work that ran during each request, the requests'
+    lengths, and both processes."""
     trace = tmp_path / "trace"
-    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300),
-                   {} if leak == "on" else {"NVSHARE_PROMPT_LEAK_MS": "off"})
+    holder = start(scheduler, hook_lib, procs, trace, 1, holder_action, env)
     server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:40:50:60:7:100", delay_ms=150, warmup=True)
     finish(server, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
     spans = request_spans_by_launch(launches, server.pid)
     measured, lengths = holder_during_requests(launches, holder.pid, spans)
+    return measured, lengths, holder, server
+
+
+@pytest.mark.parametrize("leak", ["on", "off"])
+def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_time(
+        hook_lib, scheduler, tmp_path, procs, leak):
+    """A server bound by its host's launches (model.generate's tokens: on the H200 the GPU idles
+    most of each request, and the training held for the whole of it kept 0.83-0.89 of its
+    co-located steps/s): 40 kernels of 20 us, each after 100 us of host work, about 6 ms a request.
+    By default (NVSHARE_PROMPT_LEAK_MS=0.5) the holder lets its queue pass while such a request
+    launches (for NVSHARE_PROMPT_LEAK_OPEN_MS, 2 ms: here its 1 ms kernels, each with waits of its
+    own), then holds it 0.5 ms, from 0.5 ms into the request. Off, none but the kernel under way at
+    the request's start. A server that waits in a synchronise gets no leaks: the
+    bounded-queue test above (4 kernels of 5 ms launched at once, then a synchronise) checks that
+    its requests still run beside at most 1.5 ms of the holder's work at the median."""
+    measured, lengths, holder, server = beside_a_host_bound_server(
+        scheduler, hook_lib, procs, tmp_path, TRAINING.format(n=300),
+        {} if leak == "on" else {"NVSHARE_PROMPT_LEAK_MS": "off"})
     median = statistics.median(measured)
     print(f"leak {leak}: the holder's work that ran during {len(measured)} requests of "
           f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, "
@@ -462,18 +471,12 @@ def test_a_leak_open_for_a_while_lets_a_holders_short_kernels_pass_together(
     """A training's short kernels (elementwise, between its GEMMs) make segments of 0.2 ms beside a
     host-bound server's requests: one segment a leak, then 0.5 ms held, they ran a fraction of each
     leak's period. With NVSHARE_PROMPT_LEAK_OPEN_MS=1 every segment passes for 1 ms from the first,
-    until the server waits in a synchronise. A holder of 100 us kernels beside the host-bound server
-    of the test above (40 kernels of 20 us, each after 100 us of host work): its work that ran during
-    each request (the requests' lengths read the same in both: 6.1-6.6 ms at the median here)."""
-    trace = tmp_path / "trace"
-    env = {"NVSHARE_PROMPT_LEAK_OPEN_MS": open_ms}
-    holder = start(scheduler, hook_lib, procs, trace, 1, "train:100:200:250:0:0", env)
-    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:40:50:60:7:100", delay_ms=150, warmup=True)
-    finish(server, timeout=90)
-    finish(holder, timeout=90)
-    launches = read_launches(trace)
-    spans = request_spans_by_launch(launches, server.pid)
-    measured, lengths = holder_during_requests(launches, holder.pid, spans)
+    until the server waits in a synchronise (2 ms, the default). A holder of 100 us kernels beside
+    the host-bound server of the test above: its work that ran during each request (the requests'
+    lengths read the same in both: 6.1-6.6 ms at the median here)."""
+    measured, lengths, holder, _ = beside_a_host_bound_server(
+        scheduler, hook_lib, procs, tmp_path, "train:100:200:250:0:0",
+        {"NVSHARE_PROMPT_LEAK_OPEN_MS": open_ms})
     median, length = statistics.median(measured), statistics.median(lengths)
     print(f"open {open_ms}: the holder's work that ran during {len(measured)} requests of {length:.1f} ms "
           f"(median): median {median:.1f} ms, least {min(measured):.1f}, most {max(measured):.1f}")
@@ -523,29 +526,23 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
         assert median >= 4.0, sorted(measured)
 
 
-@pytest.mark.parametrize("value, said", [("abc", True), ("-1", True), ("0.01", True), ("5000", True),
-                                         ("0.5x", True), ("0.5", False), ("2", False), ("off", False)])
-def test_a_leak_period_that_is_no_number_of_milliseconds_is_said_and_the_default_used(
-        hook_lib, scheduler, tmp_path, procs, value, said):
-    """NVSHARE_PROMPT_LEAK_MS: off, or 0.05 to 1000 ms; anything else is said once and 0.5 ms used
-    (the job runs on)."""
-    proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync",
-                 {"NVSHARE_PROMPT_LEAK_MS": value})
-    assert "sync ok" in finish(proc, timeout=60)
-    text = (f"NVSHARE_PROMPT_LEAK_MS={value} is not off nor a number of milliseconds from 0.05 to 1000; "
-            "using 0.5")
-    assert (text in proc.stderr_text) == said, proc.stderr_text[-2000:]
+LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default used
+    "NVSHARE_PROMPT_LEAK_MS": "off nor a number of milliseconds from 0.05 to 1000; using 0.5",
+    "NVSHARE_PROMPT_LEAK_OPEN_MS": "segment nor a number of milliseconds from 0.05 to 100; using 2.0"}
 
 
-@pytest.mark.parametrize("value, said", [("abc", True), ("0.01", True), ("101", True), ("1ms", True),
-                                         ("1", False), ("0.5", False), ("segment", False)])
-def test_a_leak_open_time_that_is_no_number_of_milliseconds_is_said_and_the_default_used(
-        hook_lib, scheduler, tmp_path, procs, value, said):
-    """NVSHARE_PROMPT_LEAK_OPEN_MS: segment, or 0.05 to 100 ms; anything else is said once and the
-    default used (the job runs on)."""
-    proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync",
-                 {"NVSHARE_PROMPT_LEAK_OPEN_MS": value})
+@pytest.mark.parametrize("name, value, said", [
+    *[("NVSHARE_PROMPT_LEAK_MS", v, said) for v, said in [
+        ("abc", True), ("-1", True), ("0.01", True), ("5000", True), ("0.5x", True), ("segment", True),
+        ("0.5", False), ("2", False), ("off", False), ("0", False)]],
+    *[("NVSHARE_PROMPT_LEAK_OPEN_MS", v, said) for v, said in [
+        ("abc", True), ("0.01", True), ("101", True), ("1ms", True), ("off", True), ("0", True),
+        ("1", False), ("0.5", False), ("segment", False), ("SEGMENT", False)]]])
+def test_a_leak_setting_that_is_no_number_of_milliseconds_is_said_and_the_default_used(
+        hook_lib, scheduler, tmp_path, procs, name, value, said):
+    """NVSHARE_PROMPT_LEAK_MS: off (or 0), or 0.05 to 1000 ms; NVSHARE_PROMPT_LEAK_OPEN_MS: segment, or
+    0.05 to 100 ms; anything else is said once and the default used (the job runs on)."""
+    proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync", {name: value})
     assert "sync ok" in finish(proc, timeout=60)
-    text = (f"NVSHARE_PROMPT_LEAK_OPEN_MS={value} is not segment nor a number of milliseconds from 0.05 "
-            "to 100; using 2.0")
+    text = f"{name}={value} is not {LEAK_SETTINGS[name]}"
     assert (text in proc.stderr_text) == said, proc.stderr_text[-2000:]
