@@ -50,8 +50,8 @@ struct nvshare_settings {
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
-                                  * launches, one segment of this job's work passes every this much
-                                  * (hold.c's leaks); 0 (off): none */
+                                  * launches, this job's work leaks (prompt_leak_open_ns), then is held
+                                  * this much, and so on (hold.c's leaks); 0 (off): none */
     uint64_t prompt_leak_open_ns; /* NVSHARE_PROMPT_LEAK_OPEN_MS: a leak lets this job's segments pass for this
                                   * long from the first (2 ms, the default), until the prompt job
                                   * synchronises; 0 ("segment"): one segment (or one long kernel) a leak */

@@ -186,7 +186,7 @@ static uint64_t leak(struct nvshare_gpu *g)
         now = nvshare_now_ns();
     }
     if (moved && nvshare_cfg.prompt_leak_open_ns) {   /* open: every segment passes, while the prompt job launches */
-        uint64_t shut = now + nvshare_cfg.prompt_leak_open_ns;
+        uint64_t opened = now, shut = now + nvshare_cfg.prompt_leak_open_ns;
         while (now < shut && !atomic_load(&exiting) && !nvshare_burst_prompt_syncing(g)) {
             /* every 20 us: at 5 us the watcher used twice the CPU (fake driver, 40 requests) */
             struct timespec ts = {0, 4 * LEAK_LOOK_NS};
@@ -194,8 +194,8 @@ static uint64_t leak(struct nvshare_gpu *g)
             now = nvshare_now_ns();
         }
         if (nvshare_cfg.debug)
-            atomic_fetch_add_explicit(&counts[g - nvshare_gpus].open_us, (unsigned)((now - (shut -
-                                      nvshare_cfg.prompt_leak_open_ns)) / 1000), memory_order_relaxed);
+            atomic_fetch_add_explicit(&counts[g - nvshare_gpus].open_us, (unsigned)((now - opened) / 1000),
+                                      memory_order_relaxed);
     }
     set_word(g, 1);
     if (nvshare_cfg.debug)
