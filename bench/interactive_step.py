@@ -72,7 +72,7 @@ SERVERS = ("serve", *TORCH_MODELS)   # serve: burst's requests (the fake driver)
 # What each job says first, parsed by given(): who ran it, its job and what the hook gave it.
 SAY_ENV = ('echo "step-env user=$(id -un) job=${SLURM_JOB_ID:-} LD_PRELOAD=${LD_PRELOAD:-} '
            'CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} '
-           '$(env | grep "^NVSHARE_[A-Z_]*=[^ ]*$" | tr "\\n" " ")"')
+           '$(env | grep -E "^(NVSHARE_[A-Z_]*|HF_HUB_OFFLINE)=[^ ]*$" | tr "\\n" " ")"')
 
 
 def say(text: str) -> None:
@@ -148,6 +148,8 @@ class Runner:
         train, probe = payloads(args)
         self.train_sh, self.step_sh = job_script(train), step_script(probe)
         self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
+        if args.server:   # the GPU machine has no network: transformers must not look for the hub
+            self.env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if args.fake:
             self.env.update(LD_LIBRARY_PATH=f"{REPO}/tests/c/build", FAKE_CUDA_DEVICES=f"{FAKE_UUID}:16G")
 
