@@ -169,6 +169,14 @@ static void set_word(struct nvshare_gpu *g, uint32_t v)
         atomic_store(w, 0);   /* let_go_all ran meanwhile */
 }
 
+/* A leak's look: sleep `ns`, then the time. */
+static uint64_t look_after(long ns)
+{
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+    return nvshare_now_ns();
+}
+
 /* A leak (see above); returns when the leaked segment had run (or was given up on). */
 static uint64_t leak(struct nvshare_gpu *g)
 {
@@ -180,19 +188,13 @@ static uint64_t leak(struct nvshare_gpu *g)
     uint64_t now = nvshare_now_ns(), deadline = now + LEAK_OPEN_MAX_NS;
     int moved = 0;
     set_word(g, 0);
-    while (!(moved = atomic_load(passed) != before) && !atomic_load(&exiting) && now < deadline) {
-        struct timespec ts = {0, LEAK_LOOK_NS};
-        nanosleep(&ts, NULL);
-        now = nvshare_now_ns();
-    }
+    while (!(moved = atomic_load(passed) != before) && !atomic_load(&exiting) && now < deadline)
+        now = look_after(LEAK_LOOK_NS);
     if (moved && nvshare_cfg.prompt_leak_open_ns) {   /* open: every segment passes, while the prompt job launches */
         uint64_t opened = now, shut = now + nvshare_cfg.prompt_leak_open_ns;
-        while (now < shut && !atomic_load(&exiting) && !nvshare_burst_prompt_syncing(g)) {
-            /* every 20 us: at 5 us the watcher used twice the CPU (fake driver, 40 requests) */
-            struct timespec ts = {0, 4 * LEAK_LOOK_NS};
-            nanosleep(&ts, NULL);
-            now = nvshare_now_ns();
-        }
+        /* every 20 us: at 5 us the watcher used twice the CPU (fake driver, 40 requests) */
+        while (now < shut && !atomic_load(&exiting) && !nvshare_burst_prompt_syncing(g))
+            now = look_after(4 * LEAK_LOOK_NS);
         if (nvshare_cfg.debug)
             atomic_fetch_add_explicit(&counts[g - nvshare_gpus].open_us, (unsigned)((now - opened) / 1000),
                                       memory_order_relaxed);
@@ -205,11 +207,8 @@ static uint64_t leak(struct nvshare_gpu *g)
         return now;
     uint32_t mine = atomic_load(passed);   /* the segment after this wait runs until the next one */
     deadline = now + LEAK_SEGMENT_MAX_NS;
-    while ((int32_t)(atomic_load(arrived) - mine) <= 0 && !atomic_load(&exiting) && now < deadline) {
-        struct timespec ts = {0, 4 * LEAK_LOOK_NS};
-        nanosleep(&ts, NULL);
-        now = nvshare_now_ns();
-    }
+    while ((int32_t)(atomic_load(arrived) - mine) <= 0 && !atomic_load(&exiting) && now < deadline)
+        now = look_after(4 * LEAK_LOOK_NS);
     return now;
 }
 
