@@ -85,10 +85,10 @@ numbers mean nothing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
-import hashlib
 import re
 import shutil
 import statistics
@@ -292,11 +292,12 @@ class Mixes:
             return [mps.client_env(base) for _ in range(n)]
         gpus = [{"uuid": SMOKE_UUID, "memory": "16G"}] if self.smoke else None
         reserve = self.args.memory_reserve_percent
-        sched = Scheduler("auto", self.work / dir_tag(tag), self.logs / f"{tag}-scheduler.log", gpus,
+        where = self.work / dir_tag(tag)
+        sched = Scheduler("auto", where, self.logs / f"{tag}-scheduler.log", gpus,
                           None if reserve is None else {"memory_reserve_percent": reserve})
         stops.append(sched.stop)
         if self.args.uids:
-            os.chmod(self.work / dir_tag(tag), 0o755)
+            os.chmod(where, 0o755)
         hook_env = dict(kv.split("=", 1) for kv in self.args.hook_env)
         if arm != "nvshare":   # a variant: "nvshare NAME=VALUE[,NAME=VALUE...]"
             hook_env.update(variant_settings(arm.split(" ", 1)[1]))

@@ -99,22 +99,24 @@ def payloads(args) -> tuple[str, str]:
     if args.fake:
         train = (f"{BURST} --ipm 1000 --gpu-ms 20 --host-ms 0 --seconds {args.train_seconds:.1f} "
                  f"> train-$SLURM_JOB_ID.json")
-        probe = (f"{BURST} --ipm 1000 --gpu-ms 1 --host-ms {args.every * 1000:.0f} "
-                 f"--seconds {args.seconds:.1f} --start-delay {args.every}")
         if args.server:
             probe = (f"{BURST} --ipm 1000 --gpu-ms 3 --host-ms 0 --seconds {args.seconds:.1f} "
                      f"--start-delay 0.5 --poisson-ms {SERVE_MEAN_MS:g} --seed 2")
+        else:
+            probe = (f"{BURST} --ipm 1000 --gpu-ms 1 --host-ms {args.every * 1000:.0f} "
+                     f"--seconds {args.seconds:.1f} --start-delay {args.every}")
     else:
         w1 = " ".join(WORKLOADS["W1"].args)
         train = (f"{py} {REPO}/tests/gpu/train.py {w1} --precision {args.train_precision} "
                  f"--steps 1000000 --seed 1 "
                  f"--max-seconds {args.train_seconds:.1f} --progress progress-$SLURM_JOB_ID "
                  f"--out train-$SLURM_JOB_ID.json")
-        probe = (f"{py} {REPO}/tests/gpu/probe.py --seconds {args.seconds:.1f} --every {args.every} "
-                 f"--size {args.probe_size} --start-delay {args.every}")
         if args.server:
             probe = (f"{py} {SERVE_TORCH} --model {TORCH_MODELS[args.server]} --seed 2 "
                      f"--mean-ms {TORCH_MEAN_MS[args.server]:g} --seconds {args.seconds:.1f}")
+        else:
+            probe = (f"{py} {REPO}/tests/gpu/probe.py --seconds {args.seconds:.1f} --every {args.every} "
+                     f"--size {args.probe_size} --start-delay {args.every}")
     return train, probe
 
 

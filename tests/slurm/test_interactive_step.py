@@ -110,7 +110,7 @@ def test_a_server_as_an_srun_step_beside_another_users_training_through_slurm(tm
     for rec in (alone, shared):   # requests of 3 ms of GPU work: none served in less
         assert rec["commands"] == len(rec["latencies_ms"]) >= 83
         assert 3.0 <= rec["p50_ms"] <= rec["p99_ms"] <= rec["max_ms"]
-    for rec in (alone, shared):   # the server's step got the offline settings (no network on the GPU machine)
+        # the offline settings (the GPU machine has no network for transformers to look for)
         assert rec["env"].get("HF_HUB_OFFLINE") == "1", rec["env"]
     jobs = {alone["env"]["job"], parts["b"]["job"], parts["c"]["training"]["job"], shared["env"]["job"]}
     assert len(jobs) == 4, jobs
