@@ -488,6 +488,13 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
     waited(g, start, "another prompt burst");
 }
 
+/* Do this job's bursts come in trains (see LINGER_*)? */
+static int in_trains(struct nvshare_burst_state *b)
+{
+    return atomic_load_explicit(&b->train_gap_ns, memory_order_relaxed) &&
+           atomic_load_explicit(&b->train_ppm, memory_order_relaxed) >= LINGER_TRAIN_MIN_PPM;
+}
+
 /* A prompt burst begins: announce it (the later of ours and one under way) and run at once. */
 static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t hold, int early)
 {
@@ -504,6 +511,7 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
         atomic_compare_exchange_strong(&p->prompt_next_until, &next, 0);
     atomic_store_explicit(&p->prompt_len_ns, atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed),
                           memory_order_relaxed);
+    atomic_store_explicit(&p->prompt_train, (uint32_t)in_trains(&g->burst), memory_order_relaxed);
     /* Wake whoever waits on prompt_seq: the co-runners' hold watchers (hold.c) hold their queued
      * work on the GPU from now; a prompt job waiting for another's burst looks again and waits on. */
     prompt_wake(p);
@@ -542,8 +550,7 @@ static void note_gap(struct nvshare_burst_state *b, uint64_t gap)
 static uint64_t linger_ns(struct nvshare_gpu *g)
 {
     uint64_t gap = atomic_load_explicit(&g->burst.train_gap_ns, memory_order_relaxed);
-    if (!nvshare_cfg.prompt_linger || !gap ||
-        atomic_load_explicit(&g->burst.train_ppm, memory_order_relaxed) < LINGER_TRAIN_MIN_PPM)
+    if (!nvshare_cfg.prompt_linger || !in_trains(&g->burst))
         return 0;
     uint64_t linger = gap + gap / 2 + LINGER_MARGIN_NS;
     return linger < LINGER_GAP_MAX_NS ? linger : LINGER_GAP_MAX_NS;
@@ -816,7 +823,8 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     a->until = p ? announced(p) : 0;
     a->began = p ? atomic_load_explicit(&p->prompt_began_ns, memory_order_relaxed) : 0;
     a->end = 0;
-    a->leak_from = 0;
+    a->leak_from = a->len = 0;
+    a->train = 0;
     a->why = NULL;
     if (!p)
         return 0;
@@ -843,6 +851,8 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     if (nvshare_cfg.prompt_leak_ns && len >= LEAK_BURST_MIN_NS && !atomic_load(&p->prompt_early)) {
         uint64_t from = a->began && a->began <= now ? a->began : now;
         a->leak_from = from + nvshare_cfg.prompt_leak_ns;
+        a->len = len;
+        a->train = atomic_load_explicit(&p->prompt_train, memory_order_relaxed) != 0;
     }
     return 1;
 }

@@ -30,6 +30,8 @@ struct nvshare_burst_page {
                                             own at the latest by this time: the others stay held */
     _Atomic uint32_t prompt_syncing;  /* prompt jobs whose burst waits in a synchronise now (a hint): its
                                          launches are in, what is left is GPU work (hold.c's leaks wait) */
+    _Atomic uint32_t prompt_train;    /* 1: the last prompt burst's job's bursts come in trains (a request
+                                         of many: model.generate's tokens), 0: one burst a request */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -99,6 +101,8 @@ struct nvshare_hold_ask {
     uint64_t began;    /* when the prompt burst under way began, as the page says (debug counts) */
     uint64_t leak_from; /* a prompt hold that may let one segment of this job's work pass at a time from
                            then on (hold.c's leaks), 0: none may */
+    uint64_t len;      /* the prompt job's mean burst, and whether its bursts come in trains, as the page */
+    int train;         /* says (what a leak may let pass: hold.c) */
     const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);

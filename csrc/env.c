@@ -336,6 +336,14 @@ void nvshare_read_settings(void)
      * period (hold.c). */
     nvshare_cfg.prompt_leak_open_ns = read_ms_or("NVSHARE_PROMPT_LEAK_OPEN_MS", "segment", 0, 0.05, 100,
                                                  NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT);
+    /* always (unset): a leak lets the training's long kernels pass too. fit: only into a prompt job's
+     * bursts that come in trains (model.generate's tokens) or that are LEAK_LONG_FACTOR times the
+     * kernel's length; into a batch-1 CNN's single 3.5 ms requests an fp32 training's 1.0-1.4 ms GEMMs
+     * passed whole (hold.c). */
+    const char *leak_long = getenv("NVSHARE_PROMPT_LEAK_LONG");
+    nvshare_cfg.prompt_leak_long = !(leak_long && !strcasecmp(leak_long, "fit"));
+    if (leak_long && *leak_long && strcasecmp(leak_long, "fit") && strcasecmp(leak_long, "always"))
+        nvshare_log("NVSHARE_PROMPT_LEAK_LONG=%s is neither always nor fit; always", leak_long);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

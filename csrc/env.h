@@ -55,6 +55,9 @@ struct nvshare_settings {
     uint64_t prompt_leak_open_ns; /* NVSHARE_PROMPT_LEAK_OPEN_MS: a leak lets this job's segments pass for this
                                   * long from the first (2 ms, the default), until the prompt job
                                   * synchronises; 0 ("segment"): one segment (or one long kernel) a leak */
+    int prompt_leak_long;        /* NVSHARE_PROMPT_LEAK_LONG: a leak lets a long kernel pass (one with waits of
+                                  * its own, pace.c) into any prompt burst (1, "always") or only into one
+                                  * it fits (0, "fit": hold.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];

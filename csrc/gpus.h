@@ -212,6 +212,9 @@ struct nvshare_hold_state {
                                      number into as it comes to it */
     CUdeviceptr darrived;
     atomic_uint tickets;          /* waits put in so far (the last number written after one) */
+    CUdeviceptr dlong;            /* beside the word, the one a long kernel's wait waits on: set with the word,
+                                     let go by a leak only into a prompt burst it fits (hold.c) */
+    _Atomic uint64_t long_ns;     /* the longest kernel pace.c measured that got waits of its own */
 };
 
 struct nvshare_gpu {

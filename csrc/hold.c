@@ -59,6 +59,12 @@
  * LEAK_LOOK_NS, at most LEAK_SEGMENT_MAX_NS). */
 #define HOLD_ARRIVED_OFFSET 64
 #define HOLD_PASSED_OFFSET 128
+/* A long kernel's wait (pace.c: one that runs a segment or longer) waits on the word at HOLD_LONG_OFFSET,
+ * set and let go with the word, but let go by a leak only into a prompt burst the kernel fits: one
+ * LEAK_LONG_FACTOR times its length (the longest such kernel seen), or a train of bursts (a request
+ * of many: model.generate's tokens), with NVSHARE_PROMPT_LEAK_LONG=fit. */
+#define HOLD_LONG_OFFSET 192
+#define LEAK_LONG_FACTOR 4
 #define LEAK_OPEN_MAX_NS 200000ull
 #define LEAK_SEGMENT_MAX_NS 5000000ull
 #define LEAK_LOOK_NS 5000L
@@ -82,6 +88,7 @@ static const uint64_t lag_edges_ns[HOLD_LAG_BUCKETS - 1] = {50000, 100000, 20000
 enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_KINDS };
 struct hold_counts {
     atomic_uint leaks[LEAK_KINDS];   /* leaks whose segment passed, that found none, not made (syncing) */
+    atomic_uint kept_long;           /* leaks that kept long kernels held (they fit no such burst) */
     atomic_uint open_us;             /* leaks open for several segments (NVSHARE_PROMPT_LEAK_OPEN_MS): how long */
     atomic_uint lag[HOLD_LAG_BUCKETS];
     atomic_uint not_held[HOLD_WHY_MAX];
@@ -132,14 +139,21 @@ static void say_counts(struct nvshare_gpu *g)
     if (atomic_load(&c->leaks[LEAK_PASSED]) || atomic_load(&c->leaks[LEAK_NOTHING]) ||
         atomic_load(&c->leaks[LEAK_SYNCING]))
         nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass (open %.1f ms in all after the "
-                      "first), %u found none waiting, %u not made (the prompt job waited in a synchronise)", g->uuid,
-                      atomic_load(&c->leaks[LEAK_PASSED]), atomic_load(&c->open_us) / 1e3,
-                      atomic_load(&c->leaks[LEAK_NOTHING]), atomic_load(&c->leaks[LEAK_SYNCING]));
+                      "first), %u found none waiting, %u not made (the prompt job waited in a synchronise); %u "
+                      "kept long kernels held", g->uuid, atomic_load(&c->leaks[LEAK_PASSED]),
+                      atomic_load(&c->open_us) / 1e3, atomic_load(&c->leaks[LEAK_NOTHING]),
+                      atomic_load(&c->leaks[LEAK_SYNCING]), atomic_load(&c->kept_long));
 }
 
 static atomic_int exiting;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t setup_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The word a long kernel's wait waits on, beside `w`. */
+static _Atomic(uint32_t) *long_word(_Atomic(uint32_t) *w)
+{
+    return w + HOLD_LONG_OFFSET / sizeof *w;
+}
 
 static void let_go_all(void)
 {
@@ -147,8 +161,10 @@ static void let_go_all(void)
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
         _Atomic(uint32_t) *w = atomic_load(&nvshare_gpus[i].hold.word);
-        if (w)
+        if (w) {
             atomic_store(w, 0);
+            atomic_store(long_word(w), 0);
+        }
     }
     for (int i = 0; nvshare_cfg.debug && i < n && i < NVSHARE_MAX_GPUS; i++)
         say_counts(&nvshare_gpus[i]);
@@ -159,14 +175,24 @@ static void register_exit(void)
     atexit(let_go_all);
 }
 
-static void set_word(struct nvshare_gpu *g, uint32_t v)
+/* Both words (with `keep_long`, the word alone: a leak that lets no long kernel pass). */
+static void set_words(struct nvshare_gpu *g, uint32_t v, int keep_long)
 {
     _Atomic(uint32_t) *w = atomic_load(&g->hold.word);
     if (v)
         atomic_fetch_add(&g->hold.holds, 1);   /* before the GPU can see it (pace.c's measurements) */
+    if (!keep_long)
+        atomic_store(long_word(w), v);
     atomic_store(w, v);
-    if (v && atomic_load(&exiting))
-        atomic_store(w, 0);   /* let_go_all ran meanwhile */
+    if (v && atomic_load(&exiting)) {   /* let_go_all ran meanwhile */
+        atomic_store(w, 0);
+        atomic_store(long_word(w), 0);
+    }
+}
+
+static void set_word(struct nvshare_gpu *g, uint32_t v)
+{
+    set_words(g, v, 0);
 }
 
 /* A leak's look: sleep `ns`, then the time. */
@@ -177,8 +203,9 @@ static uint64_t look_after(long ns)
     return nvshare_now_ns();
 }
 
-/* A leak (see above); returns when the leaked segment had run (or was given up on). */
-static uint64_t leak(struct nvshare_gpu *g)
+/* A leak (see above), long kernels kept held with `keep_long`; returns when the leaked segment had run
+ * (or was given up on). */
+static uint64_t leak(struct nvshare_gpu *g, int keep_long)
 {
     _Atomic(uint32_t) *passed = atomic_load(&g->hold.passed);
     if (!passed)
@@ -187,7 +214,7 @@ static uint64_t leak(struct nvshare_gpu *g)
     uint32_t before = atomic_load(passed);
     uint64_t now = nvshare_now_ns(), deadline = now + LEAK_OPEN_MAX_NS;
     int moved = 0;
-    set_word(g, 0);
+    set_words(g, 0, keep_long);
     while (!(moved = atomic_load(passed) != before) && !atomic_load(&exiting) && now < deadline)
         now = look_after(LEAK_LOOK_NS);
     if (moved && nvshare_cfg.prompt_leak_open_ns) {   /* open: every segment passes, while the prompt job launches */
@@ -200,9 +227,12 @@ static uint64_t leak(struct nvshare_gpu *g)
                                       memory_order_relaxed);
     }
     set_word(g, 1);
-    if (nvshare_cfg.debug)
+    if (nvshare_cfg.debug) {
         atomic_fetch_add_explicit(&counts[g - nvshare_gpus].leaks[moved ? LEAK_PASSED : LEAK_NOTHING], 1,
                                   memory_order_relaxed);
+        if (keep_long)
+            atomic_fetch_add_explicit(&counts[g - nvshare_gpus].kept_long, 1, memory_order_relaxed);
+    }
     if (!moved)
         return now;
     uint32_t mine = atomic_load(passed);   /* the segment after this wait runs until the next one */
@@ -283,8 +313,10 @@ static void *watch(void *arg)
             if (leak_next && now >= leak_next) {
                 uint64_t done = nvshare_now_ns();
                 if (!nvshare_burst_prompt_syncing(g)) {
-                    uint64_t from = done;
-                    done = leak(g);
+                    uint64_t from = done, long_ns = atomic_load(&g->hold.long_ns);
+                    int keep_long = !nvshare_cfg.prompt_leak_long && !a.train && long_ns &&
+                                    a.len < LEAK_LONG_FACTOR * long_ns;
+                    done = leak(g, keep_long);
                     leaked += done - from;
                 }
                 else if (nvshare_cfg.debug)
@@ -357,6 +389,7 @@ static int make(struct nvshare_gpu *g)
         return 0;
     }
     g->hold.dword = d;
+    g->hold.dlong = d + HOLD_LONG_OFFSET;
     if (nvshare_cfg.prompt_leak_ns && write_value()) {   /* before the word: the watcher sees both */
         g->hold.darrived = d + HOLD_ARRIVED_OFFSET;
         g->hold.dpassed = d + HOLD_PASSED_OFFSET;
@@ -394,7 +427,7 @@ static int no_writes(struct nvshare_gpu *g)
     return 0;
 }
 
-int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream)
+int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream, int long_kernel)
 {
     nvshare_in_hook++;
     /* With leaks, the GPU says when it comes to the wait and when it is past it (see above). */
@@ -402,7 +435,7 @@ int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream)
     uint32_t n = said ? atomic_fetch_add_explicit(&g->hold.tickets, 1, memory_order_relaxed) + 1 : 0;
     if (said && write_value()(stream, g->hold.darrived, n, 0) != CUDA_SUCCESS)
         said = no_writes(g);
-    CUresult rc = wait_value()(stream, g->hold.dword, 0, CU_STREAM_WAIT_VALUE_EQ);
+    CUresult rc = wait_value()(stream, long_kernel ? g->hold.dlong : g->hold.dword, 0, CU_STREAM_WAIT_VALUE_EQ);
     if (rc == CUDA_SUCCESS && said && write_value()(stream, g->hold.dpassed, n, 0) != CUDA_SUCCESS)
         no_writes(g);
     nvshare_in_hook--;
@@ -424,7 +457,8 @@ void nvshare_hold_after_fork(void)
         atomic_store(&h->word, NULL);
         h->dword = 0;
         atomic_store(&h->passed, NULL);
-        h->dpassed = h->darrived = 0;
+        h->dpassed = h->darrived = h->dlong = 0;
+        atomic_store(&h->long_ns, 0);
         atomic_store(&h->tickets, 0);
         atomic_store(&h->state, NVSHARE_HOLD_UNTRIED);
     }

@@ -14,8 +14,17 @@
  * starts its watcher the first time; 0 when the driver cannot (pace.c then waits on the host). */
 int nvshare_hold_ready(struct nvshare_gpu *g);
 /* Put a wait for the word into `stream` (before a launch): what follows runs once no prompt burst
- * of a co-runner does. 0 when the driver refused it (holding is then off for this process). */
-int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream);
+ * of a co-runner does. 0 when the driver refused it (holding is then off for this process). With
+ * `long_kernel`, before a kernel that runs a segment or longer (pace.c): a leak lets it pass only into
+ * a prompt burst it fits. */
+int nvshare_hold_wait(struct nvshare_gpu *g, CUstream stream, int long_kernel);
+/* pace.c measured a kernel that gets waits of its own running `ns`: what a leak weighs (hold.c). */
+static inline void nvshare_hold_long_kernel(struct nvshare_gpu *g, uint64_t ns)
+{
+    uint64_t was = atomic_load_explicit(&g->hold.long_ns, memory_order_relaxed);
+    while (ns > was && !atomic_compare_exchange_weak(&g->hold.long_ns, &was, ns))
+        ;
+}
 /* How many times this process's queue on g has been held so far (the word set): two events
  * recorded with the same count, the later seen done with it still, had no hold between them. */
 static inline unsigned nvshare_hold_count(struct nvshare_gpu *g)

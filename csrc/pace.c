@@ -139,7 +139,7 @@ static struct nvshare_pace_shape *shape_entry(struct nvshare_pace_state *p, uint
 }
 
 /* Measured alone: one launch of `key` took ns on the GPU. */
-static void shape_measured(struct nvshare_pace_state *p, uintptr_t key, uint64_t ns)
+static void shape_measured(struct nvshare_gpu *g, struct nvshare_pace_state *p, uintptr_t key, uint64_t ns)
 {
     struct nvshare_pace_shape *e = shape_entry(p, key, 1);
     uint64_t seg = hold_segment(p->cap);
@@ -150,6 +150,8 @@ static void shape_measured(struct nvshare_pace_state *p, uintptr_t key, uint64_t
                       p->shapes_said == SHAPES_SAID_MAX ? " (said of no more shapes)" : "");
     }
     e->ns = ns > e->ns ? ns : mean_with(e->ns, ns);
+    if (e->ns >= seg)
+        nvshare_hold_long_kernel(g, e->ns);
 }
 
 /* The GPU time of the launches not seen done yet (marked by events, and those since); for a
@@ -185,7 +187,7 @@ static void forget_done(struct nvshare_gpu *g, struct nvshare_pace_state *p)
                 uint64_t each = (uint64_t)(ms * 1e6) / s->launches;
                 p->launch_ns = mean_with(p->launch_ns, each);
                 if (s->shape && s->launches == 1)
-                    shape_measured(p, s->shape, each);
+                    shape_measured(g, p, s->shape, each);
             }
         }
         if (rc != CUDA_SUCCESS)
@@ -339,7 +341,7 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape)
     launch_tl.held = 1;
     int waited = 0;
     if (!each || kind == SHAPE_LONG || p->after_long || (uint64_t)p->unwaited * each >= seg) {
-        if (nvshare_hold_wait(g, stream)) {
+        if (nvshare_hold_wait(g, stream, kind == SHAPE_LONG)) {
             p->unwaited = 0;
             waited = 1;
         }
