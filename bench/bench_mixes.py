@@ -52,16 +52,18 @@ cannot start beside the server there); the training runs --seconds plus 4 s from
 it steps through the whole window. Serial: the training runs --seconds alone while the server starts
 beside it (imports, CUDA context, weights: no kernels but their initialisation) and then holds
 (serve_torch --hold-file); once the training has ended, the server's warm-up and window run alone.
-The training's throughput is its steps that ended in the server's window over the window (alone:
-its steps after the first 3 over their time). The server's cell has p50 / p90 / p99 / p99.9, n
-requests (p99.9 is the slowest one for n < 1000) and p99 over its p99 alone; the training's, its
-steps/s and over alone. Targets (nvshare arm): server p99 <= 1.2 x alone; training steps/s >= 0.95 x
-co-location's. Each PyTorch mix (and every mix with a latency member) also gets
-DIR/latency_<mix>.svg: per arm the latency distribution (the share of requests slower than x,
-log-log: p50, p90, p99, p99.9 are where it crosses 0.5, 0.1, 0.01, 0.001), and the batch member's
-steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs torch" in the table) unless
---torch-cpu runs them on the CPU with tiny models (numbers meaningless: a check of the plumbing where
-torch and transformers are installed; --torch-python names that Python).
+The training's throughput is its steps that ended in the server's window over the window (alone: its
+steps after the first 3 over their time). The server's cell has p50 / p90 / p99 / p99.9, n requests
+(p99.9 is the slowest one for n < 1000) and p99 over its p99 alone; the training's, its steps/s and
+over alone. Targets (nvshare arm): server p99 <= 1.2 x alone; training steps/s >= 0.95 x co-location's.
+Below the table, each PyTorch server's service (start to result, without its wait behind the request
+before: requests come one at a time, and a server's p99 is mostly requests that queued), how many of
+its requests queued, and the median service of those and of the others. Each PyTorch mix (and every mix
+with a latency member) also gets DIR/latency_<mix>.svg: per arm the latency distribution (the share of
+requests slower than x, log-log: p50, p90, p99, p99.9 are where it crosses 0.5, 0.1, 0.01, 0.001), and
+the batch member's steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs torch" in the
+table) unless --torch-cpu runs them on the CPU with tiny models (numbers meaningless: a check of the
+plumbing where torch and transformers are installed; --torch-python names that Python).
 
 --variant NAME=VALUE adds an arm "nvshare NAME=VALUE": the nvshare arm with that setting too, in the
 same table beside the default (an A/B measured side by side in one run); several settings in one arm
@@ -399,6 +401,26 @@ def warm_steps_per_s(ends: list[float]) -> tuple[float | None, int]:
     return steps_per_s(ends, ends[k], ends[-1]) if k >= 0 else (None, 0)
 
 
+def service_split(arrivals: list[float], starts: list[float], ends: list[float]) -> dict | None:
+    """A server's requests, one at a time (serve_torch.py): a request that arrived before the one before
+    it had ended waited for it (queued). Each one's service, start to result, without that wait (ms):
+    p50 and p99 of all, and the median of the queued ones and of the others. A request's latency is
+    its wait and its service; the p99 of a server whose requests arrive at random is mostly queued ones.
+    (Alone, back-to-back requests run faster than ones after an idle moment: the GPU's clocks are up.)"""
+    if not arrivals or len(arrivals) != len(starts) or len(starts) != len(ends):
+        return None
+    service = [(b - a) * 1000 for a, b in zip(starts, ends, strict=True)]
+    queued = [i for i in range(1, len(arrivals)) if arrivals[i] < ends[i - 1]]
+    rest = sorted(set(range(len(arrivals))) - set(queued))
+    out = {"n": len(service), "queued": len(queued), "p50_ms": percentile(service, 50),
+           "p99_ms": percentile(service, 99)}
+    if queued:
+        out["queued_p50_ms"] = percentile([service[i] for i in queued], 50)
+    if rest:
+        out["unqueued_p50_ms"] = percentile([service[i] for i in rest], 50)
+    return out
+
+
 def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
     """Each job's numbers. A training (kind train) beside a server: its steps/s over the server's
     window; alone (the serial arm): over its steps after the first 3."""
@@ -421,6 +443,9 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
                 e.update({k: j[k] for k in ("startup_s", "service_ms_warm", "waited_s", "wait_timed_out",
                                             "graphs", "tokens_match_generate", "settings", "mean_ms")
                           if k in j})
+                split = service_split(j.get("arrivals") or [], j["step_starts"], j["times"])
+                if split:
+                    e["service"] = split
             elif kind == "train":
                 ends = j["times"]
                 if alone or window is None:
@@ -531,6 +556,32 @@ def arm_names(arms: list[str], variants: list[str]) -> list[str]:
     return [a for a in ARMS if a in arms] + [f"nvshare {v}" for v in variants]
 
 
+def service_table(res: dict, names: list[str]) -> str:
+    """Per server (a job with service_split's numbers) and arm: its service p50 / p99, how many of its
+    requests queued behind the one before, and the median service of those and of the others."""
+    lines = []
+    for mix, arms in res["mixes"].items():
+        for i, kind in enumerate(MIXES[mix]):
+            row = [arms.get(a, {}).get("jobs", []) for a in names]
+            splits = [jobs[i].get("service") if i < len(jobs) and jobs[i]["status"] == "ok" else None
+                      for jobs in row]
+            if any(splits):
+                lines.append(f"| {mix} | {i} | {kind} | " + " | ".join(map(service_cell, splits)) + " |")
+    if not lines:
+        return ""
+    head = "| mix | job | kind | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names)
+    return ("\nServers' service, start to result without the wait behind the request before (ms); how many "
+            "requests arrived while the one before was served (queued); the median service of those and of "
+            "the others:\n\n" + head + "\n" + "\n".join(lines) + "\n")
+
+
+def service_cell(s: dict | None) -> str:
+    if s is None:
+        return "–"
+    medians = " / ".join("–" if k not in s else f"{s[k]:.2f}" for k in ("queued_p50_ms", "unqueued_p50_ms"))
+    return f"p50 {s['p50_ms']:.2f} / p99 {s['p99_ms']:.2f} ms; {s['queued']} of {s['n']} queued ({medians})"
+
+
 def table(res: dict) -> str:
     names = arm_names(ARMS, res["args"].get("variant") or [])
     lines = ["| mix | job | kind | " + " | ".join(names) + " | nvshare target |",
@@ -554,7 +605,7 @@ def table(res: dict) -> str:
                                "over solo p99. Train: steps/s in the server's window (serial: alone), over "
                                f"its steps/s alone ({res['args'].get('train_precision', 'fp32')}). All "
                                "done / serial: the arm's start to the last step of any job, over the same in "
-                               "the serial arm (the jobs one after the other).\n")
+                               "the serial arm (the jobs one after the other).\n") + service_table(res, names)
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:

@@ -141,6 +141,39 @@ def test_latency_summary_has_p90_and_p99_9_and_the_trainings_steps_per_s_in_the_
     assert serve["p999_ms"] == 1998.0 and serve["p90_ms"] == 1800.0
 
 
+def test_a_servers_service_is_told_from_its_wait_behind_the_request_before():
+    """A request that arrives while the one before is served waits for it: its latency is that wait and
+    its service. Requests of 2 ms every 10 ms, but the 3rd, 6th, ... arriving 1 ms after the one before
+    (queued, 1 ms behind it) and served in 1.5 ms: the split counts them and their medians apart."""
+    arrivals, starts, ends = [], [], []
+    t = 1002.0
+    for i in range(300):
+        queued = i % 3 == 2
+        arrival = t + (0.001 if queued else 0.010)
+        start = max(arrival, ends[-1] if ends else arrival)
+        end = start + (0.0015 if queued else 0.002)
+        arrivals.append(arrival)
+        starts.append(start)
+        ends.append(end)
+        t = arrival
+    job = dict(server_job([(e - a) * 1000 for a, e in zip(arrivals, ends, strict=True)]), arrivals=arrivals,
+               step_starts=starts, times=ends)
+    gen = bench_mixes.summarize(["train", "gen"], [train_job(0.1), job])["jobs"][1]
+    split = gen["service"]
+    assert (split["n"], split["queued"]) == (300, 100)
+    assert abs(split["queued_p50_ms"] - 1.5) < 1e-6 and abs(split["unqueued_p50_ms"] - 2.0) < 1e-6
+    assert abs(split["p50_ms"] - 2.0) < 1e-6 and abs(split["p99_ms"] - 2.0) < 1e-6
+    assert abs(gen["p99_ms"] - 2.5) < 1e-6   # latency: 1 ms behind the one before, then its 1.5 ms
+    # the table gets a section of them; a job without arrivals (burst's serve) gets none
+    res = {"args": {"variant": []}, "mixes": {"serve-gen": {
+        "nvshare": bench_mixes.summarize(["train", "gen"], [train_job(0.1), job])}}}
+    text = bench_mixes.table(res)
+    row = "| serve-gen | 1 | gen | – | – | – | p50 2.00 / p99 2.00 ms; 100 of 300 queued (1.50 / 2.00) |"
+    assert row in text
+    assert "service" not in bench_mixes.summarize(["serve"], [server_job([1.0] * 10)])["jobs"][0]
+    assert "Servers' service" not in bench_mixes.table(fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2))
+
+
 def test_targets_and_table_rows_of_the_pytorch_mixes():
     met = fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2)   # p99 1.1 x alone, steps/s as co-located
     jobs = met["mixes"]["serve-gen"]["nvshare"]["jobs"]
