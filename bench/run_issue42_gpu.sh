@@ -15,6 +15,9 @@
 #           interactive probe: p99 within 1 ms of alone), same arms, 4 s windows.
 # OUT gets the table (table.md), results.json, one latency figure per mix (latency_<mix>.svg, at most
 # 4), the run's log (PART.log) and every job's log with the timelines (logs.tgz): at most 8 files.
+# REPS=N runs it N times in the call, the same arms each time (a p99 of 400 requests moves 1.1-1.7x
+# between runs of one build): table.md has each rep's table under its heading, results.json
+# {"reps": [...]}, the figures are the first rep's, logs.tgz has rep<r>/ of each.
 set -u
 part=$1 out=$2
 mkdir -p "$out"
@@ -29,10 +32,33 @@ mixes=${MIXES:-$mixes} seconds=${SECONDS_PER_ARM:-$seconds}   # $MIXES, $ARMS: a
 extra=()
 for v in ${VARIANTS-NVSHARE_PROMPT_HOLD=host}; do extra+=(--variant "$v"); done
 for v in ${HOOK_ENV-}; do extra+=(--hook-env "$v"); done
-timeout 545 python3 bench/bench_mixes.py --out "$work" --mixes "$mixes" \
-    --arms "${ARMS:-serial,colocate,mps,nvshare}" "${extra[@]}" --uids --seconds "$seconds" \
-    >"$out/$part.log" 2>&1
-cp "$work"/table.md "$work"/results.json "$out"/ 2>/dev/null
-cp $(ls "$work"/latency_*.svg 2>/dev/null | head -4) "$out"/ 2>/dev/null
-tar czf "$out/logs.tgz" -C "$work" logs $(cd "$work" && ls timeline_*.svg 2>/dev/null)
+reps=${REPS:-1}
+[[ $reps =~ ^[1-9]$ ]] || { echo "REPS=$reps is not a number from 1 to 9" >&2; exit 2; }
+: >"$out/$part.log"
+for r in $(seq 1 "$reps"); do
+  mkdir -p "$work/rep$r"
+  timeout $((545 / reps)) python3 bench/bench_mixes.py --out "$work/rep$r" --mixes "$mixes" \
+      --arms "${ARMS:-serial,colocate,mps,nvshare}" "${extra[@]}" --uids --seconds "$seconds" \
+      >>"$out/$part.log" 2>&1
+done
+if [ "$reps" = 1 ]; then
+  cp "$work"/rep1/table.md "$work"/rep1/results.json "$out"/ 2>/dev/null
+else
+  for r in $(seq 1 "$reps"); do
+    printf '## rep %s of %s\n\n' "$r" "$reps"
+    cat "$work/rep$r/table.md" 2>/dev/null || echo "(no table: the rep did not finish)"
+    echo
+  done >"$out/table.md"
+  python3 - "$work" "$reps" >"$out/results.json" <<'PY'
+import json, pathlib, sys
+work, reps = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+out = []
+for r in range(1, reps + 1):
+    f = work / f"rep{r}" / "results.json"
+    out.append(json.loads(f.read_text()) if f.exists() else None)
+print(json.dumps({"reps": out}))
+PY
+fi
+cp $(ls "$work"/rep1/latency_*.svg 2>/dev/null | head -4) "$out"/ 2>/dev/null
+tar czf "$out/logs.tgz" -C "$work" $(cd "$work" && ls -d rep*/logs rep*/timeline_*.svg 2>/dev/null)
 tail -30 "$out/$part.log"
