@@ -23,7 +23,8 @@ workload as a Slurm job beside another user's training): bench/serve_torch.py's 
 gengraph (the same by CUDA-graph replays) or cnn (a batch-1 CNN), requests arriving at random as in
 bench_mixes (mean 150, 50, 30 ms), for --seconds after its warm-up; on the fake driver (--fake) serve,
 burst's 3 ms requests 30 ms apart (bench_mixes' serve member). Its target: p99 at most 1.2 x alone.
-Reported: the step's p50 / p90 / p99 / max and the training's steps/s, alone and together. The
+Reported: the step's p50 / p90 / p99 / max and the training's steps/s, alone and together (for a
+PyTorch server also its service told from its wait behind the request before, as bench_mixes'). The
 issue's target, reported met or missed (a figure, not a check: on the fake driver it says nothing
 about a GPU): the step's p99 within 1 ms of its p99 alone. Checks (the exit status): every job and
 step completed, under the hook, as its user; the scheduler registered the training and the step;
@@ -56,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_mixes import (P99_TARGET_BESIDE_ONE, SERVE_MEAN_MS, SERVE_TORCH, TORCH_MEAN_MS, TORCH_MODELS,  # noqa: E402
-                         steps_per_s, warm_steps_per_s)
+                         service_cell, service_split, steps_per_s, warm_steps_per_s)
 from gpu_bench import PROBE_SLACK_MS, WORKLOADS, percentile  # noqa: E402
 from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
@@ -231,6 +232,9 @@ class Runner:
         if lat:
             rec.update(commands=len(lat), p50_ms=percentile(lat, 50), p90_ms=percentile(lat, 90),
                        p99_ms=percentile(lat, 99), max_ms=max(lat))
+        split = service_split(out.get("arrivals") or [], starts, out.get("times") or [])
+        if split:   # a PyTorch server's (serve_torch.py): its service told from its wait
+            rec["service"] = split
         return rec
 
 
@@ -379,6 +383,15 @@ def markdown(report: dict) -> str:
     if "d" in parts:
         lines.append(row(f"beside the training, {v.get('env', '?')}", parts["d"]["step"]))
     lines.append("")
+    served = [(what, rec["service"]) for what, rec in (
+        ("alone", parts.get("a", {})), ("beside the training", parts.get("c", {}).get("step", {})),
+        (f"beside the training, {v.get('env', '?')}", parts.get("d", {}).get("step", {})))
+        if rec.get("service")]
+    if served:
+        said = "; ".join(f"{what}: {service_cell(s)}" for what, s in served)
+        lines += ["The server's service, start to result without the wait behind the request before; how "
+                  "many requests arrived while the one before was served (queued), and the median service "
+                  f"of those and of the others: {said}.", ""]
     for what, fig in (("", f), (f" ({v.get('env')})", v)):
         if not fig:
             continue

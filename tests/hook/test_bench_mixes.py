@@ -286,3 +286,21 @@ def test_a_long_variants_scheduler_directory_keeps_its_socket_path_short():
     assert bench_mixes.dir_tag(a) != bench_mixes.dir_tag(b)
     assert bench_mixes.dir_tag("serve-gen-nvshare") == "serve-gen-nvshare"
     assert len("/tmp/nvmixes-XXXXXXXX/") + bench_mixes.DIR_TAG_MAX + len("/s.sock") < 108
+
+
+def test_interactive_steps_report_tells_a_servers_service_from_its_wait():
+    """bench/interactive_step.py's results.md: a PyTorch server's service split as bench_mixes' (its
+    srun step's output has the arrivals); a step without arrivals (the fake driver's) gets no line."""
+    import interactive_step
+    split = bench_mixes.service_split([0.0, 0.001, 0.050], [0.0, 0.002, 0.050], [0.002, 0.0035, 0.052])
+    want = {"n": 3, "queued": 1, "p50_ms": 2.0, "p99_ms": 2.0, "queued_p50_ms": 1.5, "unqueued_p50_ms": 2.0}
+    assert split.keys() == want.keys() and all(abs(split[k] - want[k]) < 1e-9 for k in want), split
+    rec = {"p50_ms": 2.0, "p90_ms": 3.0, "p99_ms": 4.0, "max_ms": 4.0, "commands": 3}
+    report = {"settings": {"server": "cnn", "fake": False, "seconds": 20.0, "every": 1.0},
+              "device": "a GPU", "date": "2026-11-30", "figures": {}, "checks": [],
+              "parts": {"a": dict(rec, service=split), "c": {"step": dict(rec)}}}
+    md = interactive_step.markdown(report)
+    assert "alone: p50 2.00 / p99 2.00 ms; 1 of 3 queued (1.50 / 2.00)." in md, md
+    assert "beside the training:" not in md
+    del report["parts"]["a"]["service"]
+    assert "The server's service" not in interactive_step.markdown(report)
