@@ -410,14 +410,15 @@ def service_split(arrivals: list[float], starts: list[float], ends: list[float])
     if not arrivals or len(arrivals) != len(starts) or len(starts) != len(ends):
         return None
     service = [(b - a) * 1000 for a, b in zip(starts, ends, strict=True)]
-    queued = [i for i in range(1, len(arrivals)) if arrivals[i] < ends[i - 1]]
-    rest = sorted(set(range(len(arrivals))) - set(queued))
+    waited = [i > 0 and arrivals[i] < ends[i - 1] for i in range(len(arrivals))]
+    queued = [s for s, w in zip(service, waited, strict=True) if w]
+    rest = [s for s, w in zip(service, waited, strict=True) if not w]
     out = {"n": len(service), "queued": len(queued), "p50_ms": percentile(service, 50),
            "p99_ms": percentile(service, 99)}
     if queued:
-        out["queued_p50_ms"] = percentile([service[i] for i in queued], 50)
+        out["queued_p50_ms"] = percentile(queued, 50)
     if rest:
-        out["unqueued_p50_ms"] = percentile([service[i] for i in rest], 50)
+        out["unqueued_p50_ms"] = percentile(rest, 50)
     return out
 
 

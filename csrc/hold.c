@@ -155,16 +155,21 @@ static _Atomic(uint32_t) *long_word(_Atomic(uint32_t) *w)
     return w + HOLD_LONG_OFFSET / sizeof *w;
 }
 
+/* Both words let go. */
+static void clear_words(_Atomic(uint32_t) *w)
+{
+    atomic_store(w, 0);
+    atomic_store(long_word(w), 0);
+}
+
 static void let_go_all(void)
 {
     atomic_store(&exiting, 1);
     int n = atomic_load(&nvshare_n_gpus);
     for (int i = 0; i < n && i < NVSHARE_MAX_GPUS; i++) {
         _Atomic(uint32_t) *w = atomic_load(&nvshare_gpus[i].hold.word);
-        if (w) {
-            atomic_store(w, 0);
-            atomic_store(long_word(w), 0);
-        }
+        if (w)
+            clear_words(w);
     }
     for (int i = 0; nvshare_cfg.debug && i < n && i < NVSHARE_MAX_GPUS; i++)
         say_counts(&nvshare_gpus[i]);
@@ -184,10 +189,8 @@ static void set_words(struct nvshare_gpu *g, uint32_t v, int keep_long)
     if (!keep_long)
         atomic_store(long_word(w), v);
     atomic_store(w, v);
-    if (v && atomic_load(&exiting)) {   /* let_go_all ran meanwhile */
-        atomic_store(w, 0);
-        atomic_store(long_word(w), 0);
-    }
+    if (v && atomic_load(&exiting))
+        clear_words(w);   /* let_go_all ran meanwhile */
 }
 
 static void set_word(struct nvshare_gpu *g, uint32_t v)
