@@ -148,6 +148,10 @@
 #define LINGER_GAP_MAX_NS 3000000ull
 #define LINGER_TRAIN_MIN_PPM 500000u
 #define LINGER_MARGIN_NS 300000ull
+/* A prompt burst that begins less than this after its job's burst before ended is a request that
+ * queued behind that one (a batch-1 CNN's next request on the H200: about 9 us after), unless its job's
+ * bursts come in trains (a token's gap is that short too): hold.c's leaks may skip it. */
+#define QUEUED_GAP_NS 1000000ull
 
 NVSHARE_TLS int nvshare_tl_launch_held;
 
@@ -495,8 +499,10 @@ static int in_trains(struct nvshare_burst_state *b)
            atomic_load_explicit(&b->train_ppm, memory_order_relaxed) >= LINGER_TRAIN_MIN_PPM;
 }
 
-/* A prompt burst begins: announce it (the later of ours and one under way) and run at once. */
-static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t hold, int early)
+/* A prompt burst begins: announce it (the later of ours and one under way) and run at once; `queued`:
+ * it began right after this job's burst before (QUEUED_GAP_NS). */
+static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t hold, int early,
+                         int queued)
 {
     uint64_t now = nvshare_now_ns(), until = now + hold;
     uint64_t cur = atomic_load(&p->prompt_until);
@@ -511,7 +517,9 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
         atomic_compare_exchange_strong(&p->prompt_next_until, &next, 0);
     atomic_store_explicit(&p->prompt_len_ns, atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed),
                           memory_order_relaxed);
-    atomic_store_explicit(&p->prompt_train, (uint32_t)in_trains(&g->burst), memory_order_relaxed);
+    int train = in_trains(&g->burst);
+    atomic_store_explicit(&p->prompt_train, (uint32_t)train, memory_order_relaxed);
+    atomic_store_explicit(&p->prompt_queued, (uint32_t)(queued && !train), memory_order_relaxed);
     /* Wake whoever waits on prompt_seq: the co-runners' hold watchers (hold.c) hold their queued
      * work on the GPU from now; a prompt job waiting for another's burst looks again and waits on. */
     prompt_wake(p);
@@ -524,12 +532,12 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
 /* A prompt (or early) burst begins. Another prompt burst runs: take turns with it first (two
  * short-burst jobs would otherwise both run at once, as plain co-location). */
 static void prompt_run(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, uint64_t hold,
-                       int early)
+                       int early, int queued)
 {
     uint64_t until = atomic_load(&p->prompt_until);
     if (until > now && until != atomic_load(&g->burst.linger_mine))   /* not our own linger */
         prompt_take_turn(g, p, now);
-    prompt_begin(g, p, hold, early);
+    prompt_begin(g, p, hold, early, queued);
 }
 
 /* A burst of this job begins `gap` after its last one ended: the share of its gaps that are short
@@ -650,6 +658,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
     uint64_t ended = atomic_load_explicit(&g->burst.ended_ns, memory_order_relaxed);
     if (ended && now > ended)
         note_gap(&g->burst, now - ended);
+    int queued = ended && now > ended && now - ended < QUEUED_GAP_NS;
     uint64_t idle_since = atomic_load_explicit(&g->burst.idle_since, memory_order_relaxed);
     if (p && idle_since)
         serves_now(g, now, idle_since);   /* the gap that ends here counts */
@@ -662,7 +671,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
                       gaps_spread(g, 0, 0, &(unsigned){0}), serves(g) ? ": a server" : "");
     }
     if (hold) {
-        prompt_run(g, p, now, hold, 0);
+        prompt_run(g, p, now, hold, 0, queued);
         return;
     }
     if (!p || now < g->burst.ignore_until)
@@ -672,7 +681,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         if (!g->burst.early_bursts++)   /* counted however the counts come (a sampler that never reports) */
             nvshare_debug("gpu %s: its class is not known yet: its first bursts are announced as prompt ones, "
                           "for %.1f ms at most, %d bursts at most", g->uuid, early / 1e6, PROMPT_MIN_BURSTS);
-        prompt_run(g, p, now, early, 1);
+        prompt_run(g, p, now, early, 1, 0);
         return;
     }
     uint32_t me = my_token();
@@ -824,7 +833,7 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     a->began = p ? atomic_load_explicit(&p->prompt_began_ns, memory_order_relaxed) : 0;
     a->end = 0;
     a->leak_from = a->len = 0;
-    a->train = 0;
+    a->train = a->queued = 0;
     a->why = NULL;
     if (!p)
         return 0;
@@ -848,7 +857,11 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     /* Leaks (hold.c): only into a prompt job's bursts of LEAK_BURST_MIN_NS or more (what a leaked
      * segment can cost it is small beside them), not its early ones, from a period into the burst. */
     uint64_t len = atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed);
-    if (nvshare_cfg.prompt_leak_ns && len >= LEAK_BURST_MIN_NS && !atomic_load(&p->prompt_early)) {
+    int leaky = nvshare_cfg.prompt_leak_ns && len >= LEAK_BURST_MIN_NS && !atomic_load(&p->prompt_early);
+    /* Nor into a request that queued (NVSHARE_PROMPT_LEAK_QUEUED=off): a server's p99 is made of those,
+     * each waiting for the one before it and its own service too (a batch-1 CNN's on the H200). */
+    a->queued = leaky && atomic_load_explicit(&p->prompt_queued, memory_order_relaxed) != 0;
+    if (leaky && (nvshare_cfg.prompt_leak_queued || !a->queued)) {
         uint64_t from = a->began && a->began <= now ? a->began : now;
         a->leak_from = from + nvshare_cfg.prompt_leak_ns;
         a->len = len;

@@ -32,6 +32,8 @@ struct nvshare_burst_page {
                                          launches are in, what is left is GPU work (hold.c's leaks wait) */
     _Atomic uint32_t prompt_train;    /* 1: the last prompt burst's job's bursts come in trains (a request
                                          of many: model.generate's tokens), 0: one burst a request */
+    _Atomic uint32_t prompt_queued;   /* 1: the last prompt burst began right after its job's burst before
+                                         ended (a request that waited for the one before it) */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -103,6 +105,7 @@ struct nvshare_hold_ask {
                            then on (hold.c's leaks), 0: none may */
     uint64_t len;      /* the prompt job's mean burst, and whether its bursts come in trains, as the page */
     int train;         /* says (what a leak may let pass: hold.c) */
+    int queued;        /* the prompt burst is a request that queued: no leaks into it (hold.c counts these) */
     const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);

@@ -207,16 +207,23 @@ int nvshare_gpu_is_managed(const char *uuid)
 
 /* A setting that is on unless set to off, 0, false or no; anything else but on, 1, true, yes is
  * said once and taken as on. */
-static int on_off(const char *name)
+/* on (1) or off (0), `dflt` when unset or malformed (said). */
+static int on_off_or(const char *name, int dflt)
 {
     const char *v = getenv(name);
     if (!v || !*v)
-        return 1;
+        return dflt;
     if (!strcasecmp(v, "off") || !strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no"))
         return 0;
-    if (strcasecmp(v, "on") && strcmp(v, "1") && strcasecmp(v, "true") && strcasecmp(v, "yes"))
-        nvshare_log("%s=%s is neither 'on' nor 'off'; using 'on'", name, v);
-    return 1;
+    if (!strcasecmp(v, "on") || !strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"))
+        return 1;
+    nvshare_log("%s=%s is neither 'on' nor 'off'; using '%s'", name, v, dflt ? "on" : "off");
+    return dflt;
+}
+
+static int on_off(const char *name)
+{
+    return on_off_or(name, 1);
 }
 
 void nvshare_read_settings(void)
@@ -344,6 +351,11 @@ void nvshare_read_settings(void)
     nvshare_cfg.prompt_leak_long = !(leak_long && !strcasecmp(leak_long, "fit"));
     if (leak_long && *leak_long && strcasecmp(leak_long, "fit") && strcasecmp(leak_long, "always"))
         nvshare_log("NVSHARE_PROMPT_LEAK_LONG=%s is neither always nor fit; always", leak_long);
+
+    /* on (unset): leaks go into every long prompt burst. off: not into a request that queued (one that
+     * began right after its job's burst before, burst.c): a batch-1 CNN's p99 is made of those, each
+     * waiting for the request before and its own service, both stretched by leaked GEMMs (hold.c). */
+    nvshare_cfg.prompt_leak_queued = on_off_or("NVSHARE_PROMPT_LEAK_QUEUED", NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");
     nvshare_cfg.managed_all = !(managed && *managed);

@@ -89,6 +89,7 @@ enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_KINDS };
 struct hold_counts {
     atomic_uint leaks[LEAK_KINDS];   /* leaks whose segment passed, that found none, not made (syncing) */
     atomic_uint kept_long;           /* leaks that kept long kernels held (they fit no such burst) */
+    atomic_uint queued[2];           /* prompt bursts that queued (burst.c) held for: leaked into, not */
     atomic_uint open_us;             /* leaks open for several segments (NVSHARE_PROMPT_LEAK_OPEN_MS): how long */
     atomic_uint lag[HOLD_LAG_BUCKETS];
     atomic_uint not_held[HOLD_WHY_MAX];
@@ -140,9 +141,11 @@ static void say_counts(struct nvshare_gpu *g)
         atomic_load(&c->leaks[LEAK_SYNCING]))
         nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass (open %.1f ms in all after the "
                       "first), %u found none waiting, %u not made (the prompt job waited in a synchronise); %u "
-                      "kept long kernels held", g->uuid, atomic_load(&c->leaks[LEAK_PASSED]),
-                      atomic_load(&c->open_us) / 1e3, atomic_load(&c->leaks[LEAK_NOTHING]),
-                      atomic_load(&c->leaks[LEAK_SYNCING]), atomic_load(&c->kept_long));
+                      "kept long kernels held; %u of %u requests that queued held without leaks", g->uuid,
+                      atomic_load(&c->leaks[LEAK_PASSED]), atomic_load(&c->open_us) / 1e3,
+                      atomic_load(&c->leaks[LEAK_NOTHING]), atomic_load(&c->leaks[LEAK_SYNCING]),
+                      atomic_load(&c->kept_long), atomic_load(&c->queued[1]),
+                      atomic_load(&c->queued[0]) + atomic_load(&c->queued[1]));
 }
 
 static atomic_int exiting;
@@ -259,7 +262,7 @@ static void *watch(void *arg)
     nvshare_in_hook = 1;
     pthread_setname_np(pthread_self(), "nvshare-hold");   /* top -H and the tests tell it apart */
     prctl(PR_SET_TIMERSLACK, 1000UL);   /* a leak's looks every 5 us, not the default 50 us later */
-    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0;
+    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0, queued_began = 0;
     unsigned looks = 0;
     int said[2] = {0, 0}, said_flood = 0, held_corun = 0;
     for (;;) {
@@ -307,6 +310,10 @@ static void *watch(void *arg)
             }
             uint64_t cap = held_since + NVSHARE_SERVE_HOLD_MAX_NS;
             uint64_t end = a.end < cap ? a.end : cap;
+            if (nvshare_cfg.debug && !a.corun && a.queued && a.began != queued_began) {
+                queued_began = a.began;
+                atomic_fetch_add_explicit(&counts[g - nvshare_gpus].queued[!a.leak_from], 1, memory_order_relaxed);
+            }
             if (a.corun || !a.leak_from) {
                 leak_began = leak_next = 0;
             } else if (a.began != leak_began || !leak_next) {   /* a prompt burst to leak into: from a period on */

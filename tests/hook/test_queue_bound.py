@@ -535,7 +535,8 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
 LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default used
     "NVSHARE_PROMPT_LEAK_MS": "not off nor a number of milliseconds from 0.05 to 1000; using 0.5",
     "NVSHARE_PROMPT_LEAK_OPEN_MS": "not segment nor a number of milliseconds from 0.05 to 100; using 2.0",
-    "NVSHARE_PROMPT_LEAK_LONG": "neither always nor fit; always"}
+    "NVSHARE_PROMPT_LEAK_LONG": "neither always nor fit; always",
+    "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'on'"}
 
 
 @pytest.mark.parametrize("name, value, said", [
@@ -546,12 +547,15 @@ LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default 
         ("abc", True), ("0.01", True), ("101", True), ("1ms", True), ("off", True), ("0", True),
         ("1", False), ("0.5", False), ("segment", False), ("SEGMENT", False)]],
     *[("NVSHARE_PROMPT_LEAK_LONG", v, said) for v, said in [
-        ("fits", True), ("1", True), ("off", True), ("fit", False), ("FIT", False), ("always", False)]]])
+        ("fits", True), ("1", True), ("off", True), ("fit", False), ("FIT", False), ("always", False)]],
+    *[("NVSHARE_PROMPT_LEAK_QUEUED", v, said) for v, said in [
+        ("maybe", True), ("2", True), ("offf", True), ("off", False), ("OFF", False), ("on", False),
+        ("no", False)]]])
 def test_a_malformed_leak_setting_is_said_and_the_default_used(
         hook_lib, scheduler, tmp_path, procs, name, value, said):
     """NVSHARE_PROMPT_LEAK_MS: off (or 0), or 0.05 to 1000 ms; NVSHARE_PROMPT_LEAK_OPEN_MS: segment, or
-    0.05 to 100 ms; NVSHARE_PROMPT_LEAK_LONG: always or fit; anything else is said once and the default
-    used (the job runs on)."""
+    0.05 to 100 ms; NVSHARE_PROMPT_LEAK_LONG: always or fit; NVSHARE_PROMPT_LEAK_QUEUED: on or off;
+    anything else is said once and the default used (the job runs on)."""
     proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync", {name: value})
     assert "sync ok" in finish(proc, timeout=60)
     text = f"{name}={value} is {LEAK_SETTINGS[name]}"
@@ -597,3 +601,60 @@ def test_a_leak_lets_a_long_kernel_pass_only_into_a_prompt_burst_it_fits(
         return
     assert int(said.group(2)) == 0, said.group(0)
     assert sum(inside) >= len(inside) // 2, inside       # one or more in nearly every request
+
+
+def requests_by_count(launches, pid: int, kernels: int, warmup: int = 40) -> list[tuple[int, int, int]]:
+    """A server's requests of `kernels` kernels each after a warm-up of `warmup`, in launch order: each
+    one's first launch, first kernel's start and last kernel's end (a request's kernels are its own
+    whether or not it came right after the one before)."""
+    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[warmup:]
+    groups = [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
+    return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in groups]
+
+
+@pytest.mark.parametrize("rule", ["on", "off"])
+def test_a_request_that_queued_is_not_leaked_into_with_the_setting_off(
+        hook_lib, scheduler, tmp_path, procs, rule):
+    """A batch-1 CNN's p99 beside a training is made by requests that queued behind another (on the
+    H200, 11-15 % of its requests arrive while one is served), each waiting for the one before and
+    for its own service, both stretched by the training's leaked GEMMs. With
+    NVSHARE_PROMPT_LEAK_QUEUED=off a prompt burst that began less than 1 ms after its job's burst
+    before (and whose job's bursts do not come in trains) gets no leaks: the holder's work during it is
+    what ran on at its start. A holder of 1 ms kernels beside a host-bound server of 6 ms requests (40
+    kernels of 20 us, each after 100 us of host work) arriving 30 ms apart on average: the holder's work
+    during the requests that began within 0.6 ms of the one before's end, and during the requests
+    that began 3 ms or more after it, from the fourth request on."""
+    trace = tmp_path / "trace"
+    env = {"NVSHARE_PROMPT_LEAK_QUEUED": rule}
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300), env)
+    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:40:100:30:11:100", env, delay_ms=150,
+                   warmup=True)
+    finish(server, timeout=90)
+    finish(holder, timeout=120)
+    launches = read_launches(trace)
+    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    requests = requests_by_count(launches, server.pid, 40)
+    queued, single = [], []
+    for before, (launched, a, b) in list(zip(requests, requests[1:], strict=False))[2:]:
+        if b >= holder_end:
+            break
+        gap = launched - before[2]
+        if gap < 600_000:
+            queued.append(ran_ms(launches, holder.pid, a, b))
+        elif gap >= 3_000_000:
+            single.append(ran_ms(launches, holder.pid, a, b))
+    said = re.search(r"leaks into prompt bursts: ([0-9]+) let a segment pass.*; ([0-9]+) of ([0-9]+) "
+                     r"requests that queued held without leaks", holder.stderr_text)
+    print(f"{rule}: the holder's work during {len(queued)} requests that queued: "
+          f"{sorted(round(x, 1) for x in queued)}; during {len(single)} others: median "
+          f"{statistics.median(single):.1f} ms; {said and said.group(0)}")
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    assert said and int(said.group(1)) >= 20, holder.stderr_text[-3000:]
+    assert len(queued) >= 6 and len(single) >= 20, (queued, single)
+    assert statistics.median(single) >= 2.5, sorted(single)   # leaks either way
+    if rule == "off":
+        assert int(said.group(2)) == int(said.group(3)) >= 6, said.group(0)
+        assert statistics.median(queued) <= 1.5, sorted(queued)
+        return
+    assert int(said.group(2)) == 0 and int(said.group(3)) >= 6, said.group(0)
+    assert statistics.median(queued) >= 2.5, sorted(queued)
