@@ -858,8 +858,9 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
      * segment can cost it is small beside them), not its early ones, from a period into the burst. */
     uint64_t len = atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed);
     int leaky = nvshare_cfg.prompt_leak_ns && len >= LEAK_BURST_MIN_NS && !atomic_load(&p->prompt_early);
-    /* Nor into a request that queued (NVSHARE_PROMPT_LEAK_QUEUED=off): a server's p99 is made of those,
-     * each waiting for the one before it and its own service too (a batch-1 CNN's on the H200). */
+    /* Nor into a request that queued (NVSHARE_PROMPT_LEAK_QUEUED=off, the default): a server's p99 is
+     * made of those, each waiting for the one before it and its own service too (a batch-1 CNN's on
+     * the H200). */
     a->queued = leaky && atomic_load_explicit(&p->prompt_queued, memory_order_relaxed) != 0;
     if (leaky && (nvshare_cfg.prompt_leak_queued || !a->queued)) {
         uint64_t from = a->began && a->began <= now ? a->began : now;

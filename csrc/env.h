@@ -58,8 +58,9 @@ struct nvshare_settings {
     int prompt_leak_long;        /* NVSHARE_PROMPT_LEAK_LONG: a leak lets a long kernel pass (one with waits of
                                   * its own, pace.c) into any prompt burst (1, "always") or only into one
                                   * it fits (0, "fit": hold.c) */
-    int prompt_leak_queued;      /* NVSHARE_PROMPT_LEAK_QUEUED: leaks go into a prompt burst that queued right
-                                  * behind its job's burst before too (1, on) or not (0, off: burst.c) */
+    int prompt_leak_queued;      /* NVSHARE_PROMPT_LEAK_QUEUED: leaks go into a prompt burst that queued
+                                  * right behind its job's burst before too (1, on) or not (0, off, the
+                                  * default: burst.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -76,7 +77,7 @@ struct nvshare_settings {
 #define NVSHARE_PROMPT_QUEUE_MS_DEFAULT 1u
 #define NVSHARE_PROMPT_LEAK_NS_DEFAULT 500000ull   /* 0.5 ms */
 #define NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT 2000000ull   /* 2 ms */
-#define NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT 1               /* on */
+#define NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT 0               /* off */
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 extern struct nvshare_settings nvshare_cfg;

@@ -536,7 +536,7 @@ LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default 
     "NVSHARE_PROMPT_LEAK_MS": "not off nor a number of milliseconds from 0.05 to 1000; using 0.5",
     "NVSHARE_PROMPT_LEAK_OPEN_MS": "not segment nor a number of milliseconds from 0.05 to 100; using 2.0",
     "NVSHARE_PROMPT_LEAK_LONG": "neither always nor fit; always",
-    "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'on'"}
+    "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'off'"}
 
 
 @pytest.mark.parametrize("name, value, said", [
@@ -618,8 +618,8 @@ def test_a_request_that_queued_is_not_leaked_into_with_the_setting_off(
     """A batch-1 CNN's p99 beside a training is made by requests that queued behind another (on the
     H200, 11-15 % of its requests arrive while one is served), each waiting for the one before and
     for its own service, both stretched by the training's leaked GEMMs. With
-    NVSHARE_PROMPT_LEAK_QUEUED=off a prompt burst that began less than 1 ms after its job's burst
-    before (and whose job's bursts do not come in trains) gets no leaks: the holder's work during it is
+    NVSHARE_PROMPT_LEAK_QUEUED=off (the default) a prompt burst that began less than 1 ms after its
+    job's burst before (and whose job's bursts do not come in trains) gets no leaks: the holder's work during it is
     what ran on at its start. A holder of 1 ms kernels beside a host-bound server of 6 ms requests (40
     kernels of 20 us, each after 100 us of host work) arriving 30 ms apart on average: the holder's work
     during the requests that began within 0.6 ms of the one before's end, and during the requests
