@@ -205,9 +205,8 @@ int nvshare_gpu_is_managed(const char *uuid)
     return 0;
 }
 
-/* A setting that is on unless set to off, 0, false or no; anything else but on, 1, true, yes is
- * said once and taken as on. */
-/* on (1) or off (0), `dflt` when unset or malformed (said). */
+/* A setting that is off when set to off, 0, false or no, on when set to on, 1, true or yes, and `dflt`
+ * when unset; anything else is said once and taken as `dflt`. */
 static int on_off_or(const char *name, int dflt)
 {
     const char *v = getenv(name);
@@ -221,6 +220,7 @@ static int on_off_or(const char *name, int dflt)
     return dflt;
 }
 
+/* A setting that is on unless set otherwise. */
 static int on_off(const char *name)
 {
     return on_off_or(name, 1);

@@ -262,7 +262,8 @@ static void *watch(void *arg)
     nvshare_in_hook = 1;
     pthread_setname_np(pthread_self(), "nvshare-hold");   /* top -H and the tests tell it apart */
     prctl(PR_SET_TIMERSLACK, 1000UL);   /* a leak's looks every 5 us, not the default 50 us later */
-    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0, queued_began = 0;
+    uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0;
+    uint64_t queued_began = 0;   /* the last queued prompt burst counted (debug) */
     unsigned looks = 0;
     int said[2] = {0, 0}, said_flood = 0, held_corun = 0;
     for (;;) {
@@ -312,7 +313,8 @@ static void *watch(void *arg)
             uint64_t end = a.end < cap ? a.end : cap;
             if (nvshare_cfg.debug && !a.corun && a.queued && a.began != queued_began) {
                 queued_began = a.began;
-                atomic_fetch_add_explicit(&counts[g - nvshare_gpus].queued[!a.leak_from], 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&counts[g - nvshare_gpus].queued[!a.leak_from], 1,
+                                          memory_order_relaxed);
             }
             if (a.corun || !a.leak_from) {
                 leak_began = leak_next = 0;
