@@ -612,6 +612,24 @@ def requests_by_count(launches, pid: int, kernels: int, warmup: int = 40) -> lis
     return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in groups]
 
 
+# The holder's debug count at exit: leaks made, and the queued requests it held without leaks.
+QUEUED_SAID = re.compile(r"leaks into prompt bursts: ([0-9]+) let a segment pass.*; ([0-9]+) of ([0-9]+) "
+                         r"requests that queued held without leaks")
+
+
+def holder_beside_server(scheduler, hook_lib, procs, tmp_path, action: str, env: dict | None = None):
+    """A holder of 1 ms kernels (job 1) beside a server of nvtest `action` (job 2, after a warm-up),
+    both with `env`, run to their end: both processes, the trace's launches, and when the holder's last
+    kernel ended."""
+    trace = tmp_path / "trace"
+    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300), env)
+    server = start(scheduler, hook_lib, procs, trace, 2, action, env, delay_ms=150, warmup=True)
+    finish(server, timeout=90)
+    finish(holder, timeout=120)
+    launches = read_launches(trace)
+    return holder, server, launches, max(r[3] for r in launches if r[0] == holder.pid)
+
+
 @pytest.mark.parametrize("rule", ["on", "off"])
 def test_a_request_that_queued_is_not_leaked_into_with_the_setting_off(
         hook_lib, scheduler, tmp_path, procs, rule):
@@ -624,15 +642,9 @@ def test_a_request_that_queued_is_not_leaked_into_with_the_setting_off(
     100 us of host work) arriving 30 ms apart on average: the holder's work during the requests that began
     within 0.6 ms of the one before's end, and during the requests that began 3 ms or more after it, from
     the fourth request on."""
-    trace = tmp_path / "trace"
-    env = {"NVSHARE_PROMPT_LEAK_QUEUED": rule}
-    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300), env)
-    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:40:100:30:11:100", env, delay_ms=150,
-                   warmup=True)
-    finish(server, timeout=90)
-    finish(holder, timeout=120)
-    launches = read_launches(trace)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    holder, server, launches, holder_end = holder_beside_server(
+        scheduler, hook_lib, procs, tmp_path, "serve:20:40:100:30:11:100",
+        {"NVSHARE_PROMPT_LEAK_QUEUED": rule})
     requests = requests_by_count(launches, server.pid, 40)
     queued, single = [], []
     for before, (launched, a, b) in list(zip(requests, requests[1:], strict=False))[2:]:
@@ -643,8 +655,7 @@ def test_a_request_that_queued_is_not_leaked_into_with_the_setting_off(
             queued.append(ran_ms(launches, holder.pid, a, b))
         elif gap >= 3_000_000:
             single.append(ran_ms(launches, holder.pid, a, b))
-    said = re.search(r"leaks into prompt bursts: ([0-9]+) let a segment pass.*; ([0-9]+) of ([0-9]+) "
-                     r"requests that queued held without leaks", holder.stderr_text)
+    said = QUEUED_SAID.search(holder.stderr_text)
     print(f"{rule}: the holder's work during {len(queued)} requests that queued: "
           f"{sorted(round(x, 1) for x in queued)}; during {len(single)} others: median "
           f"{statistics.median(single):.1f} ms; {said and said.group(0)}")
@@ -668,18 +679,11 @@ def test_a_request_of_two_bursts_still_gets_leaks_into_its_second(hook_lib, sche
     requests are two rounds of 30 kernels of 20 us (each after 100 us of host work, a synchronise after
     each round), arriving 30 ms apart on average: the holder's work during each request's second round,
     from the fourth request on."""
-    trace = tmp_path / "trace"
-    holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=300))
-    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:30:80:30:11:100:2", delay_ms=150,
-                   warmup=True)
-    finish(server, timeout=90)
-    finish(holder, timeout=120)
-    launches = read_launches(trace)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    holder, server, launches, holder_end = holder_beside_server(
+        scheduler, hook_lib, procs, tmp_path, "serve:20:30:80:30:11:100:2")
     seconds = [(a, b) for _, a, b in requests_by_count(launches, server.pid, 30)[1::2][3:] if b < holder_end]
     during = [ran_ms(launches, holder.pid, a, b) for a, b in seconds]
-    said = re.search(r"leaks into prompt bursts: ([0-9]+) let a segment pass.*; ([0-9]+) of ([0-9]+) "
-                     r"requests that queued held without leaks", holder.stderr_text)
+    said = QUEUED_SAID.search(holder.stderr_text)
     print(f"the holder's work during {len(during)} second rounds of "
           f"{statistics.median((b - a) / 1e6 for a, b in seconds):.1f} ms (median): median "
           f"{statistics.median(during):.1f} ms, least {min(during):.1f}; {said and said.group(0)}")
