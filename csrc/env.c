@@ -354,8 +354,8 @@ void nvshare_read_settings(void)
 
     /* off (unset): leaks go into no request that queued (a prompt burst that began right after its
      * job's burst before, burst.c): a batch-1 CNN's p99 is made of those, each waiting for the request
-     * before and its own service, both stretched by leaked GEMMs; on the H200 its p99 read 1.07x and
-     * 0.91x alone against 1.23x and 1.14x with on, the training at the same steps/s (hold.c).
+     * before and its own service, both stretched by leaked GEMMs; on the H200 its p99 read 1.07x, 0.91x
+     * and 1.24x alone against 1.23x, 1.14x and 1.62x with on, the training at the same steps/s (hold.c).
      * on: leaks go into every long prompt burst (the rule before). */
     nvshare_cfg.prompt_leak_queued = on_off_or("NVSHARE_PROMPT_LEAK_QUEUED",
                                                NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT);
