@@ -656,9 +656,11 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
     uint64_t ended = atomic_load_explicit(&g->burst.ended_ns, memory_order_relaxed);
-    if (ended && now > ended)
+    int queued = 0;
+    if (ended && now > ended) {
         note_gap(&g->burst, now - ended);
-    int queued = ended && now > ended && now - ended < QUEUED_GAP_NS;
+        queued = now - ended < QUEUED_GAP_NS;
+    }
     uint64_t idle_since = atomic_load_explicit(&g->burst.idle_since, memory_order_relaxed);
     if (p && idle_since)
         serves_now(g, now, idle_since);   /* the gap that ends here counts */

@@ -103,10 +103,15 @@ def queued_ms(launches, pid: int, at: int) -> float:
                if p == pid and gpu == GPU0 and launched < at) / 1e6
 
 
+def last_end(launches, pid: int) -> int:
+    """When pid's last kernel ended."""
+    return max(r[3] for r in launches if r[0] == pid)
+
+
 def served_while_held(launches, holder_pid: int, spans, skip: int = 0) -> list[tuple[int, int]]:
     """A server's requests (`spans`) after its warm-up and idle second, but the first `skip`, that
     ended while the holder still ran."""
-    holder_end = max(r[3] for r in launches if r[0] == holder_pid)
+    holder_end = last_end(launches, holder_pid)
     after = [s for s in spans if s[0] > spans[0][0] + WARMUP_IDLE_MS * 1_000_000][skip:]
     return [(a, b) for a, b in after if b < holder_end]
 
@@ -183,7 +188,7 @@ def test_a_lone_holder_is_never_throttled(hook_lib, scheduler, tmp_path, procs, 
     if server is not None:
         assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
         assert "co-runners' prompt bursts are about" in holder.stderr_text, holder.stderr_text[-3000:]
-        after = max(r[3] for r in launches if r[0] == server.pid) + 1_200_000_000
+        after = last_end(launches, server.pid) + 1_200_000_000
     else:
         assert "prompt bursts are about" not in holder.stderr_text, holder.stderr_text[-3000:]
         # The hook says each wait of 1 ms or more for others' bursts.
@@ -304,7 +309,7 @@ def test_a_long_kernel_among_short_ones_gets_a_wait_of_its_own(hook_lib, schedul
         scheduler, hook_lib, procs, tmp_path, "mixtrain:20:60:2000:2:1400",
         {"NVSHARE_HOLD_SHAPES": "off"} if shapes == "off" else {}, "burst:2500:32:230")
     # From the sixth command on (the first four make its class), while the holder still runs.
-    last = max(r[3] for r in launches if r[0] == holder.pid)
+    last = last_end(launches, holder.pid)
     inside = long_begun_inside(launches, holder.pid, probe.pid, starts[4] + 1, 400_000, 1_500_000)
     inside = inside[:sum(1 for s in starts[5:] if s < last)]
     print(f"{shapes}: the holder's long kernels begun inside {len(inside)} prompt kernels: {inside}")
@@ -337,7 +342,7 @@ def test_a_long_kernels_length_is_measured_without_the_holds_between_its_events(
     finish(holder, timeout=120)
     launches = read_launches(trace)
     spans = request_spans(launches, server.pid)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    holder_end = last_end(launches, holder.pid)
     assert sum(1 for a, _ in spans if a < holder_end) >= 20, spans
     assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
     assert "a co-runner's prompt burst runs: this job's queued work is held" in holder.stderr_text, \
@@ -365,7 +370,7 @@ def test_a_server_that_grows_busier_under_load_stays_prompt(hook_lib, scheduler,
     finish(holder, timeout=120)
     launches = read_launches(trace)
     spans = request_spans(launches, server.pid)
-    holder_end = max(r[3] for r in launches if r[0] == holder.pid)
+    holder_end = last_end(launches, holder.pid)
     busy_phase = [s for s in spans[-40:] if s[1] < holder_end]     # the busier requests but the first 10
     measured = [ran_ms(launches, holder.pid, a, b) for a, b in busy_phase]
     busy = [int(m) for m in re.findall(r"busy ([0-9]+)%", server.stderr_text)]
@@ -627,7 +632,7 @@ def holder_beside_server(scheduler, hook_lib, procs, tmp_path, action: str, env:
     finish(server, timeout=90)
     finish(holder, timeout=120)
     launches = read_launches(trace)
-    return holder, server, launches, max(r[3] for r in launches if r[0] == holder.pid)
+    return holder, server, launches, last_end(launches, holder.pid)
 
 
 @pytest.mark.parametrize("rule", ["on", "off"])
