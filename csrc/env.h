@@ -47,6 +47,9 @@ struct nvshare_settings {
     int hold_shapes;             /* NVSHARE_HOLD_SHAPES: held on the GPU, a launch whose kernel shape ran a
                                   * segment or longer gets waits of its own (pace.c): 1 (on, the
                                   * default), 0 (off: segments of the mean launch only) */
+    int hold_copies;             /* NVSHARE_HOLD_COPIES: held on the GPU, a copy or set into a stream gets a wait
+                                  * before it and does not wait on the host (hook.c, pace.c): 1 (on, the
+                                  * default), 0 (off: it waits on the host while a prompt burst runs) */
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst

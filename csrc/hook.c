@@ -141,6 +141,54 @@ LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, NVP_LAUNCH_COOP, NVA_10, PT_STREA
 LAUNCH_WRAPPER(cuGraphLaunch, NVP_GRAPH, NVA_2, b, (uintptr_t)a)
 LAUNCH_WRAPPER(cuGraphLaunch_ptsz, NVP_GRAPH, NVA_2, PT_STREAM(b), (uintptr_t)a)
 
+/* ---- copies and sets into a stream -------------------------------------------------------------- */
+/* Gated as above. Where a launch would be held on the GPU (pace.c's nvshare_pace_copy_held), a copy or
+ * set into a stream goes behind a wait of its own there and does not wait on the host for a prompt
+ * burst: a training's step begins and ends with one (its batch in, its loss out), and a host that
+ * waited there queued nothing for the leaks (issue 42). Elsewhere it waits on the host as before. */
+#define STREAM_WORK_WRAPPER(name, params, args, stream)                                     \
+    NVSHARE_EXPORT CUresult name params                                                      \
+    {                                                                                        \
+        REAL_OR_FAIL(name);                                                                  \
+        struct nvshare_gpu *work_gpu_ = nvshare_gpu_for_current();                           \
+        int held_ = work_gpu_ && nvshare_pace_due(work_gpu_) &&                              \
+                    !nvshare_gate_capturing(work_gpu_) && nvshare_pace_copy_held(work_gpu_); \
+        nvshare_tl_launch_held = held_;                                                      \
+        struct nvshare_gpu *gate_gpu_ = nvshare_gate_enter(work_gpu_);                       \
+        nvshare_tl_launch_held = 0;                                                          \
+        if (held_)                                                                           \
+            nvshare_pace_hold_copy(work_gpu_, stream);                                       \
+        nvshare_in_hook++;                                                                   \
+        CUresult rc_ = nvshare_real.name args;                                               \
+        nvshare_in_hook--;                                                                   \
+        nvshare_gate_leave(gate_gpu_);                                                       \
+        return rc_;                                                                          \
+    }
+STREAM_WORK_WRAPPER(cuMemcpyAsync, NVP_DTOD_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemcpyAsync_ptsz, NVP_DTOD_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemcpyHtoDAsync_v2, NVP_HTOD_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemcpyHtoDAsync_v2_ptsz, NVP_HTOD_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemcpyDtoHAsync_v2, NVP_DTOH_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemcpyDtoHAsync_v2_ptsz, NVP_DTOH_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemcpyDtoDAsync_v2, NVP_DTOD_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemcpyDtoDAsync_v2_ptsz, NVP_DTOD_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemcpy2DAsync_v2, NVP_2D_A, NVA_2, b)
+STREAM_WORK_WRAPPER(cuMemcpy2DAsync_v2_ptsz, NVP_2D_A, NVA_2, PT_STREAM(b))
+STREAM_WORK_WRAPPER(cuMemcpy3DAsync_v2, NVP_3D_A, NVA_2, b)
+STREAM_WORK_WRAPPER(cuMemcpy3DAsync_v2_ptsz, NVP_3D_A, NVA_2, PT_STREAM(b))
+STREAM_WORK_WRAPPER(cuMemsetD8Async, NVP_SET8_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemsetD8Async_ptsz, NVP_SET8_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemsetD16Async, NVP_SET16_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemsetD16Async_ptsz, NVP_SET16_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemsetD32Async, NVP_SET32_A, NVA_4, d)
+STREAM_WORK_WRAPPER(cuMemsetD32Async_ptsz, NVP_SET32_A, NVA_4, PT_STREAM(d))
+STREAM_WORK_WRAPPER(cuMemsetD2D8Async, NVP_SET2D8_A, NVA_6, f)
+STREAM_WORK_WRAPPER(cuMemsetD2D8Async_ptsz, NVP_SET2D8_A, NVA_6, PT_STREAM(f))
+STREAM_WORK_WRAPPER(cuMemsetD2D16Async, NVP_SET2D16_A, NVA_6, f)
+STREAM_WORK_WRAPPER(cuMemsetD2D16Async_ptsz, NVP_SET2D16_A, NVA_6, PT_STREAM(f))
+STREAM_WORK_WRAPPER(cuMemsetD2D32Async, NVP_SET2D32_A, NVA_6, f)
+STREAM_WORK_WRAPPER(cuMemsetD2D32Async_ptsz, NVP_SET2D32_A, NVA_6, PT_STREAM(f))
+
 /* ---- peer copies ------------------------------------------------------------------------------ */
 /* A peer copy reads one GPU's memory and writes another's, whichever context is current: it runs
  * inside both GPUs' gates, so neither side's memory is swapped out or in another job's turn. The

@@ -5,6 +5,7 @@
  *                                 the real function inside the gate of the calling context's GPU.
  *   OWN(name, (params))           a hand-written wrapper (accounting, context bookkeeping, lookup,
  *                                 launches that pace.c keeps short behind prompt bursts,
+ *                                 copies and sets into a stream that the GPU may hold as launches,
  *                                 peer copies that enter two GPUs' gates).
  * From this list come the real-function pointers, the exported wrappers, the name table that dlsym and
  * cuGetProcAddress consult, and (in tests/c) the list a test compares with `nm -D` of the library.
@@ -224,24 +225,24 @@
     OWN(cuMemcpy3DPeer, NVP_3DP)                                                               \
     OWN(cuMemcpy3DPeer_ptds, NVP_3DP)                                                          \
     /* asynchronous copies */                                                                  \
-    GATE(cuMemcpyAsync, NVP_DTOD_A, NVA_4)                                                     \
-    GATE(cuMemcpyAsync_ptsz, NVP_DTOD_A, NVA_4)                                                \
+    OWN(cuMemcpyAsync, NVP_DTOD_A)                                                             \
+    OWN(cuMemcpyAsync_ptsz, NVP_DTOD_A)                                                        \
     OWN(cuMemcpyPeerAsync, NVP_PEER_A)                                                         \
     OWN(cuMemcpyPeerAsync_ptsz, NVP_PEER_A)                                                    \
-    GATE(cuMemcpyHtoDAsync_v2, NVP_HTOD_A, NVA_4)                                              \
-    GATE(cuMemcpyHtoDAsync_v2_ptsz, NVP_HTOD_A, NVA_4)                                         \
-    GATE(cuMemcpyDtoHAsync_v2, NVP_DTOH_A, NVA_4)                                              \
-    GATE(cuMemcpyDtoHAsync_v2_ptsz, NVP_DTOH_A, NVA_4)                                         \
-    GATE(cuMemcpyDtoDAsync_v2, NVP_DTOD_A, NVA_4)                                              \
-    GATE(cuMemcpyDtoDAsync_v2_ptsz, NVP_DTOD_A, NVA_4)                                         \
+    OWN(cuMemcpyHtoDAsync_v2, NVP_HTOD_A)                                                      \
+    OWN(cuMemcpyHtoDAsync_v2_ptsz, NVP_HTOD_A)                                                 \
+    OWN(cuMemcpyDtoHAsync_v2, NVP_DTOH_A)                                                      \
+    OWN(cuMemcpyDtoHAsync_v2_ptsz, NVP_DTOH_A)                                                 \
+    OWN(cuMemcpyDtoDAsync_v2, NVP_DTOD_A)                                                      \
+    OWN(cuMemcpyDtoDAsync_v2_ptsz, NVP_DTOD_A)                                                 \
     GATE(cuMemcpyHtoAAsync_v2, NVP_HTOA_A, NVA_5)                                              \
     GATE(cuMemcpyHtoAAsync_v2_ptsz, NVP_HTOA_A, NVA_5)                                         \
     GATE(cuMemcpyAtoHAsync_v2, NVP_ATOH_A, NVA_5)                                              \
     GATE(cuMemcpyAtoHAsync_v2_ptsz, NVP_ATOH_A, NVA_5)                                         \
-    GATE(cuMemcpy2DAsync_v2, NVP_2D_A, NVA_2)                                                  \
-    GATE(cuMemcpy2DAsync_v2_ptsz, NVP_2D_A, NVA_2)                                             \
-    GATE(cuMemcpy3DAsync_v2, NVP_3D_A, NVA_2)                                                  \
-    GATE(cuMemcpy3DAsync_v2_ptsz, NVP_3D_A, NVA_2)                                             \
+    OWN(cuMemcpy2DAsync_v2, NVP_2D_A)                                                          \
+    OWN(cuMemcpy2DAsync_v2_ptsz, NVP_2D_A)                                                     \
+    OWN(cuMemcpy3DAsync_v2, NVP_3D_A)                                                          \
+    OWN(cuMemcpy3DAsync_v2_ptsz, NVP_3D_A)                                                     \
     OWN(cuMemcpy3DPeerAsync, NVP_3DP_A)                                                        \
     OWN(cuMemcpy3DPeerAsync_ptsz, NVP_3DP_A)                                                   \
     GATE(cuMemcpyBatchAsync, NVP_BATCH_A, NVA_9)                                               \
@@ -268,18 +269,18 @@
     GATE(cuMemsetD2D16_v2_ptds, NVP_SET2D16, NVA_5)                                            \
     GATE(cuMemsetD2D32_v2, NVP_SET2D32, NVA_5)                                                 \
     GATE(cuMemsetD2D32_v2_ptds, NVP_SET2D32, NVA_5)                                            \
-    GATE(cuMemsetD8Async, NVP_SET8_A, NVA_4)                                                   \
-    GATE(cuMemsetD8Async_ptsz, NVP_SET8_A, NVA_4)                                              \
-    GATE(cuMemsetD16Async, NVP_SET16_A, NVA_4)                                                 \
-    GATE(cuMemsetD16Async_ptsz, NVP_SET16_A, NVA_4)                                            \
-    GATE(cuMemsetD32Async, NVP_SET32_A, NVA_4)                                                 \
-    GATE(cuMemsetD32Async_ptsz, NVP_SET32_A, NVA_4)                                            \
-    GATE(cuMemsetD2D8Async, NVP_SET2D8_A, NVA_6)                                               \
-    GATE(cuMemsetD2D8Async_ptsz, NVP_SET2D8_A, NVA_6)                                          \
-    GATE(cuMemsetD2D16Async, NVP_SET2D16_A, NVA_6)                                             \
-    GATE(cuMemsetD2D16Async_ptsz, NVP_SET2D16_A, NVA_6)                                        \
-    GATE(cuMemsetD2D32Async, NVP_SET2D32_A, NVA_6)                                             \
-    GATE(cuMemsetD2D32Async_ptsz, NVP_SET2D32_A, NVA_6)                                        \
+    OWN(cuMemsetD8Async, NVP_SET8_A)                                                           \
+    OWN(cuMemsetD8Async_ptsz, NVP_SET8_A)                                                      \
+    OWN(cuMemsetD16Async, NVP_SET16_A)                                                         \
+    OWN(cuMemsetD16Async_ptsz, NVP_SET16_A)                                                    \
+    OWN(cuMemsetD32Async, NVP_SET32_A)                                                         \
+    OWN(cuMemsetD32Async_ptsz, NVP_SET32_A)                                                    \
+    OWN(cuMemsetD2D8Async, NVP_SET2D8_A)                                                       \
+    OWN(cuMemsetD2D8Async_ptsz, NVP_SET2D8_A)                                                  \
+    OWN(cuMemsetD2D16Async, NVP_SET2D16_A)                                                     \
+    OWN(cuMemsetD2D16Async_ptsz, NVP_SET2D16_A)                                                \
+    OWN(cuMemsetD2D32Async, NVP_SET2D32_A)                                                     \
+    OWN(cuMemsetD2D32Async_ptsz, NVP_SET2D32_A)                                                \
     /* prefetch and stream memory operations */                                                \
     GATE(cuMemPrefetchAsync, NVP_PREFETCH, NVA_4)                                              \
     GATE(cuMemPrefetchAsync_ptsz, NVP_PREFETCH, NVA_4)                                         \

@@ -382,6 +382,33 @@ out:
     pthread_mutex_unlock(&p->mu);
 }
 
+/* A copy or set into a stream (issue 42): a PyTorch training begins each step with a copy of its
+ * batch to the GPU and ends it with a copy of its loss back (.item()). Waiting on the host while a
+ * prompt burst ran, as every call that enters the gate does (burst.c's yield point), its host stood
+ * through a whole request with nothing queued, its GPU idle and leaks finding nothing waiting (on the
+ * H200 beside model.generate: 3.2 s of such waits in a 20 s window, 1423 leaks that found nothing),
+ * and those waits counted against the yield budget beside the hold of the same moments. Held on the
+ * GPU like a launch, the copy goes behind a wait of its own (its length is not known: it is no part
+ * of a segment), and what follows it queues behind it. A copy from or to pageable memory still
+ * returns only once done, as without the hook: leaks let it run. */
+int nvshare_pace_copy_held(struct nvshare_gpu *g)
+{
+    uint64_t now = 0;
+    return nvshare_cfg.hold_copies && nvshare_burst_prompts_about(g, &now, PROMPTS_ABOUT_HELD_NS) &&
+           nvshare_hold_ready(g);
+}
+
+void nvshare_pace_hold_copy(struct nvshare_gpu *g, CUstream stream)
+{
+    struct nvshare_pace_state *p = &g->pace;
+    pthread_mutex_lock(&p->mu);
+    if (nvshare_hold_wait(g, stream, 0)) {
+        p->unwaited = 0;
+        p->after_long = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void nvshare_pace_after_fork(void)
 {
     int n = atomic_load(&nvshare_n_gpus);

@@ -41,6 +41,11 @@ void nvshare_pace_hold(struct nvshare_gpu *g, CUstream stream, uintptr_t shape);
  * thread's own for a _ptsz entry point, which passes CU_STREAM_PER_THREAD instead); held, its shape
  * is the one nvshare_pace_hold() was given. */
 void nvshare_pace_launched(struct nvshare_gpu *g, CUstream stream);
+/* Before a copy or set into a stream on g (nvshare_pace_due, no graph capture): will the GPU hold it
+ * (NVSHARE_HOLD_COPIES, hold.c ready, prompt bursts heeded)? Then it does not wait on the host either,
+ * and nvshare_pace_hold_copy() puts a wait before it, inside the gate. */
+int nvshare_pace_copy_held(struct nvshare_gpu *g);
+void nvshare_pace_hold_copy(struct nvshare_gpu *g, CUstream stream);
 void nvshare_pace_after_fork(void);
 
 #pragma GCC visibility pop

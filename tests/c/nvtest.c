@@ -355,6 +355,8 @@ int main(int argc, char **argv)
 /* Direct calls of the actions below. */
 CUresult cuStreamCreate(CUstream *, unsigned int);
 CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
@@ -941,6 +943,24 @@ static void run(char *action)
                 usleep((useconds_t)pause_ms * 1000);
         }
         printf("train ok\n");
+    } else if (strcmp(action, "copytrain") == 0) {
+        /* copytrain:US:K:N: N steps as a PyTorch training's: its batch copied in (cuMemcpyHtoDAsync_v2),
+         * K kernels of US launched at once, its loss copied out (cuMemcpyDtoHAsync_v2) and its stream
+         * synchronised (.item()), all on the legacy stream. */
+        unsigned long long us = strtoull(arg, NULL, 10);
+        int k = 1, steps = 1;
+        sscanf(arg, "%llu:%d:%d", &us, &k, &steps);
+        static char batch[4096];
+        float loss = 0;
+        CUdeviceptr d = 0;
+        check("cuMemAlloc", api.cuMemAlloc_v2(&d, sizeof batch));
+        for (int i = 0; i < steps; i++) {
+            check("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2(d, batch, sizeof batch, NULL));
+            launch(us, k);
+            check("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2(&loss, d, sizeof loss, NULL));
+            check("cuStreamSynchronize", cuStreamSynchronize(NULL));
+        }
+        printf("copytrain ok\n");
     } else if (strcmp(action, "mixtrain") == 0) {
         /* mixtrain:SHORT_US:K:LONG_US:L:N: N steps of K short kernels then L long ones, launched at
          * once, one synchronise: a training whose few long kernels (GEMMs) hide among many short ones

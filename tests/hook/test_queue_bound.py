@@ -696,3 +696,37 @@ def test_a_request_of_two_bursts_still_gets_leaks_into_its_second(hook_lib, sche
     assert len(during) >= 30, len(during)
     assert said and int(said.group(1)) >= 20, holder.stderr_text[-3000:]
     assert statistics.median(during) >= 2.0, sorted(during)
+
+
+# The holder's waits on the host for co-runners' prompt bursts (burst.c's yield point), 1 ms or longer.
+HOST_WAITS = re.compile(r"waited ([0-9.]+) ms for co-runners' prompt bursts")
+
+
+@pytest.mark.parametrize("copies", ["on", "off"])
+def test_a_holders_copies_are_held_on_the_gpu_not_waited_for_on_the_host(
+        hook_lib, scheduler, tmp_path, procs, copies):
+    """A PyTorch training begins each step with a copy of its batch to the GPU and ends it with a copy of
+    its loss back (.item()). Every call that enters the gate waited on the host while a co-runner's prompt
+    burst ran, launches held on the GPU aside: so the training's host stood through a whole request at a
+    step's copy, with nothing queued for the leaks (on the H200 beside model.generate, 3.2 s of such waits
+    in a 20 s window, and 1423 leaks that found nothing waiting). With NVSHARE_HOLD_COPIES=on (the
+    default) a copy into a stream goes behind a wait of its own on the GPU, as a launch does, and the
+    holder's work goes on through leaks. A holder of steps of 4 kernels of 1 ms between a copy in and a
+    copy out (then a synchronise) beside the host-bound server of 6 ms requests (40 kernels of 20 us, each
+    after 100 us of host work): the holder's work during each request, and its waits on the host."""
+    measured, lengths, holder, server = beside_a_host_bound_server(
+        scheduler, hook_lib, procs, tmp_path, "copytrain:1000:4:1500", {"NVSHARE_HOLD_COPIES": copies})
+    median = statistics.median(measured)
+    waits = [float(w) for w in HOST_WAITS.findall(holder.stderr_text)]
+    print(f"copies {copies}: the holder's work during {len(measured)} requests of "
+          f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, least {min(measured):.1f}; "
+          f"{len(waits)} waits on the host of 1 ms or more, {sum(waits):.0f} ms in all")
+    assert len(measured) >= 25, len(measured)
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    assert "held on the GPU until it ends" in holder.stderr_text, holder.stderr_text[-3000:]
+    if copies == "off":
+        assert len(waits) >= 10, holder.stderr_text[-3000:]
+        assert median <= 2.5, sorted(measured)
+        return
+    assert not waits, waits
+    assert median >= 3.0, sorted(measured)
