@@ -764,6 +764,12 @@ uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g)
     return p ? atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed) : 0;
 }
 
+int nvshare_burst_prompt_train(struct nvshare_gpu *g)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    return p && atomic_load_explicit(&p->prompt_train, memory_order_relaxed) != 0;
+}
+
 /* ---- held on the GPU (hold.c's watcher asks) ---------------------------------------------------- */
 /* The hold for a co-runner's ordinary burst under way ends (or none runs): counted in the second's. */
 static void corun_close(struct nvshare_burst_state *b, uint64_t now)

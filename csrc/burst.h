@@ -81,6 +81,8 @@ void nvshare_burst_syncing(struct nvshare_gpu *g, int on);
 int nvshare_burst_prompt_syncing(struct nvshare_gpu *g);
 /* The length the last prompt burst's job announced for its bursts (0: none; untrusted). */
 uint64_t nvshare_burst_prompt_len(struct nvshare_gpu *g);
+/* Do the last prompt burst's job's bursts come in trains (the page's prompt_train; untrusted)? */
+int nvshare_burst_prompt_train(struct nvshare_gpu *g);
 void nvshare_burst_after_fork(void);
 
 /* Does this job yield to co-runners' prompt bursts, with one seen in the last `window_ns`, while

@@ -324,11 +324,19 @@ void nvshare_read_settings(void)
      * wait before and after it (pace.c, nvshare_pace_hold). off: segments of the mean launch only, as
      * before (on the H200 an interactive step beside an fp32 training's GEMMs waited for two). */
     nvshare_cfg.hold_shapes = on_off("NVSHARE_HOLD_SHAPES");
-    /* on (unset): held on the GPU, a copy or set into a stream goes behind a wait of its own and does
-     * not wait on the host (pace.c, nvshare_pace_copy_held). off: it waits on the host while a prompt
-     * burst runs, as before: on the H200 a training beside model.generate waited there through whole
-     * requests at its steps' first copy, its GPU idle (issue 42). */
-    nvshare_cfg.hold_copies = on_off("NVSHARE_HOLD_COPIES");
+    /* trains (unset): held on the GPU, a copy or set into a stream goes behind a wait of its own and
+     * does not wait on the host while the prompt job's bursts come in trains (pace.c,
+     * nvshare_pace_copy_held): on the H200 a training beside model.generate waited on the host through
+     * whole requests at its steps' copies, its GPU idle (issue 42); beside a batch-1 CNN's single
+     * bursts the host wait is short and spares the request the training's next step. always: for any
+     * prompt burst. off: never, the rule before. */
+    const char *copies = getenv("NVSHARE_HOLD_COPIES");
+    nvshare_cfg.hold_copies = !copies || !*copies || !strcasecmp(copies, "trains") ? HOLD_COPIES_TRAINS
+                              : !strcasecmp(copies, "always") ? HOLD_COPIES_ALWAYS
+                              : !strcasecmp(copies, "off") ? HOLD_COPIES_OFF : HOLD_COPIES_TRAINS;
+    if (copies && *copies && strcasecmp(copies, "trains") && strcasecmp(copies, "always") &&
+        strcasecmp(copies, "off"))
+        nvshare_log("NVSHARE_HOLD_COPIES=%s is not trains, always or off; trains", copies);
     /* on (unset): model.generate's tokens are bursts of their own, each ended by a synchronise; let go
      * between two, the training ran a kernel (a 1.0-1.4 ms GEMM on the H200) that the next token waited
      * for (burst.c's linger). off: let go at every burst's end, as before. */

@@ -48,8 +48,9 @@ struct nvshare_settings {
                                   * segment or longer gets waits of its own (pace.c): 1 (on, the
                                   * default), 0 (off: segments of the mean launch only) */
     int hold_copies;             /* NVSHARE_HOLD_COPIES: held on the GPU, a copy or set into a stream gets a wait
-                                  * before it and does not wait on the host (hook.c, pace.c): 1 (on, the
-                                  * default), 0 (off: it waits on the host while a prompt burst runs) */
+                                  * before it and does not wait on the host for a prompt burst (hook.c,
+                                  * pace.c): HOLD_COPIES_TRAINS (the default) while the prompt job's bursts
+                                  * come in trains, HOLD_COPIES_ALWAYS for any, HOLD_COPIES_OFF never */
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
@@ -83,6 +84,7 @@ struct nvshare_settings {
 #define NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT 0               /* off */
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
+enum { HOLD_COPIES_OFF = 0, HOLD_COPIES_TRAINS = 1, HOLD_COPIES_ALWAYS = 2 };
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

@@ -541,7 +541,8 @@ LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default 
     "NVSHARE_PROMPT_LEAK_MS": "not off nor a number of milliseconds from 0.05 to 1000; using 0.5",
     "NVSHARE_PROMPT_LEAK_OPEN_MS": "not segment nor a number of milliseconds from 0.05 to 100; using 2.0",
     "NVSHARE_PROMPT_LEAK_LONG": "neither always nor fit; always",
-    "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'off'"}
+    "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'off'",
+    "NVSHARE_HOLD_COPIES": "not trains, always or off; trains"}
 
 
 @pytest.mark.parametrize("name, value, said", [
@@ -555,12 +556,15 @@ LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default 
         ("fits", True), ("1", True), ("off", True), ("fit", False), ("FIT", False), ("always", False)]],
     *[("NVSHARE_PROMPT_LEAK_QUEUED", v, said) for v, said in [
         ("maybe", True), ("2", True), ("offf", True), ("off", False), ("OFF", False), ("on", False),
-        ("no", False)]]])
+        ("no", False)]],
+    *[("NVSHARE_HOLD_COPIES", v, said) for v, said in [
+        ("on", True), ("train", True), ("1", True), ("trains", False), ("ALWAYS", False), ("off", False)]]])
 def test_a_malformed_leak_setting_is_said_and_the_default_used(
         hook_lib, scheduler, tmp_path, procs, name, value, said):
     """NVSHARE_PROMPT_LEAK_MS: off (or 0), or 0.05 to 1000 ms; NVSHARE_PROMPT_LEAK_OPEN_MS: segment, or
     0.05 to 100 ms; NVSHARE_PROMPT_LEAK_LONG: always or fit; NVSHARE_PROMPT_LEAK_QUEUED: on or off;
-    anything else is said once and the default used (the job runs on)."""
+    NVSHARE_HOLD_COPIES: trains, always or off; anything else is said once and the default used (the job
+    runs on)."""
     proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync", {name: value})
     assert "sync ok" in finish(proc, timeout=60)
     text = f"{name}={value} is {LEAK_SETTINGS[name]}"
@@ -702,31 +706,47 @@ def test_a_request_of_two_bursts_still_gets_leaks_into_its_second(hook_lib, sche
 HOST_WAITS = re.compile(r"waited ([0-9.]+) ms for co-runners' prompt bursts")
 
 
-@pytest.mark.parametrize("copies", ["on", "off"])
-def test_a_holders_copies_are_held_on_the_gpu_not_waited_for_on_the_host(
-        hook_lib, scheduler, tmp_path, procs, copies):
+# A host-bound server of single requests (40 kernels of 20 us, each after 100 us of host work: 6 ms), or of
+# trains (3 tokens of 30 such kernels, 100 us apart: model.generate's), arriving 60 ms apart on average.
+COPY_SERVERS = {"single": "serve:20:40:50:60:7:100", "trains": "serve:20:30:50:60:7:100:3"}
+
+
+@pytest.mark.parametrize("server, copies", [("trains", "trains"), ("trains", "off"), ("single", "trains"),
+                                            ("single", "always")])
+def test_a_holders_copies_are_held_on_the_gpu_beside_a_train_of_prompt_bursts(
+        hook_lib, scheduler, tmp_path, procs, server, copies):
     """A PyTorch training begins each step with a copy of its batch to the GPU and ends it with a copy of
     its loss back (.item()). Every call that enters the gate waited on the host while a co-runner's prompt
-    burst ran, launches held on the GPU aside: so the training's host stood through a whole request at a
-    step's copy, with nothing queued for the leaks (on the H200 beside model.generate, 3.2 s of such waits
-    in a 20 s window, and 1423 leaks that found nothing waiting). With NVSHARE_HOLD_COPIES=on (the
-    default) a copy into a stream goes behind a wait of its own on the GPU, as a launch does, and the
-    holder's work goes on through leaks. A holder of steps of 4 kernels of 1 ms between a copy in and a
-    copy out (then a synchronise) beside the host-bound server of 6 ms requests (40 kernels of 20 us, each
-    after 100 us of host work): the holder's work during each request, and its waits on the host."""
-    measured, lengths, holder, server = beside_a_host_bound_server(
-        scheduler, hook_lib, procs, tmp_path, "copytrain:1000:4:1500", {"NVSHARE_HOLD_COPIES": copies})
-    median = statistics.median(measured)
+    burst ran, launches held on the GPU aside: so beside model.generate (requests of many bursts) the
+    training's host stood through whole requests at its steps' copies, with nothing queued for the leaks
+    (on the H200, 3.2 s of such waits in a 20 s window, and 1423 leaks that found nothing waiting). With
+    NVSHARE_HOLD_COPIES=trains (the default) a copy into a stream goes behind a wait of its own on the GPU,
+    as a launch does, while the prompt job's bursts come in trains, and the holder's work goes on through
+    leaks; beside single requests it still waits on the host (a batch-1 CNN's 3 ms: on the H200 its
+    requests were served faster so, the training as fast); `always` holds it on the GPU for any. A holder
+    of steps of 4 kernels of 1 ms between a copy in and a copy out (then a synchronise) beside a host-bound
+    server (COPY_SERVERS): the holder's work during each request, and its waits on the host."""
+    trace = tmp_path / "trace"
+    env = {"NVSHARE_HOLD_COPIES": copies}
+    holder = start(scheduler, hook_lib, procs, trace, 1, "copytrain:1000:4:1500", env)
+    served = start(scheduler, hook_lib, procs, trace, 2, COPY_SERVERS[server], delay_ms=150, warmup=True)
+    finish(served, timeout=90)
+    finish(holder, timeout=90)
+    launches = read_launches(trace)
+    spans = request_spans_by_launch(launches, served.pid, gap_ns=8_000_000)
+    measured, lengths = holder_during_requests(launches, holder.pid, spans)
+    median, length = statistics.median(measured), statistics.median(lengths)
     waits = [float(w) for w in HOST_WAITS.findall(holder.stderr_text)]
-    print(f"copies {copies}: the holder's work during {len(measured)} requests of "
-          f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, least {min(measured):.1f}; "
+    print(f"{server} requests, copies {copies}: the holder's work during {len(measured)} requests of "
+          f"{length:.1f} ms (median): median {median:.1f} ms, least {min(measured):.1f}; "
           f"{len(waits)} waits on the host of 1 ms or more, {sum(waits):.0f} ms in all")
     assert len(measured) >= 25, len(measured)
-    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    assert "its bursts are prompt" in served.stderr_text, served.stderr_text[-3000:]
     assert "held on the GPU until it ends" in holder.stderr_text, holder.stderr_text[-3000:]
-    if copies == "off":
+    held = copies == "always" or (copies == "trains" and server == "trains")
+    if not held:
         assert len(waits) >= 10, holder.stderr_text[-3000:]
-        assert median <= 2.5, sorted(measured)
+        assert median <= 0.55 * length, sorted(measured)
         return
-    assert not waits, waits
-    assert median >= 3.0, sorted(measured)
+    assert len(waits) <= 3, waits   # the server's first requests, before its bursts are known as trains
+    assert median >= 0.65 * length, sorted(measured)
