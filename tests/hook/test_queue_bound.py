@@ -430,13 +430,14 @@ def request_spans_by_launch(launches, pid: int, gap_ns: int = 2_000_000) -> list
     return [(a, b) for a, b in spans]
 
 
-def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_action: str, env: dict):
-    """A holder of holder_action beside a host-bound server (40 kernels of 20 us, each after 100 us of
-    host work, about 6 ms a request): the holder's work that ran during each request, the requests'
-    lengths, and both processes."""
+def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_action: str, env: dict,
+                               server_action: str = "serve:20:40:50:60:7:100"):
+    """A holder of holder_action (with `env`) beside a host-bound server (by default 40 kernels of 20 us,
+    each after 100 us of host work, about 6 ms a request): the holder's work that ran during each
+    request, the requests' lengths, and both processes."""
     trace = tmp_path / "trace"
     holder = start(scheduler, hook_lib, procs, trace, 1, holder_action, env)
-    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:40:50:60:7:100", delay_ms=150, warmup=True)
+    server = start(scheduler, hook_lib, procs, trace, 2, server_action, delay_ms=150, warmup=True)
     finish(server, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
@@ -726,15 +727,9 @@ def test_a_holders_copies_are_held_on_the_gpu_beside_a_train_of_prompt_bursts(
     requests were served faster so, the training as fast); `always` holds it on the GPU for any. A holder
     of steps of 4 kernels of 1 ms between a copy in and a copy out (then a synchronise) beside a host-bound
     server (COPY_SERVERS): the holder's work during each request, and its waits on the host."""
-    trace = tmp_path / "trace"
-    env = {"NVSHARE_HOLD_COPIES": copies}
-    holder = start(scheduler, hook_lib, procs, trace, 1, "copytrain:1000:4:1500", env)
-    served = start(scheduler, hook_lib, procs, trace, 2, COPY_SERVERS[server], delay_ms=150, warmup=True)
-    finish(served, timeout=90)
-    finish(holder, timeout=90)
-    launches = read_launches(trace)
-    spans = request_spans_by_launch(launches, served.pid, gap_ns=8_000_000)
-    measured, lengths = holder_during_requests(launches, holder.pid, spans)
+    measured, lengths, holder, served = beside_a_host_bound_server(
+        scheduler, hook_lib, procs, tmp_path, "copytrain:1000:4:1500", {"NVSHARE_HOLD_COPIES": copies},
+        COPY_SERVERS[server])
     median, length = statistics.median(measured), statistics.median(lengths)
     waits = [float(w) for w in HOST_WAITS.findall(holder.stderr_text)]
     print(f"{server} requests, copies {copies}: the holder's work during {len(measured)} requests of "
