@@ -446,6 +446,14 @@ def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_acti
     return measured, lengths, holder, server
 
 
+def held_beside(measured: list[float], holder, server) -> None:
+    """beside_a_host_bound_server's pair ran as meant: 25 requests or more measured, the server's bursts
+    prompt, the holder's queue held for them."""
+    assert len(measured) >= 25, len(measured)
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    assert "held on the GPU until it ends" in holder.stderr_text, holder.stderr_text[-3000:]
+
+
 @pytest.mark.parametrize("leak", ["on", "off"])
 def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_time(
         hook_lib, scheduler, tmp_path, procs, leak):
@@ -465,9 +473,7 @@ def test_a_host_bound_servers_requests_let_the_holders_work_pass_a_segment_at_a_
     print(f"leak {leak}: the holder's work that ran during {len(measured)} requests of "
           f"{statistics.median(lengths):.1f} ms (median): median {median:.1f} ms, "
           f"least {min(measured):.1f}, most {max(measured):.1f}")
-    assert len(measured) >= 25, len(measured)
-    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
-    assert "held on the GPU until it ends" in holder.stderr_text, holder.stderr_text[-3000:]
+    held_beside(measured, holder, server)
     said = re.search(r"leaks into prompt bursts: ([0-9]+) let a segment pass", holder.stderr_text)
     if leak == "off":
         assert said is None, said
@@ -735,9 +741,7 @@ def test_a_holders_copies_are_held_on_the_gpu_beside_a_train_of_prompt_bursts(
     print(f"{server} requests, copies {copies}: the holder's work during {len(measured)} requests of "
           f"{length:.1f} ms (median): median {median:.1f} ms, least {min(measured):.1f}; "
           f"{len(waits)} waits on the host of 1 ms or more, {sum(waits):.0f} ms in all")
-    assert len(measured) >= 25, len(measured)
-    assert "its bursts are prompt" in served.stderr_text, served.stderr_text[-3000:]
-    assert "held on the GPU until it ends" in holder.stderr_text, holder.stderr_text[-3000:]
+    held_beside(measured, holder, served)
     held = copies == "always" or (copies == "trains" and server == "trains")
     if not held:
         assert len(waits) >= 10, holder.stderr_text[-3000:]
