@@ -35,7 +35,7 @@ from typing import Any
 
 from ..base.priority import RANK
 from .gpustate import GpuState
-from .policytypes import GANG_STEP_AFTER, Action, ClientInfo
+from .policytypes import GANG_STEP_AFTER, GANG_STEP_WINDOW_MIN, Action, ClientInfo
 
 
 @dataclass
@@ -87,9 +87,10 @@ class Gang:
         return min(self.gpus[0].settings.drop_grace_sec / 2, max(1.0, self.interval()))
 
     def step_window(self) -> float:
-        """How long after the end of its turn its ranks may still take steps: one interval,
-        and no longer than a drain may look stuck (after that, the stuck-drain resolution)."""
-        return min(self.interval(), self.stuck_after())
+        """How long after the end of its turn its ranks may still take steps: one interval, at
+        least GANG_STEP_WINDOW_MIN (a rank on a loaded CPU asks late), and no longer than a drain
+        may look stuck (after that, the stuck-drain resolution)."""
+        return min(max(self.interval(), GANG_STEP_WINDOW_MIN), self.stuck_after())
 
     def indices(self) -> str:
         return ",".join(str(g.index) for g in self.gpus)

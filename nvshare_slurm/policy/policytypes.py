@@ -150,6 +150,12 @@ class Holder:
 # together release within a fraction of a millisecond of each other; without the wait, the first
 # to ask again would step one collective ahead of its peer every time, then its peer, and so on.
 GANG_STEP_AFTER = 0.002
+# Steps go on for one switch interval after the end of a gang's turn, but for this long at least: a
+# rank asks again once its process next runs, and on a loaded CPU (two spinning processes on a 2-core
+# machine, CI's) a rank whose peer drained asked more than a 20 ms turn after its end in 3 of 10 runs
+# of tests/hook/test_gang_hook.py's stall test, waited for the next turn, and its peer's drain was
+# taken as stuck a second later (issue 15's stall again).
+GANG_STEP_WINDOW_MIN = 0.25
 
 
 @dataclass

@@ -15,7 +15,7 @@ import pytest
 from nvshare_slurm.policy.gang import GangPolicy
 from nvshare_slurm.policy.gpustate import GpuState
 from nvshare_slurm.policy.policytypes import (CONTENDED, DROP, GRANT, HANDOFF, SWAP_OUT, UNRESPONSIVE,
-                                              ClientInfo, GpuSettings)
+                                              GANG_STEP_WINDOW_MIN, ClientInfo, GpuSettings)
 
 G = 1 << 30
 
@@ -268,8 +268,8 @@ def test_a_stuck_drain_gets_its_peer_granted_then_the_turn_ends_again():
 @pytest.mark.parametrize("interval,after", [(0.1, 1.0), (0.5, 1.0), (1.5, 1.5), (10.0, 2.0)])
 def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(interval, after):
     """A hook without DRAIN_STUCK, whose peer asks only once steps are over (one interval after
-    the end, at most `after`): the same resolution, after one turn (at least 1 s, at most half of
-    drop_grace_sec, 4 s here)."""
+    the end, at least GANG_STEP_WINDOW_MIN, at most `after`): the same resolution, after one turn (at
+    least 1 s, at most half of drop_grace_sec, 4 s here)."""
     node, _ = two_gangs()
     for gpu in node.gpus:
         gpu.settings = replace(gpu.settings, switch_time_fixed=interval)
@@ -277,7 +277,7 @@ def test_a_drain_that_never_reports_is_taken_as_stuck_after_about_a_turn(interva
     dropped = interval
     node.tick(dropped)
     node.release(12, dropped + 0.01)
-    asked = dropped + min(interval, after)
+    asked = dropped + min(max(interval, GANG_STEP_WINDOW_MIN), after)
     if asked >= dropped + after:
         assert node.request(12, asked) == [(GRANT, 12)]
     else:
