@@ -102,6 +102,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_family import BURST, SMOKE_UUID, build_burst, burst_env, svg  # noqa: E402
+import kernel_overlap  # noqa: E402
 from gpu_bench import (CPU_TRAIN_ARGS, PROBE_SLACK_MS, TRAIN, WORKLOADS, Job, Mps, Scheduler, gpu_info,  # noqa: E402
                        kill_running, percentile, run_jobs, sigterm_interrupts)
 
@@ -223,11 +224,20 @@ class Mixes:
             out.append("--gpu-times")
         return self.as_uid(out, i)
 
+    def trace_path(self, tag: str, i: int) -> Path:
+        """Where job i of an arm writes its kernel trace (--gpu-times): a folder every uid may write."""
+        where = self.logs / "ktrace"
+        if not where.exists():
+            where.mkdir()
+            os.chmod(where, 0o1777)
+        return where / f"{tag}-{i}.ktrace.json"
+
     def torch_cmd(self, kind: str, i: int, sync: Path | None, hold: Path | None = None,
-                  wait: float = WAIT_TIMEOUT_S) -> list[str]:
+                  wait: float = WAIT_TIMEOUT_S, tag: str = "") -> list[str]:
         """A PyTorch member's command; sync: the arm's folder of the server's ready file and the
         training's progress file (None: alone, the serial arm, where the server holds until the file
-        hold exists); wait: how long the server waits for the training's 10 steps."""
+        hold exists); wait: how long the server waits for the training's 10 steps; tag: the arm's, for
+        --gpu-times' kernel trace."""
         s, py, cpu = self.args.seconds, self.args.torch_python, self.args.torch_cpu
         if kind == "train":
             out = [py, str(TRAIN), *TRAIN_ARGS, "--precision", self.args.train_precision,
@@ -235,6 +245,8 @@ class Mixes:
                    "--max-seconds", f"{s if sync is None else s + TRAIN_SLACK_S:.2f}"]
             if sync is not None:
                 out += ["--progress", str(sync / "progress")]
+            if self.args.gpu_times and not cpu:
+                out += ["--kernel-trace", str(self.trace_path(tag, i))]
             if cpu:   # later options win: a tiny model on the CPU
                 out += CPU_TRAIN_ARGS
         else:
@@ -245,6 +257,8 @@ class Mixes:
             else:
                 out += ["--ready-file", str(sync / "ready"), "--wait-file", str(sync / "progress"),
                         "--wait-timeout", str(wait)]
+            if self.args.gpu_times and not cpu:
+                out += ["--kernel-trace", str(self.trace_path(tag, i))]
             if cpu:
                 out += ["--device", "cpu", "--warmup", "3", "--hidden", "64", "--layers", "2", "--heads", "4",
                         "--vocab", "1000", "--tokens", "4", "--prompt", "8", "--image", "64", "--width", "16"]
@@ -341,7 +355,7 @@ class Mixes:
         os.chmod(sync, 0o1777)
         if arm == "serial":   # the server starts beside the training alone, and holds once built
             hold = sync / "go"
-            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, None, hold), base, self.logs)
+            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, None, hold, tag=tag), base, self.logs)
                     for i, k in enumerate(kinds)]
             deadline = time.time() + 2 * timeout
             try:
@@ -355,7 +369,7 @@ class Mixes:
                     job.wait(deadline)
             finally:
                 kill_running(jobs)
-            return summarize(kinds, [job.result() for job in jobs], alone=True)
+            return with_overlaps(kinds, [job.result() for job in jobs], True)
         stops: list = []
         try:
             envs = self.arm_envs(mix, arm, tag, base, len(kinds), stops)
@@ -363,7 +377,7 @@ class Mixes:
                 return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
             # MPS serves one uid at a time: the training of another uid cannot start beside the server
             wait = 5.0 if arm == "mps" and self.args.uids else WAIT_TIMEOUT_S
-            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, sync, wait=wait), e, self.logs)
+            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, sync, wait=wait, tag=tag), e, self.logs)
                     for i, (k, e) in enumerate(zip(kinds, envs, strict=True))]
             servers = [j for j, k in zip(jobs, kinds, strict=True) if k != "train"]
             deadline = time.time() + timeout
@@ -380,7 +394,7 @@ class Mixes:
                     job.wait(deadline)
             finally:   # interrupted: leave no job on the GPU
                 kill_running(jobs)
-            return summarize(kinds, [job.result() for job in jobs])
+            return with_overlaps(kinds, [job.result() for job in jobs], False)
         finally:
             for stop in reversed(stops):
                 stop()
@@ -467,6 +481,24 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
     done = max(j["times"][-1] for j in ok) - t0 if ok else None
     return {"status": "ok" if all(e["status"] == "ok" for e in out) else "incomplete", "jobs": out,
             "makespan": max(j["proc_end"] for j in jobs) - t0, "done_s": done}
+
+
+def with_overlaps(kinds: list[str], results: list[dict], alone: bool) -> dict:
+    """summarize(), and with kernel traces (--gpu-times) each server's requests laid beside the
+    training's GPU work (kernel_overlap.py): its "overlap", and its rows beside its trace."""
+    out = summarize(kinds, results, alone)
+    traces = [r.get("kernel_trace") if r.get("status") == "ok" else None for r in results]
+    if not any(traces):
+        return out
+    loaded = [json.loads(Path(t).read_text()) if t and Path(t).exists() else None for t in traces]
+    train = next((t for t, k in zip(loaded, kinds, strict=True) if k == "train" and t), None)
+    for i, (kind, res, trace) in enumerate(zip(kinds, results, loaded, strict=True)):
+        if kind == "train" or trace is None:
+            continue
+        rows = kernel_overlap.requests(res, trace, None if alone else train)
+        out["jobs"][i]["overlap"] = kernel_overlap.summarize(rows)
+        Path(traces[i]).with_suffix(".rows.json").write_text(json.dumps(rows))
+    return out
 
 
 def slowdowns(res: dict) -> None:
@@ -576,6 +608,24 @@ def service_table(res: dict, names: list[str]) -> str:
             "the others:\n\n" + head + "\n" + "\n".join(lines) + "\n")
 
 
+def overlap_table(res: dict, names: list[str]) -> str:
+    """Per server and arm with kernel traces (--gpu-times): kernel_overlap's faster and slower halves."""
+    parts = []
+    for mix, arms in res["mixes"].items():
+        for a in names:
+            for i, e in enumerate(arms.get(a, {}).get("jobs", [])):
+                if e.get("overlap"):
+                    parts.append(f"\n{mix}, job {i} ({e['kind']}), {a}:\n\n"
+                                 + kernel_overlap.markdown(e["overlap"]))
+    if not parts:
+        return ""
+    return ("\nWhere the servers' service went, from the kernel traces (bench/kernel_overlap.py: gpu the "
+            "server's own GPU work, stall its work ready and not running, sync and launch its host in such "
+            "calls, other the training's GPU work in the request; the faster and the slower half of the "
+            "requests):\n"
+            + "\n".join(parts) + "\n")
+
+
 def service_cell(s: dict | None) -> str:
     if s is None:
         return "–"
@@ -606,7 +656,8 @@ def table(res: dict) -> str:
                                "over solo p99. Train: steps/s in the server's window (serial: alone), over "
                                f"its steps/s alone ({res['args'].get('train_precision', 'fp32')}). All "
                                "done / serial: the arm's start to the last step of any job, over the same in "
-                               "the serial arm (the jobs one after the other).\n") + service_table(res, names)
+                               "the serial arm (the jobs one after the other).\n") \
+        + service_table(res, names) + overlap_table(res, names)
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
@@ -798,7 +849,9 @@ def main() -> int:
                     help="one more nvshare arm with this setting too, in the same table (an A/B in one run)")
     ap.add_argument("--gpu-times", action="store_true",
                     help="every job records its kernels' GPU start and end (burst --gpu-times) in its "
-                         "logs/*.out: whose kernels ran beside a slow request")
+                         "logs/*.out: whose kernels ran beside a slow request; the PyTorch members a "
+                         "kernel trace each (logs/ktrace/, kernel_trace.py), and the table where each "
+                         "server's service went (kernel_overlap.py)")
     ap.add_argument("--smoke-cpu", action="store_true", help="fake driver, real hook and daemon, no MPS")
     ap.add_argument("--torch-cpu", action="store_true",
                     help="with --smoke-cpu: run the PyTorch mixes on the CPU, tiny models (else skipped)")

@@ -4,7 +4,7 @@
                                [--seconds 6] [--warmup 10] [--tokens 8] [--prompt 32] [--layers 4]
                                [--hidden 768] [--heads 12] [--vocab 32000] [--image 224] [--width 64]
                                [--hold-file F] [--ready-file F] [--wait-file F] [--wait-timeout 30]
-                               [--out -]
+                               [--kernel-trace FILE] [--out -]
 
 Models, weights initialised at random from a seed (nothing is downloaded: HF_HUB_OFFLINE=1, the model is
 built from its config):
@@ -36,7 +36,9 @@ request's service start), "times" (its end), "latencies_ms" (arrival to result),
 "start" (epoch seconds, as time.time()); and "startup_phases_s", "arrivals", "window_start",
 "window_end", "service_ms_warm" (the median service time of the warm-up's second half: the load is
 that over --mean-ms), "waited_s", "wait_timed_out", "graphs", "tokens_match_generate" and the
-model's settings.
+model's settings. --kernel-trace FILE records the window's kernels, copies and sets and the CUDA calls
+that made them (kernel_trace.py: bench/kernel_overlap.py lays them beside another job's) and adds
+"kernel_trace": FILE.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402  (after the settings above)
+from kernel_trace import KernelTrace  # noqa: E402  (bench/, this script's folder)
 
 MODELS = ("gen", "gen-graphs", "cnn")
 
@@ -331,6 +334,8 @@ def main() -> int:
     ap.add_argument("--ready-file", default="", help="written once the warm-up is done")
     ap.add_argument("--wait-file", default="", help="start the window once this file exists")
     ap.add_argument("--wait-timeout", type=float, default=30.0)
+    ap.add_argument("--kernel-trace", default="", metavar="FILE",
+                    help="the window's GPU work and CUDA calls, times since the epoch (kernel_trace.py)")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if args.mean_ms <= 0 or args.seconds <= 0 or args.tokens < 1 or args.prompt < 1 or args.warmup < 1:
@@ -363,6 +368,8 @@ def main() -> int:
         waited, timed_out = wait_for(args.wait_file, args.wait_timeout) if args.wait_file else (0.0, False)
 
         rng = random.Random(args.seed)
+        trace = KernelTrace(args.kernel_trace if dev.type == "cuda" else "", host=True)
+        trace.start()
         offset = time.time() - time.perf_counter()   # perf_counter -> epoch seconds
         w0 = time.perf_counter()
         w1 = w0 + args.seconds
@@ -384,6 +391,7 @@ def main() -> int:
             ends.append(t1)
             lat.append((t1 - arrival) * 1000)
         w_end = max(w1, ends[-1]) if ends else w1
+        trace.stop()
 
     half = warm[len(warm) // 2:]
     result = {"model": args.model, "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
@@ -402,6 +410,8 @@ def main() -> int:
               "step_starts": [round(s + offset, 6) for s in starts],
               "times": [round(e + offset, 6) for e in ends],
               "latencies_ms": [round(x, 3) for x in lat]}
+    if args.kernel_trace and dev.type == "cuda":
+        result["kernel_trace"] = args.kernel_trace
     if args.model != "cnn":
         import transformers
         result["transformers"] = transformers.__version__

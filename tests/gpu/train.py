@@ -31,12 +31,15 @@ Milestones for the benchmarks that time a job's start (scripts/gpu-suspend-bench
 and kernels done) and t_ballast (the ballast allocated and filled: the job has its memory and has
 run a kernel on it; null without --mem-gb), all time.time(). --progress FILE: the number of steps
 done and the time, rewritten every 10 steps, so that a caller can act while the job trains.
+--kernel-trace FILE records the GPU work from step 10 on (bench/kernel_trace.py; bench/kernel_overlap.py
+lays it beside a server's).
 """
 import argparse
 import json
 import math
 import os
 import statistics
+import sys
 import time
 
 T_LAUNCH = time.time()
@@ -126,6 +129,8 @@ def main() -> int:
     ap.add_argument("--progress", default="", help="rewrite 'STEPS TIME' in this file every 10 steps")
     ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
                     help="fp32, TF32 matmuls, or bf16 autocast (mixed precision)")
+    ap.add_argument("--kernel-trace", default="", metavar="FILE",
+                    help="the GPU work from step 10 on, times since the epoch (bench/kernel_trace.py)")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if not 0.0 <= args.busy_fraction < 1.0:
@@ -160,6 +165,11 @@ def main() -> int:
     losses, starts, times, durations = [], [], [], []
     grown: list = []
     piece = int(args.grow_gb * (1 << 30)) // max(1, args.grow_steps) // 4
+    trace = None
+    if args.kernel_trace and dev.type == "cuda":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+        from kernel_trace import KernelTrace
+        trace = KernelTrace(args.kernel_trace)
     start = time.time()
     for step in range(args.steps):
         t0 = time.time()
@@ -185,6 +195,8 @@ def main() -> int:
             with open(args.progress + ".tmp", "w") as fh:
                 fh.write(f"{step + 1} {t1}\n")
             os.replace(args.progress + ".tmp", args.progress)
+        if trace is not None and step + 1 == 10:   # a server's window starts at the 10th step
+            trace.start()
         if calib and step + 1 == calib:
             busy = statistics.median(durations[warm:])
             sleep_s = busy * (1.0 - args.busy_fraction) / args.busy_fraction
@@ -192,6 +204,8 @@ def main() -> int:
             break
         if sleep_s and step + 1 < args.steps:
             time.sleep(sleep_s)
+    if trace is not None:
+        trace.stop()
     measured = slice(calib, None) if calib < len(times) else slice(0, None)
     span = times[-1] - starts[measured][0] if times else 0.0
     result = {"pid": os.getpid(), "start": start, "end": time.time(), "losses": losses, "times": times,
@@ -202,6 +216,8 @@ def main() -> int:
               "step_ms_median": statistics.median(durations) * 1000.0 if durations else 0.0,
               "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0,
               "ballast_ok": ballast_intact(ballast, grown)}
+    if trace is not None:
+        result["kernel_trace"] = args.kernel_trace
     text = json.dumps(result)
     if args.out == "-":
         print(text)

@@ -174,6 +174,51 @@ def test_a_servers_service_is_told_from_its_wait_behind_the_request_before():
     assert "Servers' service" not in bench_mixes.table(fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2))
 
 
+def test_kernel_traces_say_where_a_servers_slow_requests_went(tmp_path):
+    """--gpu-times: each PyTorch job writes a kernel trace (bench/kernel_trace.py's form); the arm's
+    summary lays the server's requests beside the training's GPU work. Requests of 2 ms every 10 ms;
+    the training's 1 ms kernels run inside every other request, which those take 1 ms longer for: the
+    slower half's excess of other is the excess of service. The alone arm lays nothing beside it."""
+    t0_ns = 1_000_002_000_000_000
+    starts = [1_000_002.0 + 0.01 * i for i in range(20)]
+    slow = [i % 2 == 1 for i in range(20)]
+    ends = [s + (0.003 if sl else 0.002) for s, sl in zip(starts, slow, strict=True)]
+    job = dict(server_job([2.0] * 20, t0=1_000_000.0, window=(1_000_002.0, 1_000_002.3)), arrivals=starts,
+               step_starts=starts, times=ends)
+
+    def us(t: float) -> float:
+        return round((t - t0_ns / 1e9) * 1e6, 1)
+    server_gpu = [[us(s) + 100, 1000.0, 0, "k", 7, us(s) + 90] for s in starts]
+    train_gpu = [[us(s) + 1000, 1000.0, 0, "k", 9, None] for s, sl in zip(starts, slow, strict=True) if sl]
+    paths = {}
+    for name, gpu in (("gen", server_gpu), ("train", train_gpu)):
+        paths[name] = tmp_path / f"{name}.ktrace.json"
+        paths[name].write_text(json.dumps({"t0_ns": t0_ns, "offsets_ns": [0], "anchor": "runtime",
+                                           "names": ["k"], "gpu": gpu, "host": []}))
+    train = dict(train_job(0.1, first=1_000_000.5, last=1_000_004.0), kernel_trace=str(paths["train"]))
+    traced = [train, dict(job, kernel_trace=str(paths["gen"]))]
+    arm = bench_mixes.with_overlaps(["train", "gen"], traced, False)
+    over = arm["jobs"][1]["overlap"]
+    assert over["n"] == 20
+    assert over["service"]["excess"] == pytest.approx(1.0, abs=1e-3)
+    ms = pytest.approx(1.0, abs=1e-3)
+    assert over["other"] == {"fast": 0.0, "slow": ms, "excess": ms}
+    assert over["gpu"]["fast"] == ms and over["stall"]["slow"] == pytest.approx(0.01, abs=1e-3)
+    assert "overlap" not in arm["jobs"][0]
+    rows = json.loads((tmp_path / "gen.ktrace.rows.json").read_text())
+    assert [r["other_n"] for r in rows] == [int(sl) for sl in slow]
+    alone = bench_mixes.with_overlaps(["train", "gen"], traced, True)
+    assert alone["jobs"][1]["overlap"]["other"]["slow"] == 0.0
+    res = {"args": {"variant": []}, "mixes": {"serve-gen": {"nvshare": arm}}}
+    text = bench_mixes.table(res)
+    assert "serve-gen, job 1 (gen), nvshare:" in text and "| other | 0.00 | 1.00 | +1.00 |" in text
+    # without traces (or a trace that is not there) the summary is summarize()'s
+    missing = [train_job(0.1), dict(job, kernel_trace="/nonexistent")]
+    plain = bench_mixes.with_overlaps(["train", "gen"], missing, False)
+    assert "overlap" not in plain["jobs"][1] and "Where the servers' service went" not in bench_mixes.table(
+        {"args": {"variant": []}, "mixes": {"serve-gen": {"nvshare": plain}}})
+
+
 def test_targets_and_table_rows_of_the_pytorch_mixes():
     met = fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2)   # p99 1.1 x alone, steps/s as co-located
     jobs = met["mixes"]["serve-gen"]["nvshare"]["jobs"]
