@@ -225,8 +225,9 @@ class Mixes:
         return self.as_uid(out, i)
 
     def trace_path(self, tag: str, i: int) -> Path:
-        """Where job i of an arm writes its kernel trace (--gpu-times): a folder every uid may write."""
-        where = self.logs / "ktrace"
+        """Where job i of an arm writes its kernel trace (--gpu-times): a folder every uid may reach and
+        write (the out folder's may not be reachable: a mkdtemp's); with_overlaps keeps them in logs/."""
+        where = self.work / "ktrace"
         if not where.exists():
             where.mkdir()
             os.chmod(where, 0o1777)
@@ -369,7 +370,7 @@ class Mixes:
                     job.wait(deadline)
             finally:
                 kill_running(jobs)
-            return with_overlaps(kinds, [job.result() for job in jobs], True)
+            return with_overlaps(kinds, [job.result() for job in jobs], True, self.logs / "ktrace")
         stops: list = []
         try:
             envs = self.arm_envs(mix, arm, tag, base, len(kinds), stops)
@@ -394,7 +395,8 @@ class Mixes:
                     job.wait(deadline)
             finally:   # interrupted: leave no job on the GPU
                 kill_running(jobs)
-            return with_overlaps(kinds, [job.result() for job in jobs], False)
+            return with_overlaps(kinds, [job.result() for job in jobs], False,
+                                 self.logs / "ktrace")
         finally:
             for stop in reversed(stops):
                 stop()
@@ -483,14 +485,20 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
             "makespan": max(j["proc_end"] for j in jobs) - t0, "done_s": done}
 
 
-def with_overlaps(kinds: list[str], results: list[dict], alone: bool) -> dict:
+def with_overlaps(kinds: list[str], results: list[dict], alone: bool, keep: Path | None = None) -> dict:
     """summarize(), and with kernel traces (--gpu-times) each server's requests laid beside the
-    training's GPU work (kernel_overlap.py): its "overlap", and its rows beside its trace."""
+    training's GPU work (kernel_overlap.py): its "overlap", and its rows beside its trace; keep: a folder
+    the traces are moved into."""
     out = summarize(kinds, results, alone)
     traces = [r.get("kernel_trace") if r.get("status") == "ok" else None for r in results]
     if not any(traces):
         return out
     loaded = [json.loads(Path(t).read_text()) if t and Path(t).exists() else None for t in traces]
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for i, t in enumerate(traces):
+            if t and Path(t).exists():
+                traces[i] = shutil.move(t, keep / Path(t).name)
     train = next((t for t, k in zip(loaded, kinds, strict=True) if k == "train" and t), None)
     for i, (kind, res, trace) in enumerate(zip(kinds, results, loaded, strict=True)):
         if kind == "train" or trace is None:

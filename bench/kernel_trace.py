@@ -11,7 +11,9 @@ serve_torch.py and tests/gpu/train.py take --kernel-trace FILE (bench_mixes.py -
 It is torch.profiler with CUDA activities (CUPTI): no CPU operator events, so a host-bound server pays for
 its launches being recorded (a few us each), not for every operator. The profiler's timestamps have a base
 of their own; start() and stop() each launch one anchor kernel (torch.cuda._sleep) just after reading
-time.time_ns(), and the anchor's runtime call (a host timestamp) gives the offset to the epoch.
+time.time_ns(), and the anchor's runtime call (a host timestamp) gives the offset to the epoch: the
+largest of the anchors' (a call can only come later than its read: the first one after start() came up
+to 12 ms late on the H200, the profiler setting itself up).
 
 compact(chrome_trace, anchors) is pure (tests/unit/test_kernel_trace.py runs it on a made-up trace), and
 so is kernel_overlap.py, which reads these files.
@@ -30,7 +32,7 @@ HOST_CATS = ("cuda_runtime", "cuda_driver")
 
 def compact(trace: dict, anchors: list[int], host: bool) -> dict:
     """A chrome trace of torch.profiler (its traceEvents, "ts" and "dur" in us, args.correlation) and
-    the epoch ns read just before each anchor kernel's launch, in order, to:
+    the epoch ns read just before each anchor kernel's launch, in order (the largest offset counts), to:
       {"t0_ns": epoch ns that the times below count from, "offsets_ns": [per anchor], "anchor": "runtime"
        (each anchor's runtime call found), "kernel" (only its GPU start: later by the launch's latency) or
        "none" (no anchor found: times are the profiler's own, t0_ns 0),
@@ -58,7 +60,7 @@ def compact(trace: dict, anchors: list[int], host: bool) -> dict:
         else:
             offsets.append(epoch_ns - round(mark["ts"] * 1000))
             kind = "kernel" if kind in ("none", "kernel") else "mixed"
-    offset = offsets[0] if offsets else 0
+    offset = max(offsets) if offsets else 0   # a call late after its epoch read gives a lower one
     ts0 = min((e["ts"] for e in gpu), default=0.0)   # profiler us; t0_ns on the epoch
     t0_ns = round(ts0 * 1000) + offset
     names: list[str] = []
@@ -111,6 +113,7 @@ class KernelTrace:
         from torch.profiler import ProfilerActivity, profile
         self.prof = profile(activities=[ProfilerActivity.CUDA])
         self.prof.start()
+        self.anchor()   # on the H200 the first launch after start() came 0.2-12 ms after its epoch read
         self.anchor()
 
     def stop(self) -> None:

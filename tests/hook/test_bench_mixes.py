@@ -197,7 +197,7 @@ def test_kernel_traces_say_where_a_servers_slow_requests_went(tmp_path):
                                            "names": ["k"], "gpu": gpu, "host": []}))
     train = dict(train_job(0.1, first=1_000_000.5, last=1_000_004.0), kernel_trace=str(paths["train"]))
     traced = [train, dict(job, kernel_trace=str(paths["gen"]))]
-    arm = bench_mixes.with_overlaps(["train", "gen"], traced, False)
+    arm = bench_mixes.with_overlaps(["train", "gen"], traced, False, tmp_path / "kept")
     over = arm["jobs"][1]["overlap"]
     assert over["n"] == 20
     assert over["service"]["excess"] == pytest.approx(1.0, abs=1e-3)
@@ -205,8 +205,13 @@ def test_kernel_traces_say_where_a_servers_slow_requests_went(tmp_path):
     assert over["other"] == {"fast": 0.0, "slow": ms, "excess": ms}
     assert over["gpu"]["fast"] == ms and over["stall"]["slow"] == pytest.approx(0.01, abs=1e-3)
     assert "overlap" not in arm["jobs"][0]
-    rows = json.loads((tmp_path / "gen.ktrace.rows.json").read_text())
+    # the traces were moved into the kept folder, the rows written beside them
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == ["gen.ktrace.json", "gen.ktrace.rows.json", "train.ktrace.json"]
+    assert not paths["gen"].exists()
+    rows = json.loads((tmp_path / "kept" / "gen.ktrace.rows.json").read_text())
     assert [r["other_n"] for r in rows] == [int(sl) for sl in slow]
+    traced = [train, dict(job, kernel_trace=str(tmp_path / "kept" / "gen.ktrace.json"))]
     alone = bench_mixes.with_overlaps(["train", "gen"], traced, True)
     assert alone["jobs"][1]["overlap"]["other"]["slow"] == 0.0
     res = {"args": {"variant": []}, "mixes": {"serve-gen": {"nvshare": arm}}}

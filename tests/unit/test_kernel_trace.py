@@ -62,6 +62,10 @@ def test_compact_puts_every_record_on_the_epoch_through_its_anchors_runtime_call
     assert [names[h[2]] for h in out["host"]] == ["cudaLaunchKernel", "cudaLaunchKernel", "cudaMemcpyAsync",
                                                   "cudaStreamSynchronize", "cudaLaunchKernel"]
     assert "host" not in compact(chrome(), [epoch0, epoch0 + 890_000], host=False)
+    # a first anchor whose call came 12 ms after its epoch read (the profiler setting up): the second
+    # anchor's offset, the larger, counts
+    late = compact(chrome(), [epoch0 - 12_000_000, epoch0 + 890_000], host=False)
+    assert late["offsets_ns"][1] - late["offsets_ns"][0] == 12_000_000 and late["t0_ns"] == out["t0_ns"]
     json.dumps(out)   # it is written as JSON
 
 
