@@ -13,6 +13,7 @@ from its start to its result (its service, without the wait behind the request b
   sync     the server's host in synchronising calls (*Synchronize, cudaMemcpy/cuMemcpy without Async)
   launch   the server's host in launch calls (*Launch*), and how many
   other    the other job's GPU work in the request (the union), how many of its records, the longest
+  cpu      the serving thread's CPU time (serve_torch's cpu_ms), where the result has it
 summarize() compares the slower half of the requests with the faster half, metric by metric: which of
 them grew by what the service grew. Pure functions (tests/unit/test_kernel_trace.py).
 """
@@ -90,7 +91,10 @@ def requests(server: dict, trace: dict, other: dict | None) -> list[dict]:
     host = Spans([(h[0], h[0] + h[1], names[h[2]]) for h in trace.get("host", [])])
     theirs = Spans(spans_of(other, t0) if other else [])
     rows = []
-    for arrival, s, e in zip(server["arrivals"], server["step_starts"], server["times"], strict=True):
+    cpu = server.get("cpu_ms")
+    cpu = cpu if cpu and len(cpu) == len(server["times"]) else None
+    for k, (arrival, s, e) in enumerate(zip(server["arrivals"], server["step_starts"], server["times"],
+                                            strict=True)):
         lo, hi = (s - t0_s) * 1e6, (e - t0_s) * 1e6
         i, j = bisect.bisect_left(wait_starts, lo), bisect.bisect_left(wait_starts, hi)
         row = {"arrival": arrival, "start": s, "service": (e - s) * 1000,
@@ -106,6 +110,8 @@ def requests(server: dict, trace: dict, other: dict | None) -> list[dict]:
         row["other"] = union_in(inside, lo, hi) / 1000
         row["other_n"] = len(inside)
         row["other_longest"] = max(((b - a) / 1000 for a, b in inside), default=0.0)
+        if cpu is not None:
+            row["cpu"] = cpu[k]
         rows.append(row)
     return rows
 
@@ -119,7 +125,7 @@ def summarize(rows: list[dict]) -> dict:
     half = len(ranked) // 2
     fast, slow = ranked[:half], ranked[-half:]
     out: dict = {"n": len(rows)}
-    for m in METRICS:
+    for m in METRICS + (("cpu",) if all("cpu" in r for r in rows) else ()):
         f = statistics.fmean(r[m] for r in fast)
         s = statistics.fmean(r[m] for r in slow)
         out[m] = {"fast": round(f, 3), "slow": round(s, 3), "excess": round(s - f, 3)}
@@ -130,7 +136,7 @@ def markdown(summary: dict) -> str:
     if summary.get("n", 0) < 2:
         return f"(n {summary.get('n', 0)}: too few requests)"
     lines = ["| ms per request (mean) | faster half | slower half | excess |", "|---|---|---|---|"]
-    for m in METRICS:
+    for m in METRICS + (("cpu",) if "cpu" in summary else ()):
         v = summary[m]
         lines.append(f"| {m} | {v['fast']:.2f} | {v['slow']:.2f} | {v['excess']:+.2f} |")
     return "\n".join(lines)

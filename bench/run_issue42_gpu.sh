@@ -15,7 +15,8 @@
 #           alone), mix4 and mix8 (a server among 4 and 8 jobs: p99 <= 1.5 x alone) and mix3 (an
 #           interactive probe: p99 within 1 ms of alone), same arms, 4 s windows.
 # OUT gets the table (table.md), results.json, one latency figure per mix (latency_<mix>.svg, at most
-# 4), the run's log (PART.log) and every job's log with the timelines (logs.tgz): at most 8 files.
+# 4), the run's log (PART.log) and every job's log with the timelines (logs.tgz), with GPU_TIMES=1 the
+# kernel traces (ktrace.tar.xz): at most 8 files.
 # REPS=N runs it N times in the call, the same arms each time (a p99 of 400 requests moves 1.1-1.7x
 # between runs of one build): table.md has each rep's table under its heading, results.json
 # {"reps": [...]}, the figures are the first rep's, logs.tgz has rep<r>/ of each.
@@ -62,5 +63,14 @@ print(json.dumps({"reps": out}))
 PY
 fi
 cp $(ls "$work"/rep1/latency_*.svg 2>/dev/null | head -4) "$out"/ 2>/dev/null
-tar czf "$out/logs.tgz" -C "$work" $(cd "$work" && ls -d rep*/logs rep*/timeline_*.svg 2>/dev/null)
+# kernel traces (GPU_TIMES=1) apart: 20 s of a training is some MB; each file back is at most 16 MiB
+tar czf "$out/logs.tgz" --exclude='*.ktrace.json' -C "$work" \
+    $(cd "$work" && ls -d rep*/logs rep*/timeline_*.svg 2>/dev/null)
+if ls "$work"/rep*/logs/ktrace/*.ktrace.json >/dev/null 2>&1; then
+  tar cJf "$out/ktrace.tar.xz" -C "$work" $(cd "$work" && ls rep*/logs/ktrace/*.ktrace.json)
+  if [ "$(stat -c %s "$out/ktrace.tar.xz")" -gt $((15 << 20)) ]; then
+    rm "$out/ktrace.tar.xz"
+    echo "run_issue42_gpu: the kernel traces are over 15 MiB packed: not kept (their rows are in logs.tgz)"
+  fi
+fi
 tail -30 "$out/$part.log"

@@ -35,8 +35,10 @@ Prints one JSON line with the keys bench_mixes reads from burst.c's serve member
 request's service start), "times" (its end), "latencies_ms" (arrival to result), "startup_s" and
 "start" (epoch seconds, as time.time()); and "startup_phases_s", "arrivals", "window_start",
 "window_end", "service_ms_warm" (the median service time of the warm-up's second half: the load is
-that over --mean-ms), "waited_s", "wait_timed_out", "graphs", "tokens_match_generate" and the
-model's settings. --kernel-trace FILE records the window's kernels, copies and sets and the CUDA calls
+that over --mean-ms), "waited_s", "wait_timed_out", "graphs", "tokens_match_generate", the
+model's settings, "cpu_ms" (each request's CPU time in the serving thread: a host-bound request slower
+for its host shows it) and "steal_s" (the machine's CPU time stolen by a hypervisor in the window).
+--kernel-trace FILE records the window's kernels, copies and sets and the CUDA calls
 that made them (kernel_trace.py: bench/kernel_overlap.py lays them beside another job's) and adds
 "kernel_trace": FILE.
 """
@@ -302,6 +304,17 @@ class StaticDecoder:
 
 # --- the server loop ---------------------------------------------------------------------------------
 
+def steal_s() -> float | None:
+    """The machine's stolen CPU time so far (/proc/stat: a hypervisor running others on its CPUs), in
+    seconds, or None where it cannot be read."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def wait_for(path: str, timeout: float) -> tuple[float, bool]:
     """Wait until path exists, at most timeout seconds: (seconds waited, whether it timed out)."""
     t = time.perf_counter()
@@ -374,7 +387,8 @@ def main() -> int:
         w0 = time.perf_counter()
         w1 = w0 + args.seconds
         arrival = w0
-        arrivals, starts, ends, lat = [], [], [], []
+        arrivals, starts, ends, lat, cpu = [], [], [], [], []
+        steal0 = steal_s()
         while True:
             arrival += rng.expovariate(1.0 / args.mean_ms) / 1000
             if arrival >= w1:
@@ -382,15 +396,17 @@ def main() -> int:
             now = time.perf_counter()
             if arrival > now:
                 time.sleep(arrival - now)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             server.request()
             sync()
             t1 = time.perf_counter()
+            cpu.append((time.thread_time() - c0) * 1000)
             arrivals.append(arrival)
             starts.append(t0)
             ends.append(t1)
             lat.append((t1 - arrival) * 1000)
         w_end = max(w1, ends[-1]) if ends else w1
+        steal1 = steal_s()
         trace.stop()
 
     half = warm[len(warm) // 2:]
@@ -409,7 +425,8 @@ def main() -> int:
               "arrivals": [round(a + offset, 6) for a in arrivals],
               "step_starts": [round(s + offset, 6) for s in starts],
               "times": [round(e + offset, 6) for e in ends],
-              "latencies_ms": [round(x, 3) for x in lat]}
+              "latencies_ms": [round(x, 3) for x in lat], "cpu_ms": [round(x, 3) for x in cpu],
+              "steal_s": None if steal0 is None or steal1 is None else round(steal1 - steal0, 3)}
     if args.kernel_trace and dev.type == "cuda":
         result["kernel_trace"] = args.kernel_trace
     if args.model != "cnn":

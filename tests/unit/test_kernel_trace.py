@@ -113,7 +113,12 @@ def test_requests_split_a_slow_request_into_its_own_work_its_stalls_and_the_othe
     assert rows[1]["sync"] == near(5.1) and rows[1]["launch"] == near(0.1)
     assert rows[1]["launches"] == 1
     alone = kernel_overlap.requests(server, own, None)
-    assert [r["other"] for r in alone] == [0.0, 0.0]
+    assert [r["other"] for r in alone] == [0.0, 0.0] and "cpu" not in alone[0]
+    # the serving thread's CPU time, where serve_torch gave it: a row each, and a line in the summary
+    timed = kernel_overlap.requests(dict(server, cpu_ms=[9.5, 6.0]), own, other)
+    assert [r["cpu"] for r in timed] == [9.5, 6.0]
+    assert "| cpu |" in kernel_overlap.markdown(kernel_overlap.summarize(timed))
+    assert "| cpu |" not in kernel_overlap.markdown(kernel_overlap.summarize(rows))
 
 
 def test_summarize_says_which_metric_grew_with_the_slow_half():
