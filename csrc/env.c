@@ -220,6 +220,27 @@ static int on_off_or(const char *name, int dflt)
     return dflt;
 }
 
+/* A setting that is one of `names` (case aside): its index. Unset or empty: `dflt`; anything else is
+ * said once, with the names, and taken as `dflt`. */
+static int choice_or(const char *name, const char *const *names, int n, int dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    for (int i = 0; i < n; i++)
+        if (!strcasecmp(v, names[i]))
+            return i;
+    char list[128] = "";
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof(list); i++) {
+        int w = snprintf(list + used, sizeof(list) - used, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+                         names[i]);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    nvshare_log("%s=%s is not %s; using %s", name, v, list, names[dflt]);
+    return dflt;
+}
+
 /* A setting that is on unless set otherwise. */
 static int on_off(const char *name)
 {
@@ -308,14 +329,10 @@ void nvshare_read_settings(void)
      * read 4.9 ms at p99 with that job's queue held on the GPU (4.6 alone, 11.4 co-located), and the
      * job kept 0.98 of its co-located kernels/s (bench/wait_gate_probe.cu). host: pace.c's host-side
      * waits, as before (a driver without stream memory operations gets them anyway). */
-    const char *hold = getenv("NVSHARE_PROMPT_HOLD");
-    nvshare_cfg.prompt_hold = hold && !strcasecmp(hold, "host") ? PROMPT_HOLD_HOST : PROMPT_HOLD_GPU;
-    if (hold && *hold && strcasecmp(hold, "host") && strcasecmp(hold, "gpu"))
-        nvshare_log("NVSHARE_PROMPT_HOLD=%s is neither gpu nor host; gpu", hold);
-    const char *early = getenv("NVSHARE_PROMPT_EARLY");
-    nvshare_cfg.prompt_early = !(early && !strcasecmp(early, "pace"));
-    if (early && *early && strcasecmp(early, "hold") && strcasecmp(early, "pace"))
-        nvshare_log("NVSHARE_PROMPT_EARLY=%s is neither hold nor pace; hold", early);
+    static const char *const holds[] = {[PROMPT_HOLD_HOST] = "host", [PROMPT_HOLD_GPU] = "gpu"};
+    nvshare_cfg.prompt_hold = choice_or("NVSHARE_PROMPT_HOLD", holds, 2, PROMPT_HOLD_GPU);
+    static const char *const earlies[] = {"pace", "hold"};   /* prompt_early: 1 for hold */
+    nvshare_cfg.prompt_early = choice_or("NVSHARE_PROMPT_EARLY", earlies, 2, 1);
     /* on (unset): on the H200 a 1 ms probe beside a training and a bursty co-runner waited for a kernel
      * of each (time-sliced) at p99, 2.9-3.4 ms against 1.1 alone (burst.c's header). off: the holder
      * runs beside a co-runner's burst, as before. */
@@ -330,13 +347,9 @@ void nvshare_read_settings(void)
      * whole requests at its steps' copies, its GPU idle (issue 42); beside a batch-1 CNN's single
      * bursts the host wait is short and spares the request the training's next step. always: for any
      * prompt burst. off: never, the rule before. */
-    const char *copies = getenv("NVSHARE_HOLD_COPIES");
-    nvshare_cfg.hold_copies = !copies || !*copies || !strcasecmp(copies, "trains") ? HOLD_COPIES_TRAINS
-                              : !strcasecmp(copies, "always") ? HOLD_COPIES_ALWAYS
-                              : !strcasecmp(copies, "off") ? HOLD_COPIES_OFF : HOLD_COPIES_TRAINS;
-    if (copies && *copies && strcasecmp(copies, "trains") && strcasecmp(copies, "always") &&
-        strcasecmp(copies, "off"))
-        nvshare_log("NVSHARE_HOLD_COPIES=%s is not trains, always or off; trains", copies);
+    static const char *const copies[] = {[HOLD_COPIES_OFF] = "off", [HOLD_COPIES_TRAINS] = "trains",
+                                         [HOLD_COPIES_ALWAYS] = "always"};
+    nvshare_cfg.hold_copies = choice_or("NVSHARE_HOLD_COPIES", copies, 3, HOLD_COPIES_TRAINS);
     /* on (unset): model.generate's tokens are bursts of their own, each ended by a synchronise; let go
      * between two, the training ran a kernel (a 1.0-1.4 ms GEMM on the H200) that the next token waited
      * for (burst.c's linger). off: let go at every burst's end, as before. */
@@ -360,10 +373,8 @@ void nvshare_read_settings(void)
      * bursts that come in trains (model.generate's tokens) or that are LEAK_LONG_FACTOR times the
      * kernel's length; into a batch-1 CNN's single 3.5 ms requests an fp32 training's 1.0-1.4 ms GEMMs
      * passed whole (hold.c). */
-    const char *leak_long = getenv("NVSHARE_PROMPT_LEAK_LONG");
-    nvshare_cfg.prompt_leak_long = !(leak_long && !strcasecmp(leak_long, "fit"));
-    if (leak_long && *leak_long && strcasecmp(leak_long, "fit") && strcasecmp(leak_long, "always"))
-        nvshare_log("NVSHARE_PROMPT_LEAK_LONG=%s is neither always nor fit; always", leak_long);
+    static const char *const longs[] = {"fit", "always"};   /* prompt_leak_long: 1 for always */
+    nvshare_cfg.prompt_leak_long = choice_or("NVSHARE_PROMPT_LEAK_LONG", longs, 2, 1);
 
     /* off (unset): leaks go into no request that queued (a prompt burst that began right after its
      * job's burst before, burst.c): a batch-1 CNN's p99 is made of those, each waiting for the request

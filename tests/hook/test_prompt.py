@@ -273,14 +273,15 @@ def start_server(scheduler, hook_lib, procs, trace):
     return server
 
 
-def request_waits(trace, pid: int, after_ns: int = 0) -> tuple[list[float], list[float]]:
+def request_waits(trace, pid: int, after_ns: int = 0,
+                  over_ms: float = 2.5) -> tuple[list[float], list[float]]:
     """Each request's wait in the hook (those starting after `after_ns`), from the last one's end
-    plus the gap to its start, in ms; and those over 2.5 ms, rounded."""
+    plus the gap to its start, in ms; and those over `over_ms`, rounded."""
     rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
     waits = [(s - e) / 1e6 - SERVER_GAP_MS for (_, e), (s, _) in zip(rows, rows[1:], strict=False)
              if s > after_ns]
-    late = [round(w, 1) for w in waits if w > 2.5]
-    print(f"{len(waits)} requests; waits over 2.5 ms: {sorted(late)}")
+    late = [round(w, 1) for w in waits if w > over_ms]
+    print(f"{len(waits)} requests; waits over {over_ms:g} ms: {sorted(late)}")
     return waits, late
 
 
@@ -314,10 +315,14 @@ def test_a_prompt_burst_that_finds_another_waits_for_it_not_for_a_bursty_owner(h
         finish(server, timeout=60)
     assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-2000:]
     first = min(r[2] for r in read_trace(trace) if r[0] == server.pid)
-    waits, late = request_waits(trace, server.pid, first + 500_000_000)   # prompt from here on
+    # prompt from here on
+    waits, late = request_waits(trace, server.pid, first + 500_000_000, over_ms=5.0)
     assert len(waits) >= 80, len(waits)
-    # Waiting for the owner word, about a fifth of the requests (those that find the probe's burst)
-    # would wait up to 6 ms; a loaded CI machine made two of 99 wait 2.8-2.9 ms once.
+    # Waiting for the owner word (held for good here), about a fifth of the requests (those that find
+    # the probe's burst) would wait to the cap, 1.5 of the server's 4 ms mean: 6 ms. Waiting for the
+    # probe's burst, about 1 ms. A loaded 2-core machine adds its sleeps' overshoot: over 2.5 ms, 8-9 of
+    # 99 in a quarter of the runs of one afternoon (of the build before this test's line too), over 5 ms
+    # one 6.2 in 60 runs.
     assert len(late) <= 3, sorted(late)
 
 

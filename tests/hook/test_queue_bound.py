@@ -547,9 +547,11 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
 LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default used
     "NVSHARE_PROMPT_LEAK_MS": "not off nor a number of milliseconds from 0.05 to 1000; using 0.5",
     "NVSHARE_PROMPT_LEAK_OPEN_MS": "not segment nor a number of milliseconds from 0.05 to 100; using 2.0",
-    "NVSHARE_PROMPT_LEAK_LONG": "neither always nor fit; always",
+    "NVSHARE_PROMPT_LEAK_LONG": "not fit or always; using always",
     "NVSHARE_PROMPT_LEAK_QUEUED": "neither 'on' nor 'off'; using 'off'",
-    "NVSHARE_HOLD_COPIES": "not trains, always or off; trains"}
+    "NVSHARE_HOLD_COPIES": "not off, trains or always; using trains",
+    "NVSHARE_PROMPT_HOLD": "not host or gpu; using gpu",
+    "NVSHARE_PROMPT_EARLY": "not pace or hold; using hold"}
 
 
 @pytest.mark.parametrize("name, value, said", [
@@ -565,13 +567,17 @@ LEAK_SETTINGS = {   # what a malformed value is said to be not, and the default 
         ("maybe", True), ("2", True), ("offf", True), ("off", False), ("OFF", False), ("on", False),
         ("no", False)]],
     *[("NVSHARE_HOLD_COPIES", v, said) for v, said in [
-        ("on", True), ("train", True), ("1", True), ("trains", False), ("ALWAYS", False), ("off", False)]]])
+        ("on", True), ("train", True), ("1", True), ("trains", False), ("ALWAYS", False), ("off", False)]],
+    *[("NVSHARE_PROMPT_HOLD", v, said) for v, said in [
+        ("cpu", True), ("hosts", True), ("host", False), ("GPU", False)]],
+    *[("NVSHARE_PROMPT_EARLY", v, said) for v, said in [
+        ("on", True), ("paced", True), ("pace", False), ("Hold", False)]]])
 def test_a_malformed_leak_setting_is_said_and_the_default_used(
         hook_lib, scheduler, tmp_path, procs, name, value, said):
     """NVSHARE_PROMPT_LEAK_MS: off (or 0), or 0.05 to 1000 ms; NVSHARE_PROMPT_LEAK_OPEN_MS: segment, or
     0.05 to 100 ms; NVSHARE_PROMPT_LEAK_LONG: always or fit; NVSHARE_PROMPT_LEAK_QUEUED: on or off;
-    NVSHARE_HOLD_COPIES: trains, always or off; anything else is said once and the default used (the job
-    runs on)."""
+    NVSHARE_HOLD_COPIES: trains, always or off; NVSHARE_PROMPT_HOLD: gpu or host; NVSHARE_PROMPT_EARLY:
+    hold or pace (case aside); anything else is said once and the default used (the job runs on)."""
     proc = start(scheduler, hook_lib, procs, tmp_path / "trace", 1, "launch:100:1 sync", {name: value})
     assert "sync ok" in finish(proc, timeout=60)
     text = f"{name}={value} is {LEAK_SETTINGS[name]}"
