@@ -5,7 +5,12 @@ three equal training-like jobs (a bursty start-up, then steps of many asynchrono
 synchronise), concurrent turns with a 1 s switch interval as in that run (scripts/demo.sh)."""
 from __future__ import annotations
 
+import pytest
+
 from helpers_hook import GPU0, Job, finish, overlaps, read_trace, start_nvtest
+
+# Whose work ran when, on a shared host: run once more if it fails (tests/conftest.py).
+pytestmark = pytest.mark.timing
 
 # train:US:K:N:HOSTUS:PAUSEMS: 100 kernels of 0.5 ms launched 0.1 ms apart (the host runs ahead),
 # one synchronise, no pause: 50 ms of GPU work a step. Start-up: 40 bursts of 1 ms, 5 ms apart.

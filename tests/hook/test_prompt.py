@@ -12,6 +12,9 @@ import pytest
 
 from helpers_hook import GPU0, Job, finish, overlaps, read_trace, run_together, start_nvtest
 
+# Whose work ran when, on a shared host: run once more if it fails (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 PROMPT_US, PROMPT_GAP_MS, HOLDER_US = 1000, 30, 2000
 
 
@@ -671,8 +674,8 @@ def test_a_page_that_claims_a_co_runners_burst_forever_costs_the_holder_at_most_
     if squat == "a burst ends every ms":
         assert "for co-runners' bursts; not holding for them until it ends" in said, said[-3000:]
         assert ran >= 0.3, ran
-    elif squat == "owner kept":
-        assert ran >= 0.9, ran
+    elif squat == "owner kept":   # 0.93 here, 0.85 on a loaded CI host; giving way each second: 0.5
+        assert ran >= 0.75, ran
     else:   # held for the prompt bursts (5 of every 30 ms), and the co-runner's burst's 50 ms once
         assert ran >= 0.7, ran
 

@@ -23,10 +23,14 @@ import pytest
 
 from helpers_hook import GPU0, Job, finish, read_launches, start_nvtest
 
+# Whose work ran when, on a shared host: run once more if it fails (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 SERVER = "serve:5000:4:{n}:60:7"            # 20 ms requests, Poisson arrivals 60 ms apart on average
 STEP_KERNELS = 20
 TRAINING = f"train:1000:{STEP_KERNELS}:{{n}}:0:0"   # steps of 20 kernels of 1 ms, launched at once
 WARMUP_IDLE_MS = 1500
+WARMUP_LAUNCHES = 40                        # a server's warm-up: 40 kernels of 5 ms, back to back
 
 
 def start(scheduler, hook_lib, procs, trace, job: int, action: str, env: dict | None = None, delay_ms=0,
@@ -35,7 +39,8 @@ def start(scheduler, hook_lib, procs, trace, job: int, action: str, env: dict | 
     (bench/serve_torch.py): after `delay_ms`, a warm-up of 10 requests back to back, then
     WARMUP_IDLE_MS idle, then the actions; with `cpu`, on that CPU alone."""
     args = ["init", "ctx:0"] + ([f"sleep:{delay_ms}"] if delay_ms else []) \
-        + (["launch:5000:40", "sync", f"sleep:{WARMUP_IDLE_MS}"] if warmup else []) + action.split()
+        + ([f"launch:5000:{WARMUP_LAUNCHES}", "sync", f"sleep:{WARMUP_IDLE_MS}"] if warmup else []) \
+        + action.split()
     proc = start_nvtest(hook_lib, args, dict(Job(scheduler, job, trace, gpu_index=[0]).env,
                                              NVSHARE_LOG_LEVEL="debug", FAKE_CUDA_TRACE_LAUNCH="1",
                                              **(env or {})),
@@ -417,17 +422,29 @@ def test_a_servers_first_request_after_an_idle_release_finds_the_holders_queue_h
     assert max(firsts) <= 2.0, firsts
 
 
-def request_spans_by_launch(launches, pid: int, gap_ns: int = 2_000_000) -> list[tuple[int, int]]:
-    """Each request's first kernel's start and its last kernel's end, a request being the kernels
-    launched less than `gap_ns` after the one before (a host-bound server's kernels each end before
-    the next is launched)."""
+def requests_by_count(launches, pid: int, kernels: int,
+                      warmup: int = WARMUP_LAUNCHES) -> list[tuple[int, int, int]]:
+    """A server's requests of `kernels` kernels each after a warm-up of `warmup`, in launch order: each
+    one's first launch, first kernel's start and last kernel's end (a request's kernels are its own
+    whether or not it came right after the one before)."""
+    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[warmup:]
+    groups = [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
+    return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in groups]
+
+
+def request_spans_by_launch(launches, pid: int, action: str) -> list[tuple[int, int]]:
+    """Each request's first kernel's start and its last kernel's end, the warm-up's first, for a server
+    started by `start` with `warmup` and the nvtest action `action` (serve:US:K:N:MEANMS:SEED[:HOSTUS
+    [:TOKENS]]): a request is K x TOKENS launches (requests_by_count). Told by count, not by the gaps
+    between launches: on a loaded host a request's launches can be more than a few ms apart (CI's once
+    split 50 requests of 6 ms into 87 of 4.4)."""
+    fields = action.split(":")
+    assert fields[0] == "serve", action
+    per_request = int(fields[2]) * (int(fields[7]) if len(fields) > 7 else 1)
     rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])
-    spans: list[list[int]] = []
-    for before, r in zip([None, *rows], rows, strict=False):
-        if before is None or r[4] - before[4] > gap_ns:
-            spans.append([r[2], r[3]])
-        spans[-1][1] = max(spans[-1][1], r[3])
-    return [(a, b) for a, b in spans]
+    assert (len(rows) - WARMUP_LAUNCHES) % per_request == 0, (len(rows), per_request)
+    warm_up = (rows[0][2], max(r[3] for r in rows[:WARMUP_LAUNCHES]))
+    return [warm_up] + [(a, b) for _, a, b in requests_by_count(launches, pid, per_request)]
 
 
 def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_action: str, env: dict,
@@ -441,7 +458,7 @@ def beside_a_host_bound_server(scheduler, hook_lib, procs, tmp_path, holder_acti
     finish(server, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
-    spans = request_spans_by_launch(launches, server.pid)
+    spans = request_spans_by_launch(launches, server.pid, server_action)
     measured, lengths = holder_during_requests(launches, holder.pid, spans)
     return measured, lengths, holder, server
 
@@ -525,13 +542,14 @@ def test_a_train_of_prompt_bursts_keeps_the_holders_queue_held_between_them(
     trace = tmp_path / "trace"
     env = {"NVSHARE_PROMPT_LEAK_MS": "off"}
     holder = start(scheduler, hook_lib, procs, trace, 1, TRAINING.format(n=450), env)
-    server = start(scheduler, hook_lib, procs, trace, 2, "serve:2000:1:50:80:7:1000:8",
+    action = "serve:2000:1:50:80:7:1000:8"
+    server = start(scheduler, hook_lib, procs, trace, 2, action,
                    {**env, **({} if linger == "on" else {"NVSHARE_PROMPT_LINGER": "off"})}, delay_ms=150,
                    warmup=True)
     finish(server, timeout=90)
     finish(holder, timeout=90)
     launches = read_launches(trace)
-    spans = request_spans_by_launch(launches, server.pid, gap_ns=8_000_000)
+    spans = request_spans_by_launch(launches, server.pid, action)
     measured, lengths = holder_during_requests(launches, holder.pid, spans)
     median = statistics.median(measured)
     print(f"linger {linger}: the holder's work that ran during {len(measured)} requests of "
@@ -605,8 +623,7 @@ def test_a_leak_lets_a_long_kernel_pass_only_into_a_prompt_burst_it_fits(
     finish(server, timeout=90)
     finish(holder, timeout=120)
     launches = read_launches(trace)
-    spans = request_spans_by_launch(launches, server.pid,
-                                    gap_ns=2_000_000 if requests == "single" else 8_000_000)
+    spans = request_spans_by_launch(launches, server.pid, action)
     served = served_while_held(launches, holder.pid, spans)
     longs = [r[2] for r in launches if r[0] == holder.pid and r[1] == GPU0 and r[3] - r[2] >= 3_500_000]
     inside = [sum(1 for start in longs if a + 1_000_000 < start < b) for a, b in served][15:]
@@ -619,19 +636,10 @@ def test_a_leak_lets_a_long_kernel_pass_only_into_a_prompt_burst_it_fits(
     assert len(inside) >= 8, inside
     if rule == "fit" and requests == "single":
         assert int(said.group(2)) >= 50, said.group(0)
-        assert sum(inside) <= len(inside) // 4, inside   # 3-5 in 26 in runs here
+        assert sum(inside) <= len(inside) // 4, inside   # 2-5 in 26-35 in runs here
         return
     assert int(said.group(2)) == 0, said.group(0)
     assert sum(inside) >= len(inside) // 2, inside       # one or more in nearly every request
-
-
-def requests_by_count(launches, pid: int, kernels: int, warmup: int = 40) -> list[tuple[int, int, int]]:
-    """A server's requests of `kernels` kernels each after a warm-up of `warmup`, in launch order: each
-    one's first launch, first kernel's start and last kernel's end (a request's kernels are its own
-    whether or not it came right after the one before)."""
-    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[warmup:]
-    groups = [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
-    return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in groups]
 
 
 # The holder's debug count at exit: leaks made, and the queued requests it held without leaks.
