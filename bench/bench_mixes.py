@@ -65,6 +65,14 @@ the batch member's steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not ru
 table) unless --torch-cpu runs them on the CPU with tiny models (numbers meaningless: a check of the
 plumbing where torch and transformers are installed; --torch-python names that Python).
 
+--duty RUN:IDLE (PyTorch mixes): in the shared arms the training steps RUN seconds, then idles IDLE
+seconds, in turn through the window (train.py --duty). A server's requests are then told apart: those
+beside the training stepping and those beside it idle (inside one phase, less its first quarter second),
+in the same run and the same server process, so that a slow stretch of the host (model.generate's
+requests ran at 40 or at 55 ms for seconds at a time, alone or not, on the H200) falls on both alike. A
+section below the table has each one's p50 / p99 and the one p99 over the other (nvshare's target
+1.2x); the training's steps/s is then over its stepping phases.
+
 --variant NAME=VALUE adds an arm "nvshare NAME=VALUE": the nvshare arm with that setting too, in the
 same table beside the default (an A/B measured side by side in one run); several settings in one arm
 are joined by commas (--variant A=1,B=2).
@@ -76,7 +84,7 @@ serves one uid at a time, as at a site. Needs root; the scratch directory is mad
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--gpu-times]
                                [--smoke-cpu [--torch-cpu]] [--torch-python PYTHON]
                                [--hook-env NAME=VALUE ...] [--variant NAME=VALUE ...]
-                               [--memory-reserve-percent PERCENT]
+                               [--memory-reserve-percent PERCENT] [--duty RUN:IDLE]
 
 DIR/results.json has every job's numbers (a latency member's every latency, sorted, in lat_ms);
 DIR/table.md the table; DIR/timeline_<mix>.svg which job ran its steps when, one band per arm
@@ -123,6 +131,7 @@ WAIT_TIMEOUT_S = 20.0               # the server waits at most this long for the
 P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare p99 over alone, at most
 P99_TARGET_BESIDE_ONE = 1.2   # issue 42: a server beside one training (serve2's too), at most
 TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
+DUTY_MARGIN_S = 0.25   # --duty: each phase's first quarter second is left out (the GPU changes hands)
 NEEDS_TORCH = "not run: needs torch"
 DIR_TAG_MAX = 48   # /tmp/nvmixes-XXXXXXXX/<tag>/s.sock within AF_UNIX's 108 bytes
 MIXES = {"serve2": ["compute", "serve"],
@@ -246,6 +255,8 @@ class Mixes:
                    "--max-seconds", f"{s if sync is None else s + TRAIN_SLACK_S:.2f}"]
             if sync is not None:
                 out += ["--progress", str(sync / "progress")]
+                if self.args.duty:
+                    out += ["--duty", self.args.duty]
             if self.args.gpu_times and not cpu:
                 out += ["--kernel-trace", str(self.trace_path(tag, i))]
             if cpu:   # later options win: a tiny model on the CPU
@@ -479,10 +490,60 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
         else:
             e["error"] = j.get("error", "")[-400:]
         out.append(e)
+    if not alone and window is not None:
+        with_duty(jobs, out, window)
     ok = [j for j in jobs if j["status"] == "ok" and j.get("times")]
     done = max(j["times"][-1] for j in ok) - t0 if ok else None
     return {"status": "ok" if all(e["status"] == "ok" for e in out) else "incomplete", "jobs": out,
             "makespan": max(j["proc_end"] for j in jobs) - t0, "done_s": done}
+
+
+def duty_phases(train: dict, window: tuple[float, float]) -> tuple[list, list]:
+    """A training's phases (train.py --duty), each less its first DUTY_MARGIN_S and cut to the
+    server's window: when it stepped (its first step's start to its first idle phase, between idle
+    phases, its last idle phase to its last step's end) and when it was idle."""
+    idle = [(a, b) for a, b in train.get("idle") or []]
+    edges = [train["step_starts"][0], *(x for p in idle for x in p), train["times"][-1]]
+
+    def cut(spans):
+        return [(a, b) for a, b in ((max(a + DUTY_MARGIN_S, window[0]), min(b, window[1])) for a, b in spans)
+                if b > a]
+    return cut(list(zip(edges[::2], edges[1::2], strict=True))), cut(idle)
+
+
+def latencies_inside(server: dict, spans: list) -> list[float]:
+    """A server's latencies (ms) of the requests that arrived and ended inside one of the spans."""
+    return [lat for a, e, lat in zip(server["arrivals"], server["times"], server["latencies_ms"], strict=True)
+            if any(s <= a and e <= t for s, t in spans)]
+
+
+def with_duty(jobs: list[dict], out: list[dict], window: tuple[float, float]) -> None:
+    """--duty: the training stepped and idled in turn through the server's window. Each server's
+    requests beside it stepping and beside it idle (a phase's first DUTY_MARGIN_S left out, a request
+    across two phases in neither): n, p50 and p99 of each, and the one p99 over the other in
+    e["duty"]; the training's steps/s is over its stepping phases (its steps that ended in them)."""
+    train = next((j for j in jobs if j["status"] == "ok" and j.get("idle")), None)
+    if train is None:
+        return
+    busy, idle = duty_phases(train, window)
+    for j, e in zip(jobs, out, strict=True):
+        if e["status"] != "ok":
+            continue
+        if j is train:
+            busy_s = sum(b - a for a, b in busy)
+            n = sum(1 for t in j["times"] if any(a < t <= b for a, b in busy))
+            e.update(steps_per_s=n / busy_s if busy_s > 0 else None, rate_steps=n,
+                     duty={"busy_s": round(busy_s, 3), "idle_s": round(sum(b - a for a, b in idle), 3),
+                           "phases": len(idle)})
+        elif latency_kind(e["kind"]) and j.get("arrivals"):
+            split = {}
+            for name, spans in (("busy", busy), ("idle", idle)):
+                lat = latencies_inside(j, spans)
+                split[name] = {"n": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
+                               "p99_ms": percentile(lat, 99) if lat else None}
+            if split["busy"]["p99_ms"] and split["idle"]["p99_ms"]:
+                split["x_idle_p99"] = split["busy"]["p99_ms"] / split["idle"]["p99_ms"]
+            e["duty"] = split
 
 
 def with_overlaps(kinds: list[str], results: list[dict], alone: bool, keep: Path | None = None) -> dict:
@@ -634,6 +695,35 @@ def overlap_table(res: dict, names: list[str]) -> str:
             + "\n".join(parts) + "\n")
 
 
+def duty_table(res: dict, names: list[str]) -> str:
+    """--duty: per server and shared arm, its requests beside the training stepping and beside it idle,
+    and the one p99 over the other (the nvshare arms' target: P99_TARGET_BESIDE_ONE)."""
+    lines = []
+    for mix, arms in res["mixes"].items():
+        for i, kind in enumerate(MIXES[mix]):
+            for a in names:
+                jobs = arms.get(a, {}).get("jobs", [])
+                d = jobs[i].get("duty") if i < len(jobs) and jobs[i]["status"] == "ok" else None
+                if not d or "busy" not in d:
+                    continue
+                x = d.get("x_idle_p99")
+                verdict = "" if x is None or not (a == "nvshare" or a.startswith("nvshare ")) else \
+                    f"{'met' if x <= P99_TARGET_BESIDE_ONE else 'missed'} (<= {P99_TARGET_BESIDE_ONE:g})"
+                cells = ["–" if not d[k]["n"] else
+                         f"p50 {d[k]['p50_ms']:.1f} / p99 {d[k]['p99_ms']:.1f} ms, n {d[k]['n']}"
+                         for k in ("busy", "idle")]
+                lines.append(f"| {mix} | {i} | {kind} | {a} | " + " | ".join(cells)
+                             + f" | {'–' if x is None else f'{x:.2f}x'} | {verdict} |")
+    if not lines:
+        return ""
+    return ("\nInterleaved (--duty RUN:IDLE: the training stepped RUN s and idled IDLE s in turn through the "
+            f"window; a phase's first {DUTY_MARGIN_S:g} s left out): each server's requests beside the "
+            "training stepping and beside it idle, in the same run and process, and the one p99 over the "
+            "other:\n\n| mix | job | kind | arm | beside the training | beside it idle | p99 over idle "
+            "| target |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
 def service_cell(s: dict | None) -> str:
     if s is None:
         return "–"
@@ -665,7 +755,7 @@ def table(res: dict) -> str:
                                f"its steps/s alone ({res['args'].get('train_precision', 'fp32')}). All "
                                "done / serial: the arm's start to the last step of any job, over the same in "
                                "the serial arm (the jobs one after the other).\n") \
-        + service_table(res, names) + overlap_table(res, names)
+        + service_table(res, names) + duty_table(res, names) + overlap_table(res, names)
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:
@@ -865,6 +955,9 @@ def main() -> int:
                     help="with --smoke-cpu: run the PyTorch mixes on the CPU, tiny models (else skipped)")
     ap.add_argument("--train-precision", choices=("fp32", "tf32", "bf16"), default="fp32",
                     help="the PyTorch training's (tests/gpu/train.py --precision)")
+    ap.add_argument("--duty", default="", metavar="RUN:IDLE",
+                    help="PyTorch mixes' shared arms: the training steps RUN s, idles IDLE s, in turn "
+                         "(train.py --duty); each server's p99 beside it stepping over beside it idle")
     ap.add_argument("--torch-python", default=sys.executable,
                     help="the Python with torch and transformers for the PyTorch members (default this one)")
     args = ap.parse_args()
@@ -873,6 +966,8 @@ def main() -> int:
     if bad or args.seconds <= 0 or (args.uids and os.geteuid() != 0):
         ap.error(f"unknown mix or arm: {', '.join(bad)}" if bad else
                  "--seconds must be above 0" if args.seconds <= 0 else "--uids needs root")
+    if args.duty and not re.fullmatch(r"[0-9]*\.?[0-9]+:[0-9]*\.?[0-9]+", args.duty):
+        ap.error(f"--duty {args.duty!r} is not RUN:IDLE (seconds, e.g. 2:2)")
     if args.mem_gib is None:   # half the GPU: two of them do not fit beside the others (40 on an H100)
         args.mem_gib = 8.0 if args.smoke_cpu else round(gpu_info(False)["memory"] / 2**30 / 2)
     out = Path(args.out)

@@ -5,7 +5,9 @@
 # one variant arm per NAME=VALUE in $VARIANTS (default "NVSHARE_PROMPT_HOLD=host": launches wait on
 # the host, the rule before the GPU held a job's queue), the A/B of the change in the same run;
 # $HOOK_ENV (NAME=VALUE ...) goes to every nvshare arm's jobs (e.g. NVSHARE_LOG_LEVEL=debug);
-# GPU_TIMES=1 gives bench_mixes --gpu-times (the PyTorch members' kernel traces, in logs.tgz's ktrace/):
+# GPU_TIMES=1 gives bench_mixes --gpu-times (the PyTorch members' kernel traces, in logs.tgz's ktrace/);
+# DUTY=RUN:IDLE gives --duty (the training steps and idles in turn: each server's p99 beside it stepping
+# over beside it idle, in one run and process, whatever the host's pace did meanwhile):
 #   serve   bench_mixes.py serve-gengraph, serve-gen and serve-cnn: a PyTorch server (bench/serve_torch.py:
 #           the same decoded by CUDA-graph replays; model.generate of a random-weight decoder; a batch-1
 #           ResNet-18-like CNN) beside gpu_bench's W1 PyTorch training, arms serial (each alone),
@@ -35,6 +37,7 @@ extra=()
 for v in ${VARIANTS-NVSHARE_PROMPT_HOLD=host}; do extra+=(--variant "$v"); done
 for v in ${HOOK_ENV-}; do extra+=(--hook-env "$v"); done
 [ "${GPU_TIMES:-0}" = 1 ] && extra+=(--gpu-times)
+[ -n "${DUTY:-}" ] && extra+=(--duty "$DUTY")
 reps=${REPS:-1}
 [[ $reps =~ ^[1-9]$ ]] || { echo "REPS=$reps is not a number from 1 to 9" >&2; exit 2; }
 : >"$out/$part.log"

@@ -15,7 +15,7 @@ each step's start and end time (time.time()), and what the run measured of itsel
   python train.py --steps 200 --width 1024 [--model mlp|transformer] [--depth 4] [--batch 256]
                   [--sleep-ms 0 | --busy-fraction F] [--mem-gb 0] [--seed 1234] [--out FILE]
                   [--data gpu|cpu] [--max-seconds S] [--progress FILE] [--grow-gb G --grow-steps K]
-                  [--precision fp32|tf32|bf16]
+                  [--precision fp32|tf32|bf16] [--duty RUN:IDLE]
 
 --precision: fp32 (the default: no TF32, every GEMM in full fp32, bit-exact), tf32 (TF32 tensor cores for
 matmuls and convolutions) or bf16 (the forward pass and loss under torch.autocast in bfloat16, the weights
@@ -31,6 +31,10 @@ Milestones for the benchmarks that time a job's start (scripts/gpu-suspend-bench
 and kernels done) and t_ballast (the ballast allocated and filled: the job has its memory and has
 run a kernel on it; null without --mem-gb), all time.time(). --progress FILE: the number of steps
 done and the time, rewritten every 10 steps, so that a caller can act while the job trains.
+--duty RUN:IDLE (seconds) trains in phases: RUN seconds of steps, then IDLE seconds with no GPU work
+(its memory kept), again and again; the JSON's "idle" lists each idle phase's [begin, end] (time.time()).
+A server measured beside it has requests beside the training and beside the idle training in the same
+run, interleaved (bench_mixes.py --duty): slow and fast stretches of the host fall on both alike.
 --kernel-trace FILE records the GPU work from step 10 on (bench/kernel_trace.py; bench/kernel_overlap.py
 lays it beside a server's).
 """
@@ -105,6 +109,17 @@ def ballast_intact(ballast, grown=()) -> bool | None:
     return True
 
 
+def parse_duty(text: str) -> tuple | None:
+    """--duty RUN:IDLE as (run_s, idle_s); () for none; None if malformed."""
+    if not text:
+        return ()
+    try:
+        run, idle = (float(x) for x in text.split(":"))
+    except ValueError:
+        return None
+    return (run, idle) if run > 0 and idle > 0 and math.isfinite(run + idle) else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
@@ -131,10 +146,15 @@ def main() -> int:
                     help="fp32, TF32 matmuls, or bf16 autocast (mixed precision)")
     ap.add_argument("--kernel-trace", default="", metavar="FILE",
                     help="the GPU work from step 10 on, times since the epoch (bench/kernel_trace.py)")
+    ap.add_argument("--duty", default="", metavar="RUN:IDLE",
+                    help="seconds of steps, then seconds idle, in turn (a server's A/B in one run)")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     if not 0.0 <= args.busy_fraction < 1.0:
         ap.error("--busy-fraction must be in [0, 1)")
+    duty = parse_duty(args.duty)
+    if duty is None:
+        ap.error(f"--duty {args.duty!r} is not RUN:IDLE, two positive numbers of seconds")
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
@@ -171,6 +191,8 @@ def main() -> int:
         from kernel_trace import KernelTrace
         trace = KernelTrace(args.kernel_trace)
     start = time.time()
+    idle: list = []   # --duty: each idle phase's [begin, end]
+    phase_from = None
     for step in range(args.steps):
         t0 = time.time()
         if piece and step < args.grow_steps:
@@ -204,6 +226,12 @@ def main() -> int:
             break
         if sleep_s and step + 1 < args.steps:
             time.sleep(sleep_s)
+        phase_from = phase_from or t0
+        if duty and time.time() - phase_from >= duty[0] and step + 1 < args.steps:
+            begin = time.time()   # the step's .item() waited for its GPU work: nothing is queued
+            time.sleep(duty[1])
+            phase_from = time.time()
+            idle.append([begin, phase_from])
     if trace is not None:
         trace.stop()
     measured = slice(calib, None) if calib < len(times) else slice(0, None)
@@ -214,7 +242,7 @@ def main() -> int:
               "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else str(dev),
               "precision": args.precision, "sleep_ms": sleep_s * 1000.0,
               "step_ms_median": statistics.median(durations) * 1000.0 if durations else 0.0,
-              "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0,
+              "busy_fraction": sum(durations[measured]) / span if span > 0 else 1.0, "idle": idle,
               "ballast_ok": ballast_intact(ballast, grown)}
     if trace is not None:
         result["kernel_trace"] = args.kernel_trace

@@ -174,6 +174,43 @@ def test_a_servers_service_is_told_from_its_wait_behind_the_request_before():
     assert "Servers' service" not in bench_mixes.table(fixture(p99_nvshare=11.0, train_nvshare_step_s=0.2))
 
 
+def test_a_duty_run_tells_a_servers_requests_beside_the_training_stepping_from_beside_it_idle():
+    """--duty: the training steps 1 s and idles 1 s in turn through the server's window (1002, 1008];
+    a request every 10 ms, served in 2 ms, but in 8 ms (latency 8) while the training steps. Requests
+    are counted beside it stepping or idle when they arrived and ended inside one phase, less each
+    phase's first 0.25 s; the training's steps/s is over its stepping phases."""
+    idle = [[1001.5, 1002.5], [1003.5, 1004.5], [1005.5, 1006.5], [1007.5, 1008.5]]
+    train = train_job(0.1)
+    stepping = [(a, b) for a, b in zip(train["step_starts"], train["times"], strict=True)
+                if not any(i0 < a < i1 for i0, i1 in idle)]
+    train.update(step_starts=[a for a, _ in stepping], times=[b for _, b in stepping], idle=idle)
+    arrivals = [1002.0 + 0.01 * i for i in range(600)]
+
+    def busy(t):
+        return not any(i0 <= t < i1 for i0, i1 in idle)
+    ends = [a + (0.008 if busy(a) else 0.002) for a in arrivals]
+    server = dict(server_job([(e - a) * 1000 for a, e in zip(arrivals, ends, strict=True)]),
+                  arrivals=arrivals, step_starts=arrivals, times=ends)
+    t, gen = bench_mixes.summarize(["train", "gen"], [train, server])["jobs"]
+    d = gen["duty"]
+    # beside it stepping: [1002.75, 1003.5], [1004.75, 1005.5], [1006.75, 1007.5]; idle: [1002, 1002.5] (it
+    # began before the window), [1003.75, 1004.5], [1005.75, 1006.5], [1007.75, 1008]
+    assert 3 * 74 <= d["busy"]["n"] <= 3 * 75 and 50 + 2 * 74 + 24 <= d["idle"]["n"] <= 50 + 2 * 75 + 25, d
+    assert abs(d["busy"]["p99_ms"] - 8.0) < 1e-6 and abs(d["idle"]["p99_ms"] - 2.0) < 1e-6
+    assert abs(d["x_idle_p99"] - 4.0) < 1e-6
+    assert t["duty"]["phases"] == 4 and abs(t["duty"]["busy_s"] - 2.25) < 1e-6
+    assert t["rate_steps"] == 3 * 8 and abs(t["steps_per_s"] - 24 / 2.25) < 1e-6, t   # 8 ends in each 0.75 s
+    res = {"args": {"variant": []}, "mixes": {"serve-gen": {
+        "nvshare": bench_mixes.summarize(["train", "gen"], [train, server])}}}
+    text = bench_mixes.table(res)
+    assert "| serve-gen | 1 | gen | nvshare | p50 8.0 / p99 8.0 ms" in text, text
+    assert "| 4.00x | missed (<= 1.2) |" in text, text
+    # without --duty: no such section, and the training's rate is over the window
+    plain = bench_mixes.summarize(["train", "gen"], [train_job(0.1), server_job([2.0] * 10)])
+    assert "duty" not in plain["jobs"][1] and "Interleaved" not in bench_mixes.table(
+        {"args": {"variant": []}, "mixes": {"serve-gen": {"nvshare": plain}}})
+
+
 def test_kernel_traces_say_where_a_servers_slow_requests_went(tmp_path):
     """--gpu-times: each PyTorch job writes a kernel trace (bench/kernel_trace.py's form); the arm's
     summary lays the server's requests beside the training's GPU work. Requests of 2 ms every 10 ms;
