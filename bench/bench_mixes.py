@@ -517,11 +517,31 @@ def latencies_inside(server: dict, spans: list) -> list[float]:
             if any(s <= a and e <= t for s, t in spans)]
 
 
+def duty_split(server: dict, busy: list, idle: list) -> dict:
+    """A server's requests (arrivals, times, latencies_ms) beside the training stepping and beside it
+    idle (duty_phases): n, p50 and p99 of each, and the one p99 over the other (x_idle_p99)."""
+    split: dict = {}
+    for name, spans in (("busy", busy), ("idle", idle)):
+        lat = latencies_inside(server, spans)
+        split[name] = {"n": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
+                       "p99_ms": percentile(lat, 99) if lat else None}
+    if split["busy"]["p99_ms"] and split["idle"]["p99_ms"]:
+        split["x_idle_p99"] = split["busy"]["p99_ms"] / split["idle"]["p99_ms"]
+    return split
+
+
+def busy_rate(ends: list[float], busy: list) -> tuple[float | None, int]:
+    """A --duty training's steps/s over its stepping phases (duty_phases), and how many ended in them."""
+    busy_s = sum(b - a for a, b in busy)
+    n = sum(1 for t in ends if any(a < t <= b for a, b in busy))
+    return (n / busy_s if busy_s > 0 else None), n
+
+
 def with_duty(jobs: list[dict], out: list[dict], window: tuple[float, float]) -> None:
     """--duty: the training stepped and idled in turn through the server's window. Each server's
     requests beside it stepping and beside it idle (a phase's first DUTY_MARGIN_S left out, a request
-    across two phases in neither): n, p50 and p99 of each, and the one p99 over the other in
-    e["duty"]; the training's steps/s is over its stepping phases (its steps that ended in them)."""
+    across two phases in neither) in e["duty"] (duty_split); the training's steps/s is over its
+    stepping phases."""
     train = next((j for j in jobs if j["status"] == "ok" and j.get("idle")), None)
     if train is None:
         return
@@ -530,20 +550,12 @@ def with_duty(jobs: list[dict], out: list[dict], window: tuple[float, float]) ->
         if e["status"] != "ok":
             continue
         if j is train:
-            busy_s = sum(b - a for a, b in busy)
-            n = sum(1 for t in j["times"] if any(a < t <= b for a, b in busy))
-            e.update(steps_per_s=n / busy_s if busy_s > 0 else None, rate_steps=n,
-                     duty={"busy_s": round(busy_s, 3), "idle_s": round(sum(b - a for a, b in idle), 3),
-                           "phases": len(idle)})
+            rate, n = busy_rate(j["times"], busy)
+            e.update(steps_per_s=rate, rate_steps=n,
+                     duty={"busy_s": round(sum(b - a for a, b in busy), 3),
+                           "idle_s": round(sum(b - a for a, b in idle), 3), "phases": len(idle)})
         elif latency_kind(e["kind"]) and j.get("arrivals"):
-            split = {}
-            for name, spans in (("busy", busy), ("idle", idle)):
-                lat = latencies_inside(j, spans)
-                split[name] = {"n": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
-                               "p99_ms": percentile(lat, 99) if lat else None}
-            if split["busy"]["p99_ms"] and split["idle"]["p99_ms"]:
-                split["x_idle_p99"] = split["busy"]["p99_ms"] / split["idle"]["p99_ms"]
-            e["duty"] = split
+            e["duty"] = duty_split(j, busy, idle)
 
 
 def with_overlaps(kinds: list[str], results: list[dict], alone: bool, keep: Path | None = None) -> dict:

@@ -18,6 +18,10 @@ and runs, all through Slurm, each job as a user who is not root:
   (c) together: the training submitted again and, once it is stepping, the same srun step beside it;
       the training's steps/s in the step's window (its first command to its last);
   (d) with --variant NAME=VALUE: (c) again with that hook setting in both jobs, side by side.
+With --duty RUN:IDLE the training of (c) and (d) steps RUN s, then idles IDLE s, in turn (train.py's and
+burst's --duty): the step's commands or requests beside it stepping and beside it idle, in one run and
+one process (a phase's first 0.25 s left out), and the one p99 against the other besides against (a):
+a slow stretch of the host falls on both alike; the training's steps/s is then over its stepping phases.
 With --server MODEL the srun step is a server instead of the probe (issue 42: each real inference
 workload as a Slurm job beside another user's training): bench/serve_torch.py's gen (model.generate),
 gengraph (the same by CUDA-graph replays) or cnn (a batch-1 CNN), requests arriving at random as in
@@ -56,8 +60,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mixes import (P99_TARGET_BESIDE_ONE, SERVE_MEAN_MS, SERVE_TORCH, TORCH_MEAN_MS, TORCH_MODELS,  # noqa: E402
-                         service_cell, service_split, steps_per_s, warm_steps_per_s)
+from bench_mixes import (DUTY_MARGIN_S, P99_TARGET_BESIDE_ONE, SERVE_MEAN_MS, SERVE_TORCH,  # noqa: E402
+                         TORCH_MEAN_MS, TORCH_MODELS, busy_rate, duty_phases, duty_split, service_cell,
+                         service_split, steps_per_s, warm_steps_per_s)
 from gpu_bench import PROBE_SLACK_MS, WORKLOADS, percentile  # noqa: E402
 from slurm_node import Checks, OneNodeSlurm, tail, write_logs  # noqa: E402
 
@@ -97,9 +102,10 @@ def as_user(user: str, cmd: list[str]) -> list[str]:
 def payloads(args) -> tuple[str, str]:
     """The training's and the probe's commands (shell words; the training's in its job's folder)."""
     py = sys.executable
+    duty = f"--duty {args.duty}" if args.duty else ""
     if args.fake:
         train = (f"{BURST} --ipm 1000 --gpu-ms 20 --host-ms 0 --seconds {args.train_seconds:.1f} "
-                 f"> train-$SLURM_JOB_ID.json")
+                 f"{duty} > train-$SLURM_JOB_ID.json")
         if args.server:
             probe = (f"{BURST} --ipm 1000 --gpu-ms 3 --host-ms 0 --seconds {args.seconds:.1f} "
                      f"--start-delay 0.5 --poisson-ms {SERVE_MEAN_MS:g} --seed 2")
@@ -111,7 +117,7 @@ def payloads(args) -> tuple[str, str]:
         train = (f"{py} {REPO}/tests/gpu/train.py {w1} --precision {args.train_precision} "
                  f"--steps 1000000 --seed 1 "
                  f"--max-seconds {args.train_seconds:.1f} --progress progress-$SLURM_JOB_ID "
-                 f"--out train-$SLURM_JOB_ID.json")
+                 f"--out train-$SLURM_JOB_ID.json {duty}")
         if args.server:
             probe = (f"{py} {SERVE_TORCH} --model {TORCH_MODELS[args.server]} --seed 2 "
                      f"--mean-ms {TORCH_MEAN_MS[args.server]:g} --seconds {args.seconds:.1f}")
@@ -227,6 +233,10 @@ class Runner:
         lat = out.get("latencies_ms") or []
         starts = out.get("starts") or out.get("step_starts") or []
         rec["latencies_ms"] = lat
+        ends = out.get("times") or []
+        if len(ends) == len(lat):   # each one's issue (burst's requests: their end less their latency)
+            rec["times"] = ends
+            rec["arrivals"] = out.get("arrivals") or [e - x / 1000 for e, x in zip(ends, lat, strict=True)]
         if starts:
             rec["window"] = [starts[0], starts[-1] + (lat[-1] / 1000 if lat else 0.0)]
         if lat:
@@ -329,6 +339,14 @@ def together(r: Runner, check: Checks, part: str, extra: dict, alone: dict, trai
           f"training {ends[0]:.1f}..{ends[-1]:.1f}, step {window[0]:.1f}..{window[1]:.1f}"
           if window and ends else "no window or no steps")
     train_shared["steps_per_s"], train_shared["rate_steps"] = train_rate(train_shared["result"], window)
+    interleaved = None
+    if args.duty and window and ends and shared.get("arrivals"):
+        busy, idle = duty_phases(train_shared["result"], (window[0], window[1]))
+        interleaved = duty_split(shared, busy, idle)
+        train_shared["steps_per_s"], train_shared["rate_steps"] = busy_rate(ends, busy)
+        check(part, "the step had commands beside the training stepping and beside it idle",
+              interleaved["busy"]["n"] > 0 and interleaved["idle"]["n"] > 0,
+              f"{interleaved['busy']['n']} and {interleaved['idle']['n']}")
     log = tail(r.c.sched_log, 10**9)
     for what, jobid in (("the training", train_shared["job"]), ("the step's job", shared["env"].get("job"))):
         check(part, f"the scheduler registered {what}", bool(jobid) and f"job {jobid}: registered" in log,
@@ -347,6 +365,21 @@ def together(r: Runner, check: Checks, part: str, extra: dict, alone: dict, trai
             met = shared_p99 <= alone_p99 + PROBE_SLACK_MS
             figures["target"] = (f"{'met' if met else 'missed'} (the step's p99 within {PROBE_SLACK_MS:g} ms "
                                  f"of alone: {shared_p99:.2f} against {alone_p99:.2f})")
+    if interleaved is not None:
+        figures["duty"] = interleaved
+        x = interleaved.get("x_idle_p99")
+        busy_p99, idle_p99 = interleaved["busy"]["p99_ms"], interleaved["idle"]["p99_ms"]
+        if x is None:
+            figures["duty_target"] = "– (no requests in one of the phases)"
+        elif args.server:
+            figures["duty_target"] = (f"{'met' if x <= P99_TARGET_BESIDE_ONE else 'missed'} (the server's "
+                                      f"p99 beside the training stepping at most {P99_TARGET_BESIDE_ONE:g} x "
+                                      f"beside it idle: {busy_p99:.2f} against {idle_p99:.2f}, {x:.2f}x)")
+        else:
+            met = busy_p99 <= idle_p99 + PROBE_SLACK_MS
+            figures["duty_target"] = (f"{'met' if met else 'missed'} (the step's p99 beside the training "
+                                      f"stepping within {PROBE_SLACK_MS:g} ms of beside it idle: "
+                                      f"{busy_p99:.2f} against {idle_p99:.2f})")
     if figures["train_alone_steps_per_s"] and figures["train_shared_steps_per_s"]:
         figures["train_over_alone"] = figures["train_shared_steps_per_s"] / figures["train_alone_steps_per_s"]
     return figures
@@ -383,6 +416,15 @@ def markdown(report: dict) -> str:
     if "d" in parts:
         lines.append(row(f"beside the training, {v.get('env', '?')}", parts["d"]["step"]))
     lines.append("")
+    for what, fig in (("", f), (f", {v.get('env')}", v)):
+        d = fig.get("duty") if fig else None
+        if d:
+            cells = "; ".join(f"{name}: p50 {d[k]['p50_ms']:.2f} / p99 {d[k]['p99_ms']:.2f} ms, n {d[k]['n']}"
+                              if d[k]["n"] else f"{name}: none" for k, name in
+                              (("busy", "beside the training stepping"), ("idle", "beside it idle")))
+            lines += [f"Interleaved{what} (--duty {st.get('duty')}: the training stepped and idled in turn; "
+                      f"a phase's first {DUTY_MARGIN_S:g} s left out): {cells}. Target: "
+                      f"{fig.get('duty_target', '–')}.", ""]
     served = [(what, rec["service"]) for what, rec in (
         ("alone", parts.get("a", {})), ("beside the training", parts.get("c", {}).get("step", {})),
         (f"beside the training, {v.get('env', '?')}", parts.get("d", {}).get("step", {})))
@@ -441,11 +483,16 @@ def main() -> int:
                          "a GPU; serve: burst's, with --fake)")
     ap.add_argument("--variant", default="", metavar="NAME=VALUE",
                     help="part (d): part (c) again with this in both jobs' environment (a hook setting)")
+    ap.add_argument("--duty", default="", metavar="RUN:IDLE",
+                    help="the training of (c) and (d) steps RUN s and idles IDLE s in turn: the step beside "
+                         "it stepping against beside it idle, in one run")
     ap.add_argument("--job-timeout", type=float, default=240)
     ap.add_argument("--slurm-root", default=os.environ.get("NVSHARE_SLURM_ROOT", "/"))
     args = ap.parse_args()
     if args.variant and not re.fullmatch(r"NVSHARE_[A-Z0-9_]+=[^\s]*", args.variant):
         ap.error(f"--variant {args.variant!r}: NAME=VALUE of a hook setting (NVSHARE_...)")
+    if args.duty and not re.fullmatch(r"[0-9]*\.?[0-9]+:[0-9]*\.?[0-9]+", args.duty):
+        ap.error(f"--duty {args.duty!r} is not RUN:IDLE (seconds, e.g. 2:2)")
     if args.fake and args.train_precision != "fp32":
         ap.error("--train-precision is the PyTorch training's: not with --fake")
     if args.step_user == args.train_user:

@@ -15,7 +15,7 @@
  *   burst --calibrate [--kernel-ms 1]
  *   burst --ipm N --gpu-ms G [--kernel-ms 1] (--host-ms H | --host-ratio R) (--steps S | --seconds T)
  *         [--start-delay SECONDS] [--start-at EPOCH_SECONDS] [--gpu-times]
- *         [--poisson-ms MEAN [--seed N]] [--mem-mib M]
+ *         [--poisson-ms MEAN [--seed N]] [--mem-mib M] [--duty RUN:IDLE]
  *
  * --poisson-ms: a serving member (bench/bench_mixes.py): requests arrive open-loop at exponential
  * intervals of MEAN ms (seeded), each one step (--host-ms is then 0); a request that arrives while
@@ -24,6 +24,10 @@
  * sample every 64 MiB of it is written with a pattern of the seed at start and read back after the
  * last step ("mem_check": "ok", or "bad N" samples that differ): memory swapped out and back while
  * the job shares the GPU must come back as it was, as a training's losses must stay bit-identical.
+ *
+ * --duty RUN:IDLE steps RUN seconds, then idles IDLE seconds (no GPU work, its memory kept), in turn;
+ * "idle" lists each idle phase's [begin, end] (epoch seconds): a server beside it has requests beside
+ * the job stepping and beside it idle in one run (bench/interactive_step.py --duty, train.py's --duty).
  *
  * --start-at holds the first step until that wall-clock time: jobs started together begin their
  * steps at offsets the caller chose, whatever their start-ups did (bursty jobs with fixed pauses keep
@@ -82,6 +86,7 @@ static const char PTX[] =
 #define BLOCKS_PER_SM 4
 #define ATTR_SM_COUNT 16   /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
 #define MAX_STEPS 1000000           /* steps recorded (each one's start, issue, end, latency) */
+#define MAX_IDLE 4096               /* --duty's idle phases recorded */
 #define MAX_TIMED_LAUNCHES 65536   /* 1 MiB of slots; a 3 s compute-bound job launches ~3000 */
 
 static struct {
@@ -309,7 +314,7 @@ static long mem_samples(CUdeviceptr base, size_t bytes, unsigned seed, int check
 int main(int argc, char **argv)
 {
     double ipm = 0, gpu_ms = 0, kernel_ms = 1, host_ms = -1, host_ratio = -1, seconds = 0, delay = 0;
-    double start_at = 0, poisson_ms = 0, seed = 1, mem_mib = 0;
+    double start_at = 0, poisson_ms = 0, seed = 1, mem_mib = 0, duty_run = 0, duty_idle = 0;
     long steps = 0;
     int do_calibrate = 0, gpu_times = 0;
     for (int i = 1; i < argc; i++) {
@@ -327,6 +332,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--poisson-ms")) poisson_ms = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--seed")) seed = arg_num(argc, argv, &i);
         else if (!strcmp(argv[i], "--mem-mib")) mem_mib = arg_num(argc, argv, &i);
+        else if (!strcmp(argv[i], "--duty")) {
+            char end = 0;
+            if (i + 1 >= argc || sscanf(argv[++i], "%lf:%lf%c", &duty_run, &duty_idle, &end) != 2
+                || !(duty_run > 0) || !(duty_idle > 0)) {
+                fprintf(stderr, "burst: --duty needs RUN:IDLE, two positive numbers of seconds\n");
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "burst: unknown argument %s (see the comment at the top of burst.c)\n", argv[i]);
             return 2;
@@ -387,7 +400,8 @@ int main(int argc, char **argv)
     if (!starts || !ends || !issued || !lat)
         return 1;
     double t_end = now_mono() + seconds;
-    long n = 0;
+    long n = 0, n_idle = 0;
+    double idle[MAX_IDLE][2], phase_from = now_mono();   /* --duty: the idle phases, this phase's start */
     double arrival = now_mono();        /* --poisson-ms: the next request's arrival */
     while (n < cap && n < MAX_STEPS && (steps > 0 || now_mono() < t_end)) {
         if (poisson_ms > 0) {
@@ -407,6 +421,13 @@ int main(int argc, char **argv)
         n++;
         if (poisson_ms <= 0)
             sleep_s(host_ratio >= 0 ? wall * host_ratio : host_ms / 1000);
+        if (duty_run > 0 && now_mono() - phase_from >= duty_run && n_idle < MAX_IDLE) {
+            idle[n_idle][0] = now_epoch();   /* the step's synchronise returned: nothing is queued */
+            sleep_s(duty_idle);
+            idle[n_idle][1] = now_epoch();
+            n_idle++;
+            phase_from = now_mono();
+        }
     }
     printf("{\"startup_s\": %.4f, \"start\": %.6f, ", startup, t_start);
     if (start_at > 0)
@@ -426,6 +447,9 @@ int main(int argc, char **argv)
     printf("], \"latencies_ms\": [");
     for (long i = 0; i < n; i++)
         printf("%s%.3f", i ? ", " : "", lat[i] * 1000);
+    printf("], \"idle\": [");
+    for (long i = 0; i < n_idle; i++)
+        printf("%s[%.6f, %.6f]", i ? ", " : "", idle[i][0], idle[i][1]);
     printf("]");
     if (ballast) {
         long bad = mem_samples(ballast, ballast_bytes, (unsigned)seed, 1);

@@ -91,18 +91,21 @@ def test_the_step_alone_and_beside_another_users_training_through_slurm(tmp_path
 def test_a_server_as_an_srun_step_beside_another_users_training_through_slurm(tmp_path):
     """--server: the srun step serves requests arriving at random (on the fake driver burst's 3 ms
     requests, 30 ms apart; on a GPU serve_torch's model.generate, graph decoder or CNN), alone and
-    beside the training; its target is its p99 over alone."""
+    beside the training; its target is its p99 over alone. With --duty 1:1 the training beside it
+    steps 1 s and idles 1 s in turn: the requests beside it stepping and beside it idle are told apart
+    in the same run (the target against idle), and its steps/s is over its stepping phases."""
     need_cluster()
-    proc = run_step(tmp_path, "--fake", "--server", "serve", "--seconds", "5")
+    proc = run_step(tmp_path, "--fake", "--server", "serve", "--seconds", "5", "--duty", "1:1")
     result = tmp_path / "result.json"
     assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(result.read_text())
     assert proc.returncode == 0 and report["passed"], proc.stdout[-4000:]
     names = [c["check"] for c in report["checks"]]
-    assert len(names) == 17, names
+    assert len(names) == 18, names
     for words, count in (("the server's srun step (serve) exited 0", 2), ("ran as nobody", 2),
                          ("the server served its requests (at least 83)", 2), ("ran as daemon", 2),
-                         ("stepped through the step's whole window", 1), ("the scheduler registered", 2)):
+                         ("stepped through the step's whole window", 1), ("the scheduler registered", 2),
+                         ("commands beside the training stepping and beside it idle", 1)):
         assert sum(words in n for n in names) == count, (words, names)
     assert not any("made its commands" in n for n in names), names
     parts = report["parts"]
@@ -120,6 +123,19 @@ def test_a_server_as_an_srun_step_beside_another_users_training_through_slurm(tm
     md = (tmp_path / "results.md").read_text()
     assert md.startswith("# A server (serve) as an srun step beside a training (fake driver")
     assert "| the server |" in md and f["target"] in md and "| beside the training |" in md
+    # --duty: the training's idle phases (1 s each, about 2 in the 5 s window), the requests in each
+    # kind of phase (30 ms apart: 0.75 s a phase less a request's length gives 15 or more a phase)
+    idle = parts["c"]["training"]["result"]["idle"]
+    assert len(idle) >= 2 and all(0.95 < b - a < 1.5 for a, b in idle), idle
+    d = f["duty"]
+    assert d["busy"]["n"] >= 15 and d["idle"]["n"] >= 15, d
+    assert 3.0 <= d["busy"]["p50_ms"] <= d["busy"]["p99_ms"] and 3.0 <= d["idle"]["p50_ms"], d
+    assert abs(d["x_idle_p99"] - d["busy"]["p99_ms"] / d["idle"]["p99_ms"]) < 1e-9
+    assert f["duty_target"].startswith(("met (", "missed (")), f
+    assert f"{d['x_idle_p99']:.2f}x" in f["duty_target"], f
+    assert "Interleaved (--duty 1:1" in md and f["duty_target"] in md
+    # the training's steps/s over its stepping phases: near its rate alone (20 ms steps), not half of it
+    assert f["train_shared_steps_per_s"] > 0.6 * f["train_alone_steps_per_s"], f
 
 
 @pytest.mark.parametrize("options, words", [
@@ -129,9 +145,10 @@ def test_a_server_as_an_srun_step_beside_another_users_training_through_slurm(tm
     (["--train-precision", "bf16"], "the PyTorch training's: not with --fake"),
     (["--server", "gen"], "gen, gengraph and cnn need a GPU"),
     (["--server", "llama"], "invalid choice: 'llama'"),
+    (["--duty", "2"], "--duty '2' is not RUN:IDLE"),
 ], ids=["one user for both", "a user who does not exist", "a variant that is no hook setting",
         "a PyTorch precision for the fake driver's training", "a PyTorch server on the fake driver",
-        "a server that does not exist"])
+        "a server that does not exist", "a duty without its idle part"])
 def test_users_it_cannot_use_are_refused_before_anything_starts(tmp_path, options, words):
     proc = run_step(tmp_path / "out", "--fake", *options, timeout=60)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
