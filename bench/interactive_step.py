@@ -355,34 +355,28 @@ def together(r: Runner, check: Checks, part: str, extra: dict, alone: dict, trai
                "train_alone_steps_per_s": train_alone.get("steps_per_s"),
                "train_shared_steps_per_s": train_shared.get("steps_per_s")}
     if figures["alone_p99_ms"] is not None and figures["shared_p99_ms"] is not None:
-        shared_p99, alone_p99 = figures["shared_p99_ms"], figures["alone_p99_ms"]
-        if args.server:
-            met = shared_p99 <= P99_TARGET_BESIDE_ONE * alone_p99
-            figures["target"] = (f"{'met' if met else 'missed'} (the server's p99 at most "
-                                 f"{P99_TARGET_BESIDE_ONE:g} x alone: {shared_p99:.2f} against "
-                                 f"{alone_p99:.2f}, {shared_p99 / alone_p99:.2f}x)")
-        else:
-            met = shared_p99 <= alone_p99 + PROBE_SLACK_MS
-            figures["target"] = (f"{'met' if met else 'missed'} (the step's p99 within {PROBE_SLACK_MS:g} ms "
-                                 f"of alone: {shared_p99:.2f} against {alone_p99:.2f})")
+        figures["target"] = target_text(bool(args.server), figures["shared_p99_ms"], figures["alone_p99_ms"])
     if interleaved is not None:
         figures["duty"] = interleaved
-        x = interleaved.get("x_idle_p99")
         busy_p99, idle_p99 = interleaved["busy"]["p99_ms"], interleaved["idle"]["p99_ms"]
-        if x is None:
-            figures["duty_target"] = "– (no requests in one of the phases)"
-        elif args.server:
-            figures["duty_target"] = (f"{'met' if x <= P99_TARGET_BESIDE_ONE else 'missed'} (the server's "
-                                      f"p99 beside the training stepping at most {P99_TARGET_BESIDE_ONE:g} x "
-                                      f"beside it idle: {busy_p99:.2f} against {idle_p99:.2f}, {x:.2f}x)")
-        else:
-            met = busy_p99 <= idle_p99 + PROBE_SLACK_MS
-            figures["duty_target"] = (f"{'met' if met else 'missed'} (the step's p99 beside the training "
-                                      f"stepping within {PROBE_SLACK_MS:g} ms of beside it idle: "
-                                      f"{busy_p99:.2f} against {idle_p99:.2f})")
+        figures["duty_target"] = "– (no requests in one of the phases)" if not (busy_p99 and idle_p99) else \
+            target_text(bool(args.server), busy_p99, idle_p99, " beside the training stepping",
+                        "beside it idle")
     if figures["train_alone_steps_per_s"] and figures["train_shared_steps_per_s"]:
         figures["train_over_alone"] = figures["train_shared_steps_per_s"] / figures["train_alone_steps_per_s"]
     return figures
+
+
+def target_text(server: bool, p99: float, ref_p99: float, beside: str = "", ref: str = "alone") -> str:
+    """The issue's target for the step, met or missed: a server's p99 at most P99_TARGET_BESIDE_ONE x
+    its reference's (alone, or --duty's beside the training idle), a probe's within PROBE_SLACK_MS."""
+    if server:
+        met = p99 <= P99_TARGET_BESIDE_ONE * ref_p99
+        return (f"{'met' if met else 'missed'} (the server's p99{beside} at most {P99_TARGET_BESIDE_ONE:g} x "
+                f"{ref}: {p99:.2f} against {ref_p99:.2f}, {p99 / ref_p99:.2f}x)")
+    met = p99 <= ref_p99 + PROBE_SLACK_MS
+    return (f"{'met' if met else 'missed'} (the step's p99{beside} within {PROBE_SLACK_MS:g} ms of {ref}: "
+            f"{p99:.2f} against {ref_p99:.2f})")
 
 
 def row(what: str, rec: dict) -> str:
