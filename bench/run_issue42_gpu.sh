@@ -19,6 +19,7 @@
 # OUT gets the table (table.md), results.json, one latency figure per mix (latency_<mix>.svg, at most
 # 4), the run's log (PART.log) and every job's log with the timelines (logs.tgz), with GPU_TIMES=1 the
 # kernel traces (ktrace.tar.xz): at most 8 files.
+# TIMEOUT_S (545) bounds the benchmark, to leave a call room for more.
 # REPS=N runs it N times in the call, the same arms each time (a p99 of 400 requests moves 1.1-1.7x
 # between runs of one build): table.md has each rep's table under its heading, results.json
 # {"reps": [...]}, the figures are the first rep's, logs.tgz has rep<r>/ of each.
@@ -43,7 +44,7 @@ reps=${REPS:-1}
 : >"$out/$part.log"
 for r in $(seq 1 "$reps"); do
   mkdir -p "$work/rep$r"
-  timeout $((545 / reps)) python3 bench/bench_mixes.py --out "$work/rep$r" --mixes "$mixes" \
+  timeout $((${TIMEOUT_S:-545} / reps)) python3 bench/bench_mixes.py --out "$work/rep$r" --mixes "$mixes" \
       --arms "${ARMS:-serial,colocate,mps,nvshare}" "${extra[@]}" --uids --seconds "$seconds" \
       >>"$out/$part.log" 2>&1
 done
