@@ -512,6 +512,9 @@ static void prompt_begin(struct nvshare_gpu *g, struct nvshare_burst_page *p, ui
     atomic_store(&g->burst.prompt_mine, until);
     atomic_store(&g->burst.prompting, 1);
     atomic_store_explicit(&p->prompt_began_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.prompt_began_mine, now, memory_order_relaxed);
+    atomic_store_explicit(&p->prompt_span_ns, atomic_load_explicit(&g->burst.prompt_span_ns, memory_order_relaxed),
+                          memory_order_relaxed);
     uint64_t next = atomic_exchange(&g->burst.next_mine, 0);
     if (next)   /* our claim while we waited our turn: prompt_until covers it from now */
         atomic_compare_exchange_strong(&p->prompt_next_until, &next, 0);
@@ -577,6 +580,12 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
     sync_unmark(g, p);
     if (!atomic_exchange(&g->burst.prompting, 0))
         return;
+    uint64_t began = atomic_load_explicit(&g->burst.prompt_began_mine, memory_order_relaxed), ended = nvshare_now_ns();
+    if (began && began <= ended)
+        atomic_store_explicit(&g->burst.prompt_span_ns,
+                              (uint64_t)nvshare_run_mean((double)atomic_load(&g->burst.prompt_span_ns),
+                                                         (double)(ended - began)),
+                              memory_order_relaxed);
     /* Not if another extended it. Lingering, the others stay held until the next burst of the train
      * is due (the wake makes their watchers look at the new end); not after a release (disarmed), and
      * only a job whose bursts are prompt ones by its class: a job's early bursts (a training's first
@@ -842,6 +851,7 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     a->end = 0;
     a->leak_from = a->len = 0;
     a->train = a->queued = 0;
+    a->span = 0;
     a->why = NULL;
     if (!p)
         return 0;
@@ -875,6 +885,7 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
         a->leak_from = from + nvshare_cfg.prompt_leak_ns;
         a->len = len;
         a->train = atomic_load_explicit(&p->prompt_train, memory_order_relaxed) != 0;
+        a->span = atomic_load_explicit(&p->prompt_span_ns, memory_order_relaxed);
     }
     return 1;
 }

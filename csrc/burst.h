@@ -34,6 +34,9 @@ struct nvshare_burst_page {
                                          of many: model.generate's tokens), 0: one burst a request */
     _Atomic uint32_t prompt_queued;   /* 1: the last prompt burst began right after its job's burst before
                                          ended (a request that waited for the one before it) */
+    _Atomic uint64_t prompt_span_ns;  /* the mean span of the last prompt burst's job's prompt bursts, from
+                                         begin to end as burst.c announced them (a token of model.generate:
+                                         demand.c's bursts may hold a whole request), 0: none yet */
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -108,6 +111,7 @@ struct nvshare_hold_ask {
     uint64_t len;      /* the prompt job's mean burst, and whether its bursts come in trains, as the page */
     int train;         /* says (what a leak may let pass: hold.c) */
     int queued;        /* the prompt burst is a request that queued: no leaks into it (hold.c counts these) */
+    uint64_t span;     /* the page's prompt_span_ns, with leak_from (hold.c's leaks that end in time) */
     const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);

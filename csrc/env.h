@@ -65,6 +65,9 @@ struct nvshare_settings {
     int prompt_leak_queued;      /* NVSHARE_PROMPT_LEAK_QUEUED: leaks go into a prompt burst that queued
                                   * right behind its job's burst before too (1, on) or not (0, off, the
                                   * default: burst.c) */
+    int prompt_leak_fit;         /* NVSHARE_PROMPT_LEAK_FIT: into a prompt job's bursts that come in trains, a
+                                  * leak lets this job's work pass only where it ends before the burst's
+                                  * synchronise is due (1, on) or wherever it launches (0, off: hold.c) */
     int managed_all;             /* NVSHARE_MANAGED_GPUS unset: every GPU the daemon grants */
     int n_managed;
     char managed[NVSHARE_MAX_GPUS][NVSHARE_UUID_LEN];
@@ -82,6 +85,7 @@ struct nvshare_settings {
 #define NVSHARE_PROMPT_LEAK_NS_DEFAULT 500000ull   /* 0.5 ms */
 #define NVSHARE_PROMPT_LEAK_OPEN_NS_DEFAULT 2000000ull   /* 2 ms */
 #define NVSHARE_PROMPT_LEAK_QUEUED_DEFAULT 0               /* off */
+#define NVSHARE_PROMPT_LEAK_FIT_DEFAULT 0                  /* off */
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 enum { HOLD_COPIES_OFF = 0, HOLD_COPIES_TRAINS = 1, HOLD_COPIES_ALWAYS = 2 };

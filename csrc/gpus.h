@@ -117,6 +117,8 @@ struct nvshare_burst_state {
                                      linger), a running mean */
     _Atomic uint64_t train_gap_ns; /* ... and their mean length */
     _Atomic uint64_t linger_mine; /* the prompt_until its last prompt burst's end wrote (lingering), 0: none */
+    _Atomic uint64_t prompt_began_mine; /* when its prompt burst under way began */
+    _Atomic uint64_t prompt_span_ns;    /* its prompt bursts' mean span, begin to end (the page's prompt_span_ns) */
     /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
      * only hold.c's watcher touches these. */
     uint64_t corun_window_ns;     /* the start of the second whose holds are counted */
@@ -215,6 +217,8 @@ struct nvshare_hold_state {
     CUdeviceptr dlong;            /* beside the word, the one a long kernel's wait waits on: set with the word,
                                      let go by a leak only into a prompt burst it fits (hold.c) */
     _Atomic uint64_t long_ns;     /* the longest kernel pace.c measured that got waits of its own */
+    uint64_t leak_over_ns;        /* how long this job's work ran on after a leak's window shut (a decaying
+                                     maximum: hold.c's watcher alone reads and writes it) */
 };
 
 struct nvshare_gpu {

@@ -32,6 +32,17 @@
  * between its GEMMs (segments of 0.2 ms beside generate's tokens) run more than one at a time, and
  * is set again as soon as the prompt job waits in a synchronise: what its synchronise waits for is
  * the segment under way, as with one segment.
+ *
+ * Leaks that end in time (NVSHARE_PROMPT_LEAK_FIT=on): a train of prompt bursts (model.generate's
+ * tokens, each ended by a synchronise 2-3.5 ms after it began on the H200) waits at each synchronise
+ * for what a leak let pass, an fp32 training's 1.0-2.0 ms GEMM. Each leak measures how long this
+ * job's work ran on after its window shut (`leak_over_ns`, a maximum that decays), and a leak into
+ * such a burst begins, and its window stays open, only while that much still ends before the burst's
+ * synchronise is due: LEAK_FIT_SHARE_PCT of the prompt job's mean prompt burst from the burst's begin
+ * (the page's prompt_began_ns and prompt_span_ns, untrusted: a lie leaks less or as before). Past that the
+ * next leak waits for the next burst. Such leaks begin with the burst, not a period into it: its own
+ * work the prompt job launches meanwhile queues behind the leaked segment, and runs before its host
+ * reaches the synchronise.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -68,6 +79,8 @@
 #define LEAK_OPEN_MAX_NS 200000ull
 #define LEAK_SEGMENT_MAX_NS 5000000ull
 #define LEAK_LOOK_NS 5000L
+#define LEAK_FIT_SHARE_PCT 75        /* a leak that ends in time ends by then into a train's burst */
+#define LEAK_OVER_DECAY 8            /* leak_over_ns falls by 1/8 of its excess at each leak that ran on less */
 /* The page is any co-runner's to write and to wake: a job that wakes its futex without end would
  * make the watcher look without end, a core of this job's CPU. Past HOLD_LOOKS_MAX looks in
  * HOLD_LOOKS_WINDOW_NS (a server of a thousand requests a second makes 20) it pauses
@@ -85,7 +98,7 @@
 #define HOLD_LAG_BUCKETS 6
 static const uint64_t lag_edges_ns[HOLD_LAG_BUCKETS - 1] = {50000, 100000, 200000, 500000, 1000000};
 #define HOLD_WHY_MAX 4
-enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_KINDS };
+enum { LEAK_PASSED, LEAK_NOTHING, LEAK_SYNCING, LEAK_LATE, LEAK_KINDS };
 struct hold_counts {
     atomic_uint leaks[LEAK_KINDS];   /* leaks whose segment passed, that found none, not made (syncing) */
     atomic_uint kept_long;           /* leaks that kept long kernels held (they fit no such burst) */
@@ -138,12 +151,15 @@ static void say_counts(struct nvshare_gpu *g)
                       "0.05 ms %u, 0.1 ms %u, 0.2 ms %u, 0.5 ms %u, 1 ms %u, later %u%s", g->uuid, held, l[0], l[1],
                       l[2], l[3], l[4], l[5], why);
     if (atomic_load(&c->leaks[LEAK_PASSED]) || atomic_load(&c->leaks[LEAK_NOTHING]) ||
-        atomic_load(&c->leaks[LEAK_SYNCING]))
+        atomic_load(&c->leaks[LEAK_SYNCING]) || atomic_load(&c->leaks[LEAK_LATE]))
         nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass (open %.1f ms in all after the "
-                      "first), %u found none waiting, %u not made (the prompt job waited in a synchronise); %u "
-                      "kept long kernels held; %u of %u requests that queued held without leaks", g->uuid,
+                      "first), %u found none waiting, %u not made (the prompt job waited in a synchronise), %u "
+                      "not made (too late to end before its synchronise was due; ran on %.2f ms after a "
+                      "window at most, lately); %u kept long kernels held; %u of %u requests that queued "
+                      "held without leaks", g->uuid,
                       atomic_load(&c->leaks[LEAK_PASSED]), atomic_load(&c->open_us) / 1e3,
                       atomic_load(&c->leaks[LEAK_NOTHING]), atomic_load(&c->leaks[LEAK_SYNCING]),
+                      atomic_load(&c->leaks[LEAK_LATE]), g->hold.leak_over_ns / 1e6,
                       atomic_load(&c->kept_long), atomic_load(&c->queued[1]),
                       atomic_load(&c->queued[0]) + atomic_load(&c->queued[1]));
 }
@@ -209,9 +225,16 @@ static uint64_t look_after(long ns)
     return nvshare_now_ns();
 }
 
-/* A leak (see above), long kernels kept held with `keep_long`; returns when the leaked segment had run
- * (or was given up on). */
-static uint64_t leak(struct nvshare_gpu *g, int keep_long)
+/* How long this job's work ran on after a leak's window shut: one more measure (see above). */
+static void note_over(struct nvshare_gpu *g, uint64_t over)
+{
+    uint64_t was = g->hold.leak_over_ns;
+    g->hold.leak_over_ns = over >= was ? over : was - (was - over) / LEAK_OVER_DECAY;
+}
+
+/* A leak (see above), long kernels kept held with `keep_long`, its window shut by `shut_by` at the
+ * latest (0: no such end); returns when the leaked segment had run (or was given up on). */
+static uint64_t leak(struct nvshare_gpu *g, int keep_long, uint64_t shut_by)
 {
     _Atomic(uint32_t) *passed = atomic_load(&g->hold.passed);
     if (!passed)
@@ -225,6 +248,8 @@ static uint64_t leak(struct nvshare_gpu *g, int keep_long)
         now = look_after(LEAK_LOOK_NS);
     if (moved && nvshare_cfg.prompt_leak_open_ns) {   /* open: every segment passes, while the prompt job launches */
         uint64_t opened = now, shut = now + nvshare_cfg.prompt_leak_open_ns;
+        if (shut_by && shut_by < shut)
+            shut = shut_by;
         /* every 20 us: at 5 us the watcher used twice the CPU (fake driver, 40 requests) */
         while (now < shut && !atomic_load(&exiting) && !nvshare_burst_prompt_syncing(g))
             now = look_after(4 * LEAK_LOOK_NS);
@@ -242,9 +267,13 @@ static uint64_t leak(struct nvshare_gpu *g, int keep_long)
     if (!moved)
         return now;
     uint32_t mine = atomic_load(passed);   /* the segment after this wait runs until the next one */
+    uint64_t shut = now;
     deadline = now + LEAK_SEGMENT_MAX_NS;
-    while ((int32_t)(atomic_load(arrived) - mine) <= 0 && !atomic_load(&exiting) && now < deadline)
+    int ran = 0;
+    while (!(ran = (int32_t)(atomic_load(arrived) - mine) > 0) && !atomic_load(&exiting) && now < deadline)
         now = look_after(4 * LEAK_LOOK_NS);
+    if (ran)   /* (not when nothing came after it: its end is not known) */
+        note_over(g, now - shut);
     return now;
 }
 
@@ -321,6 +350,18 @@ static void *watch(void *arg)
             } else if (a.began != leak_began || !leak_next) {   /* a prompt burst to leak into: from a period on */
                 leak_began = a.began;
                 leak_next = a.leak_from;
+                /* Leaks that end in time go in from the burst's begin: a period later, what is left
+                 * before a token's synchronise is due is less than a GEMM (see above). */
+                if (nvshare_cfg.prompt_leak_fit && a.train && a.began && a.began < leak_next)
+                    leak_next = a.began;
+            }
+            /* Leaks that end in time: by when what a leak lets pass has to end, 0: no such end. */
+            uint64_t due = nvshare_cfg.prompt_leak_fit && a.train && a.began && a.span
+                               ? a.began + a.span * LEAK_FIT_SHARE_PCT / 100 : 0;
+            if (leak_next && now >= leak_next && due && now + g->hold.leak_over_ns >= due) {
+                if (nvshare_cfg.debug)
+                    atomic_fetch_add_explicit(&counts[g - nvshare_gpus].leaks[LEAK_LATE], 1, memory_order_relaxed);
+                leak_next = UINT64_MAX;   /* none into this burst: the next one's begin sets it again */
             }
             if (leak_next && now >= leak_next) {
                 uint64_t done = nvshare_now_ns();
@@ -328,7 +369,7 @@ static void *watch(void *arg)
                     uint64_t from = done, long_ns = atomic_load(&g->hold.long_ns);
                     int keep_long = !nvshare_cfg.prompt_leak_long && !a.train && long_ns &&
                                     a.len < LEAK_LONG_FACTOR * long_ns;
-                    done = leak(g, keep_long);
+                    done = leak(g, keep_long, due ? due - g->hold.leak_over_ns : 0);
                     leaked += done - from;
                 }
                 else if (nvshare_cfg.debug)
@@ -471,6 +512,7 @@ void nvshare_hold_after_fork(void)
         atomic_store(&h->passed, NULL);
         h->dpassed = h->darrived = h->dlong = 0;
         atomic_store(&h->long_ns, 0);
+        h->leak_over_ns = 0;
         atomic_store(&h->tickets, 0);
         atomic_store(&h->state, NVSHARE_HOLD_UNTRIED);
     }
