@@ -118,6 +118,20 @@
  * of 200 ms (the longest hold) as that training started: most likely the training was taken for a
  * server and its 46 ms bursts held the decoder (that run had no debug logs). */
 #define SERVE_SEEN_NS 1000000000ull
+/* ... and a server's bursts become prompt only while their mean is at most SERVE_BURST_MAX_NS (the
+ * longest a prompt burst is held for) and its last burst, begin to end as burst.c saw it, ran at
+ * most SERVE_SPAN_MAX_NS (the longest a burst waits for another's); once prompt, any length: a
+ * request's length is the model's. On the H200 a PyTorch training that stepped 2 s and paused 2 s in
+ * turn read busy 11 % after each pause, its gaps as irregular as a server's (spread 0.66-1.84): its
+ * steps, 440-720 ms bursts as demand.c measures them, ran as prompt ones until its busy share passed
+ * 80 %; generate beside it waited for them and its queue was never held (median 94 ms beside the
+ * steps, 43 ms beside the pauses). With the mean's line alone it was still taken for one once, at
+ * 187 ms; its steps run 118 ms each. The servers measured there read 3-10 ms (38 ms the longest, a
+ * graph decoder stretched beside a training). A server's warm-up weighs on the mean for a few
+ * requests and on the last burst for one: a 200 ms warm-up burst before 20 ms requests leaves the
+ * first request ordinary. */
+#define SERVE_BURST_MAX_NS NVSHARE_SERVE_HOLD_MAX_NS
+#define SERVE_SPAN_MAX_NS BURST_WAIT_MAX_NS
 /* A server's burst is announced for up to 200 ms (4 of its mean lengths): a generate request of
  * 42 ms alone, or two that arrived together. */
 #define SERVE_HOLD_MAX_NS NVSHARE_SERVE_HOLD_MAX_NS
@@ -378,12 +392,17 @@ static int serves(struct nvshare_gpu *g)
 }
 
 /* Are this process's bursts short and rare, or a server's: a mean burst measured, of at most
- * PROMPT_BURST_MAX_NS (any for a server) and PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job
+ * PROMPT_BURST_MAX_NS (SERVE_BURST_MAX_NS for a server, its last burst at most SERVE_SPAN_MAX_NS; any for one that
+ * stays prompt) and
+ * PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job
  * that stays prompt (SERVE_STAY_BUSY_MAX_PPM busy for a server)? Never with NVSHARE_PROMPT_BURSTS=off. */
 static int light(struct nvshare_gpu *g, int stay)
 {
     uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    uint64_t max_mean = serves(g) ? UINT64_MAX : stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
+    uint64_t max_mean = serves(g) ? (stay ? UINT64_MAX : SERVE_BURST_MAX_NS)
+                        : stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
+    if (serves(g) && !stay && atomic_load_explicit(&g->burst.span_ns, memory_order_relaxed) > SERVE_SPAN_MAX_NS)
+        return 0;
     unsigned max_busy = !stay ? PROMPT_BUSY_MAX_PPM
                         : serves(g) ? SERVE_STAY_BUSY_MAX_PPM : PROMPT_STAY_BUSY_MAX_PPM;
     return nvshare_cfg.prompt_bursts && mean && mean <= max_mean &&
@@ -664,6 +683,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
         return;  /* another thread of this process began it */
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     uint64_t now = nvshare_now_ns();
+    atomic_store_explicit(&g->burst.began_ns, now, memory_order_relaxed);
     uint64_t ended = atomic_load_explicit(&g->burst.ended_ns, memory_order_relaxed);
     int queued = 0;
     if (ended && now > ended) {
@@ -735,7 +755,10 @@ void nvshare_burst_end(struct nvshare_gpu *g)
 {
     if (!atomic_exchange(&g->burst.in_burst, 0))
         return;
-    atomic_store_explicit(&g->burst.ended_ns, nvshare_now_ns(), memory_order_relaxed);
+    uint64_t now = nvshare_now_ns(), began = atomic_load_explicit(&g->burst.began_ns, memory_order_relaxed);
+    atomic_store_explicit(&g->burst.ended_ns, now, memory_order_relaxed);
+    if (began && began <= now)
+        atomic_store_explicit(&g->burst.span_ns, now - began, memory_order_relaxed);
     struct nvshare_burst_page *p = atomic_load(&g->burst.page);
     if (p)
         prompt_end(g, p);

@@ -113,6 +113,8 @@ struct nvshare_burst_state {
     _Atomic uint64_t next_mine;   /* the prompt_next_until this process wrote (waiting its turn) */
     atomic_int sync_marked;       /* a synchronise of its prompt burst is counted on the page (prompt_syncing) */
     _Atomic uint64_t ended_ns;    /* when its last burst ended (0: none yet) */
+    _Atomic uint64_t began_ns;    /* when its burst under way (or its last one) began */
+    _Atomic uint64_t span_ns;     /* how long its last burst ran, begin to end (0: none yet) */
     atomic_uint train_ppm;        /* the share of its gaps between bursts that are short (a train: burst.c's
                                      linger), a running mean */
     _Atomic uint64_t train_gap_ns; /* ... and their mean length */

@@ -829,3 +829,28 @@ def test_a_leak_into_a_train_of_prompt_bursts_ends_before_its_synchronise(
     assert some <= 0.15, sorted(at_sync)
     # Leaks still go in: from each token's begin until a kernel would run past 3/4 of it.
     assert statistics.median(measured) >= 0.2 * statistics.median(lengths), sorted(measured)
+
+
+def test_a_training_that_pauses_is_not_taken_for_a_server(hook_lib, scheduler, tmp_path, procs):
+    """A training that steps and pauses in turn (on the H200 2 s of steps, 2 s idle) reads little busy
+    after each pause, its gaps as irregular as a server's: its steps, bursts of hundreds of ms, ran as
+    prompt ones until its busy share passed 80 %, the server beside it waited for them and its queue
+    was not held (burst.c's SERVE_BURST_MAX_NS: a server's bursts become prompt only while their mean
+    is at most 50 ms). A holder of 5 phases of 60 steps of 20 kernels of 1 ms, each followed by 1.5 s
+    idle, beside a host-bound server of 3 tokens a request: the holder is never a prompt job by the
+    server rule and holds its queue for the server's requests; the server's bursts are prompt."""
+    trace = tmp_path / "trace"
+    phases = " ".join(["train:1000:20:60:0:0 sleep:1500"] * 5)
+    holder = start(scheduler, hook_lib, procs, trace, 1, phases)
+    server = start(scheduler, hook_lib, procs, trace, 2, "serve:20:30:200:60:7:100:3", delay_ms=150,
+                   warmup=True)
+    finish(server, timeout=90)
+    finish(holder, timeout=120)
+    classes = re.findall(r"its bursts are (prompt|not prompt)[^\n]*", holder.stderr_text)
+    held = re.search(r"held its queue ([0-9]+) times for prompt bursts", holder.stderr_text)
+    print(f"the holder's classes: {classes}; {held and held.group(0)}")
+    assert "its bursts are prompt" in server.stderr_text, server.stderr_text[-3000:]
+    as_server = [line for line in re.findall(r"its bursts are prompt[^\n]*", holder.stderr_text)
+                 if ": a server)" in line]
+    assert not as_server, as_server
+    assert held and int(held.group(1)) >= 20, holder.stderr_text[-3000:]
