@@ -810,8 +810,8 @@ def test_a_leak_into_a_train_of_prompt_bursts_ends_before_its_synchronise(
                if t < holder_end]
     spans = request_spans_by_launch(launches, server.pid, action)
     measured, lengths = holder_during_requests(launches, holder.pid, spans)
-    late = re.search(r"([0-9]+) not made \(too late to end before its synchronise was due; ran on ([0-9.]+) ms",
-                     holder.stderr_text)
+    late = re.search(r"([0-9]+) not made \(too late to end before its synchronise was due; "
+                     r"ran on ([0-9.]+) ms", holder.stderr_text)
     some = sum(1 for w in at_sync if w > 0.1) / len(at_sync)
     print(f"fit {fit}: the holder's work ran on past {some:.0%} of {len(at_sync)} tokens' last launches "
           f"(median {statistics.median(at_sync):.2f} ms, mean {statistics.mean(at_sync):.2f}); its work "
