@@ -31,6 +31,12 @@ TURN_LEAVE = 0.75
 # alone (co-located 2.0x). It co-runs, and its hook makes its requests prompt bursts whatever their
 # length: the others yield and pace beside them (csrc/burst.c "Servers", the same 0.5 line there).
 SERVE_SPREAD = 0.5
+# ... and its mean burst is at most SERVE_BURST_SEC (the longest a prompt burst is held for), unless it
+# served already (its class stays whatever its length: a request's length is the model's). On the H200
+# a PyTorch training that stepped 2 s and paused 2 s in turn read busy 11 % after each pause with gaps
+# as irregular as a server's, bursts of 440-720 ms: the hook ran its steps as prompt bursts and this
+# policy let it co-run as a server (csrc/burst.c's SERVE_BURST_MAX_NS, the same line there).
+SERVE_BURST_SEC = 0.2
 # Sharing stretches a server's requests: its bursts merge and its gaps may read regular for a while.
 # On the H200 a model.generate server beside a training read "busy 35 %, bursts 252 ms, gaps 54 ms"
 # between reports that said it served, took turns with the training, and its p99 was 2.0x its p99
@@ -141,11 +147,18 @@ class Demand:
                                  # None: fewer than 2 gaps measured yet)
 
     @property
+    def irregular(self) -> bool:
+        """Its gaps are as irregular as random arrivals (SERVE_SPREAD), and it is not busy most of
+        the time: a server's, or one that served already and stays one (GpuDemand.report)."""
+        return self.spread is not None and self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
+
+    @property
     def serves(self) -> bool:
         """Its bursts begin at arrivals that do not wait for the GPU (a server's requests): its
-        gaps are as irregular as random arrivals (SERVE_SPREAD), and it is not busy most of the
-        time. A burst then waits for a turn with no pause of its own to hide the wait in."""
-        return self.spread is not None and self.spread >= SERVE_SPREAD and self.busy < TURN_BUSY
+        gaps are irregular, and its bursts no longer than a prompt burst is held for
+        (SERVE_BURST_SEC). A burst then waits for a turn with no pause of its own to hide the wait
+        in."""
+        return self.irregular and self.burst <= SERVE_BURST_SEC
 
     @property
     def rare(self) -> bool:
@@ -209,7 +222,7 @@ class GpuDemand:
     def report(self, client_id: int, demand: Demand, now: float) -> None:
         self.reports[client_id] = demand
         self.first_report.setdefault(client_id, now)
-        if demand.serves:
+        if demand.serves or (demand.irregular and self.still_serves(client_id, now)):
             self.served[client_id] = now
         if not self.still_serves(client_id, now) and (
                 demand.takes_turns or (client_id in self.by_demand and demand.keeps_turns())):

@@ -486,6 +486,36 @@ def test_a_server_whose_bursts_merge_under_sharing_stays_a_server_for_a_while():
     assert other.takes_turns(3)
 
 
+def test_a_training_that_pauses_is_no_server_but_a_server_with_long_requests_stays_one():
+    """Issue 42: on the H200 a PyTorch training that stepped 2 s and paused 2 s in turn read busy 11 %
+    after each pause, its gaps as irregular as a server's, its bursts 440-720 ms: it co-ran as a server
+    and its hook ran its steps as prompt bursts. A client becomes a server only while its mean burst
+    is at most SERVE_BURST_SEC (0.2 s, the longest a prompt burst is held for); one that served
+    already stays one while its gaps are irregular, however long its requests grow."""
+    from nvshare_slurm.policy.demand import SERVE_BURST_SEC, SERVE_STAY_SEC
+
+    paused = Demand(0.11, 0.6, 0.5, 1.5)
+    assert paused.irregular and not paused.serves and paused.takes_turns
+    assert Demand(0.11, SERVE_BURST_SEC, 0.5, 1.5).serves
+    g = gpu()
+    training, server = client(1), client(2)
+    g.report_demand(training, BUSY, 0.0)
+    g.request(training, 0.0)
+    g.report_demand(server, paused, 0.0)
+    assert g.takes_turns(2)                                          # a pausing training: turns
+    other = gpu()
+    other.report_demand(client(1), BUSY, 0.0)
+    other.request(client(1), 0.0)
+    other.report_demand(client(3), SERVER, 0.0)
+    long_requests = Demand(0.30, 0.25, 0.6, 0.74)
+    for i in range(1, 4):                       # long after SERVE_STAY_SEC, its gaps still irregular
+        other.report_demand(client(3), long_requests, i * SERVE_STAY_SEC * 0.9)
+        assert not other.takes_turns(3), i
+    other.report_demand(client(3), Demand(0.30, 0.25, 0.6, 0.3), 4 * SERVE_STAY_SEC)   # gaps regular
+    other.report_demand(client(3), Demand(0.30, 0.25, 0.6, 0.3), 5.1 * SERVE_STAY_SEC)
+    assert other.takes_turns(3)
+
+
 def test_a_holder_carries_waits_while_a_prompt_client_that_holds_nothing_is_registered():
     """Issue 42: a server that gave the GPU back idle (after its warm-up, or a pause) asks again at
     its next request, and the holder's YIELD came with that grant: its queue then had no waits in
