@@ -216,8 +216,12 @@ def test_a_prod_job_preempts_a_scavenge_job_by_suspension_and_both_finish(site, 
             if gpu_status(site)["memory_swapped"] >= job_bytes:
                 return "all"
             # Slurm's freeze came before the move ended (its early word, squeue, was late: a loaded
-            # machine): the daemon says what stays on the GPU, as suspend.py documents.
-            return "cut" if "before its memory was out" in log.read_text() else None
+            # machine): the daemon says what stays on the GPU, as suspend.py documents. Or the high
+            # job found room in what had moved, ended, and the low job resumed before the rest was
+            # out (Slurm 24.11 on a loaded CI machine: 344 of 600 MiB): told to stop moving it.
+            text = log.read_text()
+            return "cut" if "before its memory was out" in text \
+                else "resumed first" if "told to stop moving memory out" in text else None
         # Either way the high job's 600 MiB must find room (it completes, its data intact, below).
         how = wait_until(moved, 15, "the low job's memory in host memory", diag)
         print(f"[{site.proctrack}] the low job's memory moved out: {how}")
