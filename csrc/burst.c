@@ -392,19 +392,19 @@ static int serves(struct nvshare_gpu *g)
 }
 
 /* Are this process's bursts short and rare, or a server's: a mean burst measured, of at most
- * PROMPT_BURST_MAX_NS (SERVE_BURST_MAX_NS for a server, its last burst at most SERVE_SPAN_MAX_NS; any for one that
- * stays prompt) and
- * PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job
- * that stays prompt (SERVE_STAY_BUSY_MAX_PPM busy for a server)? Never with NVSHARE_PROMPT_BURSTS=off. */
+ * PROMPT_BURST_MAX_NS (for a server SERVE_BURST_MAX_NS, its last burst at most SERVE_SPAN_MAX_NS) and
+ * PROMPT_BUSY_MAX_PPM busy, or the STAY limits for a job that stays prompt (any length and
+ * SERVE_STAY_BUSY_MAX_PPM busy for a server)? Never with NVSHARE_PROMPT_BURSTS=off. */
 static int light(struct nvshare_gpu *g, int stay)
 {
-    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
-    uint64_t max_mean = serves(g) ? (stay ? UINT64_MAX : SERVE_BURST_MAX_NS)
-                        : stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
-    if (serves(g) && !stay && atomic_load_explicit(&g->burst.span_ns, memory_order_relaxed) > SERVE_SPAN_MAX_NS)
+    int server = serves(g);
+    if (server && !stay && atomic_load_explicit(&g->burst.span_ns, memory_order_relaxed) > SERVE_SPAN_MAX_NS)
         return 0;
+    uint64_t mean = atomic_load_explicit(&g->burst.mean_ns, memory_order_relaxed);
+    uint64_t max_mean = server ? (stay ? UINT64_MAX : SERVE_BURST_MAX_NS)
+                        : stay ? PROMPT_STAY_BURST_MAX_NS : PROMPT_BURST_MAX_NS;
     unsigned max_busy = !stay ? PROMPT_BUSY_MAX_PPM
-                        : serves(g) ? SERVE_STAY_BUSY_MAX_PPM : PROMPT_STAY_BUSY_MAX_PPM;
+                        : server ? SERVE_STAY_BUSY_MAX_PPM : PROMPT_STAY_BUSY_MAX_PPM;
     return nvshare_cfg.prompt_bursts && mean && mean <= max_mean &&
            atomic_load_explicit(&g->burst.busy_ppm, memory_order_relaxed) <= max_busy;
 }

@@ -388,8 +388,8 @@ void nvshare_read_settings(void)
      * synchronises runs to its end first: on the H200 generate's host waited 5.5-11.5 ms a request in
      * its ~19 synchronises beside an fp32 training's 1.0-2.0 ms GEMMs (0.2 alone). on: a leak (and an
      * open one's window) begins only where what it lets pass, as long as the longest this job's leaks
-     * ran on after their window shut, ends before the burst's synchronise is due, LEAK_FIT_SHARE of
-     * its mean length from its begin (hold.c). */
+     * ran on after their window shut, ends before the burst's synchronise is due, 3/4 of its mean
+     * length from its begin (hold.c's LEAK_FIT_SHARE_PCT). */
     nvshare_cfg.prompt_leak_fit = on_off_or("NVSHARE_PROMPT_LEAK_FIT", NVSHARE_PROMPT_LEAK_FIT_DEFAULT);
 
     const char *managed = getenv("NVSHARE_MANAGED_GPUS");

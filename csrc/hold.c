@@ -269,13 +269,13 @@ static uint64_t leak(struct nvshare_gpu *g, int keep_long, uint64_t shut_by)
     if (!moved)
         return now;
     uint32_t mine = atomic_load(passed);   /* the segment after this wait runs until the next one */
-    uint64_t shut = now;
+    uint64_t set_at = now;                 /* the word set again: what runs from here on ran on */
     deadline = now + LEAK_SEGMENT_MAX_NS;
     int ran = 0;
     while (!(ran = (int32_t)(atomic_load(arrived) - mine) > 0) && !atomic_load(&exiting) && now < deadline)
         now = look_after(4 * LEAK_LOOK_NS);
     if (ran)   /* (not when nothing came after it: its end is not known) */
-        note_over(g, now - shut);
+        note_over(g, now - set_at);
     return now;
 }
 

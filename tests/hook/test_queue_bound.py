@@ -422,14 +422,18 @@ def test_a_servers_first_request_after_an_idle_release_finds_the_holders_queue_h
     assert max(firsts) <= 2.0, firsts
 
 
+def launch_groups(launches, pid: int, kernels: int, warmup: int = WARMUP_LAUNCHES) -> list[list]:
+    """pid's launches after a warm-up of `warmup`, in launch order, `kernels` at a time (a request's,
+    or a token's, kernels are its own whether or not it came right after the one before)."""
+    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[warmup:]
+    return [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
+
+
 def requests_by_count(launches, pid: int, kernels: int,
                       warmup: int = WARMUP_LAUNCHES) -> list[tuple[int, int, int]]:
-    """A server's requests of `kernels` kernels each after a warm-up of `warmup`, in launch order: each
-    one's first launch, first kernel's start and last kernel's end (a request's kernels are its own
-    whether or not it came right after the one before)."""
-    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[warmup:]
-    groups = [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
-    return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in groups]
+    """A server's requests of `kernels` kernels each after a warm-up of `warmup` (launch_groups): each
+    one's first launch, first kernel's start and last kernel's end."""
+    return [(g[0][4], g[0][2], max(r[3] for r in g)) for g in launch_groups(launches, pid, kernels, warmup)]
 
 
 def request_spans_by_launch(launches, pid: int, action: str) -> list[tuple[int, int]]:
@@ -773,9 +777,7 @@ def test_a_holders_copies_are_held_on_the_gpu_beside_a_train_of_prompt_bursts(
 def token_ends(launches, pid: int, kernels: int, tokens: int) -> list[int]:
     """A server's tokens (`kernels` kernels each, `tokens` a request, after a warm-up), past its first four
     requests: when each token's last kernel was launched (its synchronise begins then)."""
-    rows = sorted((r for r in launches if r[0] == pid and r[1] == GPU0), key=lambda r: r[4])[WARMUP_LAUNCHES:]
-    groups = [rows[i:i + kernels] for i in range(0, len(rows) - kernels + 1, kernels)]
-    return [g[-1][4] for g in groups[4 * tokens:]]
+    return [g[-1][4] for g in launch_groups(launches, pid, kernels)[4 * tokens:]]
 
 
 def ran_on_ms(launches, pid: int, at: int) -> float:
