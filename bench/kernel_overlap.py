@@ -142,8 +142,9 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def load_result(path: str) -> dict:
-    """serve_torch's result: the last line of the file that is a JSON object with its latencies."""
+def load_result(path: str, what: str = "serve_torch") -> dict:
+    """serve_torch's result (or `what`'s: burst's has its latencies too): the last line of the file that
+    is a JSON object with its latencies."""
     with open(path) as fh:
         for line in reversed(fh.read().splitlines()):
             line = line.strip()
@@ -154,7 +155,7 @@ def load_result(path: str) -> dict:
                     continue
                 if "latencies_ms" in doc:
                     return doc
-    raise SystemExit(f"kernel_overlap: no serve_torch result line in {path}")
+    raise SystemExit(f"kernel_overlap: no {what} result line in {path}")
 
 
 def main() -> int:

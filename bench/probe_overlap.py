@@ -23,23 +23,17 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_overlap import load_result, union_in  # noqa: E402
 
 METRICS = ("latency", "hook", "queue", "run", "back", "busy_n", "left", "other")
 
 
 def load(path: str) -> dict:
-    """A burst job's result: the last line of the file that is a JSON object with its latencies."""
-    with open(path) as fh:
-        for line in reversed(fh.read().splitlines()):
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if "latencies_ms" in doc:
-                    return doc
-    raise SystemExit(f"probe_overlap: no burst result line in {path}")
+    """A burst job's result line (kernel_overlap.load_result)."""
+    return load_result(path, "burst")
 
 
 def per_step(job: dict) -> list[list[tuple[int, int]]]:
@@ -55,21 +49,6 @@ def per_step(job: dict) -> list[list[tuple[int, int]]]:
 def offset_s(job: dict, steps: list[list[tuple[int, int]]]) -> float:
     """Epoch seconds less globaltimer seconds, from the job's own steps (see the module's text)."""
     return min(t - max(e for _, e in ks) / 1e9 for t, ks in zip(job["times"], steps, strict=True) if ks)
-
-
-def union_in(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """The length of the union of spans (sorted by start) within [lo, hi]."""
-    total, end = 0.0, lo
-    for a, b in spans:
-        if b <= end:
-            continue
-        if a >= hi:
-            break
-        a, b = max(a, end), min(b, hi)
-        if b > a:
-            total += b - a
-            end = b
-    return total
 
 
 def requests(probe: dict, others: list[dict]) -> list[dict]:
