@@ -25,7 +25,9 @@ struct nvshare_burst_page {
     _Atomic uint64_t prompt_len_ns;   /* the mean length of the last prompt burst's job's bursts (the
                                          others' queue cap follows it: pace.c) */
     _Atomic uint64_t prompt_began_ns;  /* when the last prompt burst began (or one that may be: a
-                                          provisional one), CLOCK_MONOTONIC: prompt bursts are about */
+                                          provisional one), CLOCK_MONOTONIC: prompt bursts are about;
+                                          one that began beside another and should end sooner (a
+                                          cut-in, burst.c's cuts_in) leaves it, and prompt_span_ns */
     _Atomic uint64_t prompt_next_until;  /* a prompt job waits for another's prompt burst and runs its
                                             own at the latest by this time: the others stay held */
     _Atomic uint32_t prompt_syncing;  /* prompt jobs whose burst waits in a synchronise now (a hint): its

@@ -716,3 +716,52 @@ def test_a_prompt_job_waiting_its_turn_keeps_the_others_held_until_its_own_burst
     print(f"{len(claims)} looks saw a claim; how far ahead, ms: {[round(a, 1) for a in ahead]}")
     assert len(claims) >= 3, claims
     assert ahead[-1] <= 20.0, ahead
+
+
+def burst_waits(trace, pid: int, gap_ms: float, after_ns: int) -> list[float]:
+    """Each of pid's bursts (one kernel and a synchronise, then gap_ms on the host) after `after_ns`:
+    how long it waited in the hook, from the burst before's end plus the gap to its kernel's start (ms)."""
+    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
+    return [(s - e) / 1e6 - gap_ms for (_, e), (s, _) in zip(rows, rows[1:], strict=False) if s > after_ns]
+
+
+@pytest.mark.parametrize("cut_in", ["on", "off"])
+def test_a_much_shorter_prompt_burst_runs_beside_a_long_one_rather_than_after_it(
+        hook_lib, scheduler, tmp_path, procs, cut_in):
+    """A server (4 ms requests every 20 ms) and a probe (1 ms commands every 6 ms), both prompt. A
+    command that begins while a request has more than 1 ms to go runs beside it (the server's mean
+    span is 4 times the probe's: NVSHARE_PROMPT_CUT_IN); one near a request's end, or any with
+    `off`, waits for the request's end (on the H200 mix8's 1 ms probes waited 3.2 ms so at their
+    slowest tenth, beside 3 ms requests). The fake driver runs the two side by side, so the wait is
+    the hook's alone."""
+    trace = tmp_path / "trace"
+    env = {"NVSHARE_LOG_LEVEL": "debug", "NVSHARE_PROMPT_CUT_IN": cut_in}
+    server = start_nvtest(hook_lib, ["init", "ctx:0", "burst:4000:150:20"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **env))
+    procs.append(server)
+    probe = start_nvtest(hook_lib, ["init", "ctx:0", "sleep:150", "burst:1000:400:6"],
+                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **env))
+    procs.append(probe)
+    finish(probe, timeout=60)
+    finish(server, timeout=60)
+    for job in (server, probe):
+        assert "its bursts are prompt" in job.stderr_text, job.stderr_text[-2000:]
+    server_rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == server.pid and r[1] == GPU0)
+    first = min(r[2] for r in read_trace(trace) if r[0] == probe.pid)
+    # from half a second on both are prompt; only the commands that began inside a request count
+    inside = []
+    for w, (s, _) in zip(burst_waits(trace, probe.pid, 6.0, first + 500_000_000),
+                         sorted((r[2], r[3]) for r in read_trace(trace)
+                                if r[0] == probe.pid and r[1] == GPU0 and r[2] > first + 500_000_000),
+                         strict=False):
+        began = s - w * 1e6   # when the command began (its kernel's start less its wait)
+        if any(a + 200_000 < began < b - 1_500_000 for a, b in server_rows):
+            inside.append(round(w, 2))
+    long_waits = [w for w in inside if w > 1.0]
+    print(f"{cut_in}: {len(inside)} commands began early in a request; waits over 1 ms: {sorted(long_waits)}")
+    assert len(inside) >= 20, inside
+    if cut_in == "on":
+        # A loaded 2-core machine oversleeps a sleep now and then: a few.
+        assert len(long_waits) <= 0.15 * len(inside), sorted(inside)
+    else:
+        assert len(long_waits) >= 0.5 * len(inside), sorted(inside)
