@@ -354,6 +354,37 @@ def test_a_page_that_claims_a_prompt_burst_forever_costs_a_prompt_job_a_few_wait
     assert len(waits) >= 100 and 3 <= len(late) <= 12, sorted(late)
 
 
+def test_a_page_that_claims_a_long_prompt_burst_makes_a_prompt_job_run_beside_it_not_wait(
+        hook_lib, scheduler, tmp_path, procs):
+    """The cut-in's side of an untrusted page: a hostile co-runner announces, every millisecond, a prompt
+    burst a second ahead that began just now and whose job's bursts span 10 s (prompt_until,
+    prompt_began_ns, prompt_span_ns). A prompt job (4 ms requests every 20 ms) takes its own requests
+    for the much shorter and runs each beside that "burst" (as with prompt bursts off): it neither
+    waits for it nor gives up on the page, and its requests' waits stay as alone."""
+    import struct
+    import time
+
+    from test_burst import squatted_page
+
+    def claim_a_long_one(page):
+        now = time.monotonic_ns()
+        page[16:24] = struct.pack("Q", now + 1_000_000_000)   # prompt_until
+        page[40:48] = struct.pack("Q", now)                   # prompt_began_ns
+        page[72:80] = struct.pack("Q", 10_000_000_000)        # prompt_span_ns
+
+    trace = tmp_path / "trace"
+    with squatted_page(scheduler, 2, claim_a_long_one) as squat:
+        server = start_server(scheduler, hook_lib, procs, trace)
+        time.sleep(0.5)   # its first requests: not prompt yet
+        squat()
+        finish(server, timeout=60)
+    waits, late = request_waits(trace, server.pid)
+    assert "runs beside a prompt burst of a 10000.0 ms span" in server.stderr_text, server.stderr_text[-2000:]
+    assert "waited in vain" not in server.stderr_text, server.stderr_text[-2000:]
+    # A loaded 2-core machine oversleeps a sleep now and then: a few over 2.5 ms.
+    assert len(waits) >= 100 and len(late) <= 3, sorted(late)
+
+
 def test_a_job_whose_first_bursts_look_prompt_does_not_wait_for_the_owner_word(hook_lib, scheduler, tmp_path,
                                                                             procs):
     """Its class is known only after 4 bursts. A server (4 ms requests every 20 ms) whose first
