@@ -509,6 +509,8 @@ static void prompt_take_turn(struct nvshare_gpu *g, struct nvshare_burst_page *p
         now = nvshare_now_ns();
     }
     atomic_fetch_sub(&g->burst.waiting, 1);
+    if (!nvshare_cfg.debug)   /* waited() says nothing then: no text to make */
+        return;
     char whose[96];
     snprintf(whose, sizeof whose, "another prompt burst (its job's span %.1f ms, this job's %.1f)",
              atomic_load_explicit(&p->prompt_span_ns, memory_order_relaxed) / 1e6,

@@ -276,13 +276,20 @@ def start_server(scheduler, hook_lib, procs, trace):
     return server
 
 
+def burst_waits(trace, pid: int, gap_ms: float, after_ns: int = 0) -> list[tuple[int, float]]:
+    """Each of pid's bursts (one kernel and a synchronise, then gap_ms on the host) whose kernel
+    started after `after_ns`: that start, and how long the burst waited in the hook, from the burst
+    before's end plus the gap to its kernel's start (ms)."""
+    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
+    return [(s, (s - e) / 1e6 - gap_ms) for (_, e), (s, _) in zip(rows, rows[1:], strict=False)
+            if s > after_ns]
+
+
 def request_waits(trace, pid: int, after_ns: int = 0,
                   over_ms: float = 2.5) -> tuple[list[float], list[float]]:
-    """Each request's wait in the hook (those starting after `after_ns`), from the last one's end
-    plus the gap to its start, in ms; and those over `over_ms`, rounded."""
-    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
-    waits = [(s - e) / 1e6 - SERVER_GAP_MS for (_, e), (s, _) in zip(rows, rows[1:], strict=False)
-             if s > after_ns]
+    """Each request's wait in the hook (those starting after `after_ns`, burst_waits), in ms; and those
+    over `over_ms`, rounded."""
+    waits = [w for _, w in burst_waits(trace, pid, SERVER_GAP_MS, after_ns)]
     late = [round(w, 1) for w in waits if w > over_ms]
     print(f"{len(waits)} requests; waits over {over_ms:g} ms: {sorted(late)}")
     return waits, late
@@ -749,13 +756,6 @@ def test_a_prompt_job_waiting_its_turn_keeps_the_others_held_until_its_own_burst
     assert ahead[-1] <= 20.0, ahead
 
 
-def burst_waits(trace, pid: int, gap_ms: float, after_ns: int) -> list[float]:
-    """Each of pid's bursts (one kernel and a synchronise, then gap_ms on the host) after `after_ns`:
-    how long it waited in the hook, from the burst before's end plus the gap to its kernel's start (ms)."""
-    rows = sorted((r[2], r[3]) for r in read_trace(trace) if r[0] == pid and r[1] == GPU0)
-    return [(s - e) / 1e6 - gap_ms for (_, e), (s, _) in zip(rows, rows[1:], strict=False) if s > after_ns]
-
-
 @pytest.mark.parametrize("cut_in", ["on", "off"])
 def test_a_much_shorter_prompt_burst_runs_beside_a_long_one_rather_than_after_it(
         hook_lib, scheduler, tmp_path, procs, cut_in):
@@ -781,10 +781,7 @@ def test_a_much_shorter_prompt_burst_runs_beside_a_long_one_rather_than_after_it
     first = min(r[2] for r in read_trace(trace) if r[0] == probe.pid)
     # from half a second on both are prompt; only the commands that began inside a request count
     inside = []
-    for w, (s, _) in zip(burst_waits(trace, probe.pid, 6.0, first + 500_000_000),
-                         sorted((r[2], r[3]) for r in read_trace(trace)
-                                if r[0] == probe.pid and r[1] == GPU0 and r[2] > first + 500_000_000),
-                         strict=False):
+    for s, w in burst_waits(trace, probe.pid, 6.0, first + 500_000_000):
         began = s - w * 1e6   # when the command began (its kernel's start less its wait)
         if any(a + 200_000 < began < b - 1_500_000 for a, b in server_rows):
             inside.append(round(w, 2))
