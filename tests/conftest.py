@@ -204,8 +204,8 @@ def clients():
     from lockclient import ClientProc
     started: list[ClientProc] = []
 
-    def make(sched, job_id, *options, step=0):
-        proc = ClientProc(sched.socket, job_id, step, *options)
+    def make(sched, job_id, *options, step=0, wrap=()):
+        proc = ClientProc(sched.socket, job_id, step, *options, wrap=wrap)
         started.append(proc)
         return proc
 

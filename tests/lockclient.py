@@ -274,9 +274,11 @@ class ClientProc:
     """One lockclient program run as a real process; the test reads its events."""
 
     def __init__(self, socket_path: str, job_id: int, step_id: int = 0, *options: str,
-                 register: bool = True):
+                 register: bool = True, wrap: tuple[str, ...] = ()):
+        """wrap: a command that runs the program as its own child (fake_slurmstepd.py): then the
+        program's pid is not self.pid."""
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--socket", socket_path, "--job",
+            [*wrap, sys.executable, os.path.abspath(__file__), "--socket", socket_path, "--job",
              str(job_id), "--step", str(step_id), *options],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.events: list[dict[str, Any]] = []

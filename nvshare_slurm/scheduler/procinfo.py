@@ -117,6 +117,52 @@ def pause_reason(pid: int, root: str = "/sys/fs/cgroup") -> str:
     return cgroup_frozen(cgroup, root)
 
 
+SLURMSTEPD = "slurmstepd"     # the comm of Slurm's step daemon, the parent of every task
+MAX_ANCESTORS = 32            # how far up slurm_task looks for slurmstepd
+
+
+def _stat(pid: int) -> tuple[str, str, int, int] | None:
+    """comm, run state, parent pid and start tick of the process, or None when it has exited."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read()
+        head, tail = text.rsplit(b")", 1)
+        fields = tail.split()
+        return (head.split(b"(", 1)[1].decode(errors="replace"), fields[0].decode(),
+                int(fields[1]), int(fields[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def slurm_task(pid: int) -> tuple[int, int] | None:
+    """(pid, start tick) of the Slurm task the process runs under, when that is another process:
+    its ancestor whose parent is slurmstepd (a batch script, an srun step's command). Under
+    proctrack/cgroup a suspend's SIGTSTP reaches only such tasks, and stops a batch script at
+    once, two seconds (suspend_grace_time) before the freeze: the word that needs no squeue.
+    None when the process is that task itself, or runs under no slurmstepd."""
+    chain: list[tuple[int, int]] = []
+    cur = pid
+    for _ in range(MAX_ANCESTORS):
+        seen = _stat(cur)
+        if seen is None:
+            return None
+        comm, _, parent, start = seen
+        if comm == SLURMSTEPD:
+            return chain[-1] if len(chain) >= 2 else None
+        chain.append((cur, start))
+        if parent <= 1:
+            return None
+        cur = parent
+    return None
+
+
+def task_stopped(task: tuple[int, int]) -> bool:
+    """Whether the task slurm_task named is still that process and stopped by a signal (state
+    T): one read of /proc/<pid>/stat."""
+    seen = _stat(task[0])
+    return seen is not None and seen[3] == task[1] and seen[1] == "T"
+
+
 def _read_small(path: str) -> str | None:
     try:
         with open(path, encoding="ascii", errors="replace") as fh:

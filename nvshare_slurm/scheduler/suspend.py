@@ -5,7 +5,15 @@ slurmctld marks it SUSPENDED at once; slurmd's slurmstepd then sends SIGTSTP to 
 children, waits 2 s (PreemptParameters=suspend_grace_time from 23.11) and sends SIGSTOP, which
 under proctrack/cgroup is a freeze of the job's cgroup. A CUDA process that a batch script starts
 never sees the SIGTSTP; it is simply frozen, and a frozen process moves no memory. So the daemon
-looks from outside, two ways, and never touches the freezer itself:
+looks from outside, three ways, and never touches the freezer itself:
+
+- every suspend_check_sec, the Slurm task each client runs under (its ancestor whose parent is
+  slurmstepd: the batch script; procinfo.slurm_task) when that is another process: stopped (T)
+  while the client runs is slurmstepd's SIGTSTP, seen within a look of it, with the whole grace
+  time left for the move-out (a squeue on a loaded node took most of 22.05's 2 s once in CI, and
+  the freeze came first). The client is taken as suspended at once, as below, and Slurm is asked
+  now: an answer asked after the stop that does not call the job SUSPENDED (its user stopped the
+  script) ends this word until the task stops again;
 
 - every suspend_slurm_poll_sec (while jobs are registered here), and at once when a job is
   registered (a preemptor starts as its victim is suspended), one `squeue --states=SUSPENDED` for
@@ -41,7 +49,7 @@ from ..node.render import human_size
 from ..policy.gpupause import resume_client, suspend_client
 from ..wire.proto import C
 from .moveout import MoveOuts
-from .procinfo import STOPPED, memory_headroom, pause_reason
+from .procinfo import STOPPED, memory_headroom, pause_reason, slurm_task, task_stopped
 
 if TYPE_CHECKING:
     from ..policy.gpustate import GpuState
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
     from .registry import RegisteredClient
 
 SLURM_REASON = "its job is suspended by Slurm"
+TASK_REASON = "its Slurm task is stopped: Slurm's SIGTSTP before a suspend"
 SLURM_TIMEOUT_SEC = 5.0
 
 
@@ -74,6 +83,9 @@ class SuspendWatch:
         self._slurm_error = ""
         self._slurm_next = 0.0
         self._slurm_asked_at = 0.0
+        self._slurm_answered = -1.0     # when Slurm's latest answer was asked for
+        self.tasks: dict[int, tuple[int, int] | None] = {}   # client -> its Slurm task, if another
+        self.task_stops: dict[int, float] = {}                # client -> its task seen stopped since
         self._slurm_task: asyncio.Future[Any] | None = None
         self.moves = MoveOuts(core)       # stopped processes let run for a move-out
 
@@ -160,6 +172,7 @@ class SuspendWatch:
             self.logger.info("suspend: Slurm answers again")
             self._slurm_error = ""
         self.slurm_suspended = jobs & set(self.core.registry.jobs)
+        self._slurm_answered = self._slurm_asked_at
         self.moves.slurm_answer(self._slurm_asked_at, self.slurm_suspended)
         self.check()
 
@@ -169,6 +182,9 @@ class SuspendWatch:
         clients = self.core.registry.clients
         for cid in [c for c in self.paused if c not in clients]:
             self._forget(cid, now)
+        for cid in [c for c in self.tasks if c not in clients]:
+            del self.tasks[cid]
+            self.task_stops.pop(cid, None)
         for client in list(clients.values()):
             if client.client_id in self.moves.active:
                 continue                    # let run for a move-out: it is still stopped to us
@@ -178,6 +194,8 @@ class SuspendWatch:
                 self.moves.runs(client.client_id)
             if not why and client.job_id in self.slurm_suspended:
                 why = SLURM_REASON
+            elif not why and self._task_stopped(client, now):
+                why = TASK_REASON
             pause = self.paused.get(client.client_id)
             if pause is not None and pause.stopped and not stopped:
                 # Thawed (Slurm thaws a job only to resume it): ask Slurm now, not at the next poll.
@@ -189,6 +207,25 @@ class SuspendWatch:
                 self._suspend(client, why, stopped, pause, now)
             elif not why and pause is not None:
                 self._resume(client, pause, now)
+
+    def _task_stopped(self, client: RegisteredClient, now: float) -> bool:
+        """Whether the client's Slurm task (another process: its batch script) is stopped while it
+        runs, and Slurm has not said since that the job runs. The first look that sees it asks
+        Slurm at once."""
+        cid = client.client_id
+        if cid not in self.tasks:
+            self.tasks[cid] = slurm_task(client.pid)
+        task = self.tasks[cid]
+        if task is None or not task_stopped(task):
+            self.task_stops.pop(cid, None)
+            return False
+        since = self.task_stops.get(cid)
+        if since is None:
+            self.task_stops[cid] = since = now
+            self._slurm_next = 0.0
+            self.logger.info(f"{client.label()}: its Slurm task (pid {task[0]}) is stopped: "
+                             f"taken as Slurm's suspend, Slurm is asked now")
+        return not (self._slurm_answered > since and client.job_id not in self.slurm_suspended)
 
     # --- suspend and resume ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from nvshare_slurm.base.config import ConfigError, load
 from nvshare_slurm.node import render, slurm
 from nvshare_slurm.scheduler.accounting import UsageLedger, usage_line
 from nvshare_slurm.scheduler.procinfo import cgroup_frozen, memory_headroom, pause_reason, read_identity, \
-    signal_checked
+    signal_checked, slurm_task, task_stopped
 from nvshare_slurm.wire import proto
 from nvshare_slurm.wire.proto import C
 
@@ -273,6 +274,120 @@ def test_a_job_registered_has_slurm_asked_at_once(scheduler_factory, tmp_path):
     assert asked() == 1                               # no other poll before 30 s ...
     register(sched, 62)
     wait_for(lambda: asked() == 2, timeout=2, what="squeue asked for the new job")   # ... but this
+
+
+# --- the batch script stopped: Slurm's SIGTSTP, 2 s before the freeze -------------------------------
+
+FAKE_STEPD = Path(__file__).resolve().parent.parent / "fake_slurmstepd.py"
+
+
+def task_pid(pidfile: Path) -> int:
+    """The task fake_slurmstepd.py started (a batch script's stand-in), once it has said."""
+    return int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(),
+                        what="the fake slurmstepd's task"))
+
+
+def test_slurm_task_is_the_ancestor_whose_parent_is_slurmstepd(tmp_path):
+    pidfile = tmp_path / "task"
+    stepd = subprocess.Popen([sys.executable, str(FAKE_STEPD), str(pidfile), "sleep", "30"])
+    try:
+        task = task_pid(pidfile)
+        sleeper = int(wait_for(lambda: subprocess.run(["pgrep", "-P", str(task)], text=True,
+                                                      capture_output=True).stdout.split())[0])
+        seen = read_identity(task)
+        assert seen is not None
+        assert slurm_task(sleeper) == (task, seen.start)
+        assert slurm_task(task) is None                  # the task itself: its own stop is seen
+        assert slurm_task(os.getpid()) is None           # under no slurmstepd
+        assert not task_stopped((task, seen.start))
+        os.kill(task, signal.SIGTSTP)                    # what slurmstepd sends a suspended job
+        wait_for(lambda: task_stopped((task, seen.start)), what="the task stopped")
+        assert pause_reason(sleeper) == ""               # its child runs on, as under Slurm
+        assert not task_stopped((task, seen.start + 1))  # another process of that pid: not it
+        os.kill(task, signal.SIGCONT)
+        wait_for(lambda: not task_stopped((task, seen.start)), what="the task running again")
+    finally:
+        if pidfile.exists():
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)   # the task leads its group
+        stepd.wait()
+
+
+def stepd_client(sched, clients, job_id: int, tmp_path: Path):
+    """A --swap client of the job under a fake slurmstepd's task, holding the GPU with 600 MiB:
+    (client, the task's pid)."""
+    pidfile = tmp_path / f"task-{job_id}"
+    client = clients(sched, job_id, "--swap", wrap=(sys.executable, str(FAKE_STEPD), str(pidfile)))
+    client.send(f"mem {GPU0} {600 * MiB} {MiB} 0 0")
+    client.send(f"request {GPU0}")
+    client.expect("grant")
+    return client, task_pid(pidfile)
+
+
+def test_a_job_whose_batch_script_slurm_stops_moves_its_memory_out_before_squeue_answers(
+        scheduler_factory, clients, tmp_path):
+    """Under proctrack/cgroup Slurm's suspend sends SIGTSTP to the batch script only; the CUDA
+    process runs until the freeze 2 s later (22.05; suspend_grace_time from 23.11), and must move
+    its memory out meanwhile. Here squeue takes 1.5 s to answer (a loaded node, as in a CI run of
+    tests/slurm/test_suspend_slurm.py where the freeze came first): the stopped script is the word,
+    and the memory is out well before any squeue asked after the stop could answer."""
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, scheduling_mode="concurrent",
+                                      suspend_slurm_poll_sec=0.5)
+    script = Path(sched.workdir) / "squeue"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {suspended}.calls\nsleep 1.5\ncat {suspended}\n")
+    register(sched, 71)
+    holder, task = stepd_client(sched, clients, 71, tmp_path)
+    try:
+        stopped_at = time.monotonic()
+        os.kill(task, signal.SIGTSTP)
+        suspended.write_text("71\n")                    # slurmctld marked it SUSPENDED first
+        drop = holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND, timeout=5)
+        assert drop["bytes"] == 599 * MiB
+        gpu = wait_for(lambda: (g := gpu_status(sched))["memory_swapped"] == 599 * MiB and g,
+                       what="the memory out")
+        assert time.monotonic() - stopped_at < 1.2, "not before squeue could have answered"
+        assert gpu["holders"] == []
+        job = job_status(sched, 71)
+        assert job["suspended"]["reason"] == "its Slurm task is stopped: Slurm's SIGTSTP before a suspend"
+        assert f"its Slurm task (pid {task}) is stopped" in sched.log()
+        # Slurm's answers, asked after the stop, say SUSPENDED: it stays suspended, asks in vain.
+        time.sleep(3.5)
+        holder.send(f"request {GPU0}")
+        holder.absent("grant", 0.5)
+        assert job_status(sched, 71)["suspended"] is not None
+        suspended.write_text("")                         # scontrol resume: RUNNING, then SIGCONT
+    finally:
+        os.kill(task, signal.SIGCONT)
+    holder.expect("grant", timeout=8)
+    holder.expect("swapped_in")
+    wait_for(lambda: job_status(sched, 71)["suspended"] is None, what="resumed")
+    assert sched.log().count("suspended (its Slurm task is stopped") == 1
+
+
+def test_a_batch_script_its_user_stops_is_not_taken_for_a_suspend_once_slurm_answers(
+        scheduler_factory, clients, tmp_path):
+    """A script stopped by its user (kill -TSTP), not by Slurm: the daemon takes it for Slurm's
+    suspend at first, asks Slurm at once, and Slurm's answer (not SUSPENDED) ends it: the client
+    runs on beside its stopped script, with its turns, and is not taken as suspended again while
+    the script stays stopped."""
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, scheduling_mode="concurrent",
+                                      suspend_slurm_poll_sec=30)
+    register(sched, 72)
+    holder, task = stepd_client(sched, clients, 72, tmp_path)
+    calls = tmp_path / "suspended.calls"
+    wait_for(lambda: calls.exists(), what="the first poll")   # a job registered: asked at once
+    try:
+        os.kill(task, signal.SIGTSTP)
+        holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND, timeout=5)
+        wait_for_log(sched, "runs again after")
+        assert len(calls.read_text().splitlines()) == 2   # asked at the stop, not 30 s later
+        holder.send(f"request {GPU0}")
+        holder.expect("grant", timeout=5)
+        time.sleep(1.0)                                   # the script still stopped
+        assert job_status(sched, 72)["suspended"] is None
+        assert sched.log().count("suspended (its Slurm task is stopped") == 1
+        assert [h["job_id"] for h in gpu_status(sched)["holders"]] == [72]
+    finally:
+        os.kill(task, signal.SIGCONT)
 
 
 def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
