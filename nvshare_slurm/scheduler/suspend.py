@@ -223,8 +223,10 @@ class SuspendWatch:
         if since is None:
             self.task_stops[cid] = since = now
             self._slurm_next = 0.0
+            asks = bool(self.core.cfg.suspend_slurm_poll_sec)
             self.logger.info(f"{client.label()}: its Slurm task (pid {task[0]}) is stopped: "
-                             f"taken as Slurm's suspend, Slurm is asked now")
+                             f"taken as Slurm's suspend"
+                             f"{', Slurm is asked now' if asks else ' (suspend_slurm_poll_sec 0)'}")
         return not (self._slurm_answered > since and client.job_id not in self.slurm_suspended)
 
     # --- suspend and resume ----------------------------------------------------------------------

@@ -390,6 +390,31 @@ def test_a_batch_script_its_user_stops_is_not_taken_for_a_suspend_once_slurm_ans
         os.kill(task, signal.SIGCONT)
 
 
+def test_without_squeue_a_stopped_batch_script_suspends_its_job_until_it_runs_again(
+        scheduler_factory, clients, tmp_path):
+    """suspend_slurm_poll_sec 0 (a site that asks Slurm nothing): the stopped script is the only
+    word. The memory moves out, and the job runs again when the script does (Slurm's resume
+    sends it SIGCONT), with nobody asked."""
+    sched = scheduler_factory(scheduling_mode="concurrent", suspend_slurm_poll_sec=0,
+                              suspend_check_sec=0.1)
+    register(sched, 73)
+    holder, task = stepd_client(sched, clients, 73, tmp_path)
+    try:
+        os.kill(task, signal.SIGTSTP)
+        assert holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND, timeout=5)["bytes"] == 599 * MiB
+        wait_for(lambda: gpu_status(sched)["memory_swapped"] == 599 * MiB, what="the memory out")
+        holder.send(f"request {GPU0}")
+        holder.absent("grant", 1.0)
+    finally:
+        os.kill(task, signal.SIGCONT)
+    holder.expect("grant", timeout=5)
+    holder.expect("swapped_in")
+    assert job_status(sched, 73)["suspended"] is None
+    log = sched.log()
+    assert "taken as Slurm's suspend (suspend_slurm_poll_sec 0)" in log, log
+    assert "Slurm is asked" not in log and "cannot ask Slurm" not in log
+
+
 def test_memory_that_the_jobs_memory_limit_cannot_hold_stays_on_the_gpu(scheduler_factory, clients,
                                                                          tmp_path):
     memory = Path("/sys/fs/cgroup/memory")
