@@ -192,9 +192,12 @@ class SuspendWatch:
             stopped = bool(why)
             if not stopped:
                 self.moves.runs(client.client_id)
+            # Read even while Slurm says SUSPENDED: at its resume the script still stopped for a
+            # moment (RUNNING comes before the SIGCONT) is then a stop Slurm has answered.
+            task_word = not stopped and self._task_stopped(client, now)
             if not why and client.job_id in self.slurm_suspended:
                 why = SLURM_REASON
-            elif not why and self._task_stopped(client, now):
+            elif task_word:
                 why = TASK_REASON
             pause = self.paused.get(client.client_id)
             if pause is not None and pause.stopped and not stopped:
@@ -210,8 +213,8 @@ class SuspendWatch:
 
     def _task_stopped(self, client: RegisteredClient, now: float) -> bool:
         """Whether the client's Slurm task (another process: its batch script) is stopped while it
-        runs, and Slurm has not said since that the job runs. The first look that sees it asks
-        Slurm at once."""
+        runs, and Slurm has not said since that the job runs. The first look that sees it, where
+        Slurm has not said SUSPENDED already, asks Slurm at once."""
         cid = client.client_id
         if cid not in self.tasks:
             self.tasks[cid] = slurm_task(client.pid)
@@ -222,6 +225,8 @@ class SuspendWatch:
         since = self.task_stops.get(cid)
         if since is None:
             self.task_stops[cid] = since = now
+            if client.job_id in self.slurm_suspended:
+                return True                 # Slurm's word came first: nothing to say
             self._slurm_next = 0.0
             asks = bool(self.core.cfg.suspend_slurm_poll_sec)
             self.logger.info(f"{client.label()}: its Slurm task (pid {task[0]}) is stopped: "

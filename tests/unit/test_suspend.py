@@ -390,6 +390,32 @@ def test_a_batch_script_its_user_stops_is_not_taken_for_a_suspend_once_slurm_ans
         os.kill(task, signal.SIGCONT)
 
 
+def test_at_slurms_resume_a_script_not_yet_continued_keeps_nothing_suspended(
+        scheduler_factory, clients, tmp_path):
+    """Slurm's word came first (squeue said SUSPENDED before the script was seen stopped), and at
+    the resume squeue says RUNNING a moment before slurmd's SIGCONT reaches the script: the client
+    runs again at that answer, and the stopped script is never taken for a suspend of its own."""
+    sched, suspended = squeue_watched(scheduler_factory, tmp_path, scheduling_mode="concurrent")
+    register(sched, 74)
+    holder, task = stepd_client(sched, clients, 74, tmp_path)
+    suspended.write_text("74\n")
+    holder.expect("drop", reason=C.NVSHARE_DROP_SUSPEND, timeout=5)
+    try:
+        os.kill(task, signal.SIGTSTP)
+        wait_for(lambda: task_stopped((task, read_identity(task).start)), what="the script stopped")
+        time.sleep(0.5)
+        suspended.write_text("")                 # RUNNING; the SIGCONT has not come yet
+        wait_for_log(sched, "runs again after")
+        holder.send(f"request {GPU0}")
+        holder.expect("grant", timeout=5)
+        assert job_status(sched, 74)["suspended"] is None
+    finally:
+        os.kill(task, signal.SIGCONT)
+    log = sched.log()
+    assert "suspended (its job is suspended by Slurm)" in log
+    assert "taken as Slurm's suspend" not in log, log
+
+
 def test_without_squeue_a_stopped_batch_script_suspends_its_job_until_it_runs_again(
         scheduler_factory, clients, tmp_path):
     """suspend_slurm_poll_sec 0 (a site that asks Slurm nothing): the stopped script is the only
