@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .devices import slurm_jobs_of_cgroup
 
@@ -53,24 +54,45 @@ def job_of_cgroup(text: str) -> int | None:
     return next(iter(jobs)) if len(jobs) == 1 else None
 
 
-def read_identity(pid: int) -> ProcIdentity | None:
-    """The process's identity now, or None when it has exited or /proc cannot be read."""
+class ProcStat(NamedTuple):
+    """What /proc/<pid>/stat says of a process that the daemon reads."""
+    comm: str                 # its name (field 2, without the parentheses)
+    state: str                # its run state (field 3): R, S, D, T, t, ...
+    parent: int               # its parent's pid (field 4)
+    group: int                # its process group (field 5)
+    start: int                # its start in clock ticks since boot (field 22)
+
+
+def stat_of(pid: int) -> ProcStat | None:
+    """The process's /proc/<pid>/stat, or None when it has exited or the file cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat_fields = fh.read().rsplit(b")", 1)[1].split()
+            head, tail = fh.read().rsplit(b")", 1)
+        fields = tail.split()
+        return ProcStat(head.split(b"(", 1)[1].decode(errors="replace"), fields[0].decode(),
+                        int(fields[1]), int(fields[2]), int(fields[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_identity(pid: int) -> ProcIdentity | None:
+    """The process's identity now, or None when it has exited or /proc cannot be read."""
+    stat = stat_of(pid)
+    if stat is None:
+        return None
+    try:
         with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
             status = fh.read()
         with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
             cgroup = fh.read()
-        state, start = stat_fields[0].decode(), int(stat_fields[19])
         lines = {line.split(":", 1)[0]: line.split(":", 1)[1].split()
                  for line in status.splitlines() if ":" in line}
         uid, gid = int(lines["Uid"][0]), int(lines["Gid"][0])
     except (OSError, ValueError, IndexError, KeyError):
         return None
     frozen = bool(cgroup_frozen(cgroup))
-    return ProcIdentity(pid, uid, gid, start, job_of_cgroup(cgroup),
-                        state in ("T", "t") or frozen, state, frozen)
+    return ProcIdentity(pid, uid, gid, stat.start, job_of_cgroup(cgroup),
+                        stat.state in ("T", "t") or frozen, stat.state, frozen)
 
 
 def cgroup_frozen(cgroup_text: str, root: str = "/sys/fs/cgroup") -> str:
@@ -103,35 +125,23 @@ def cgroup_frozen(cgroup_text: str, root: str = "/sys/fs/cgroup") -> str:
 def pause_reason(pid: int, root: str = "/sys/fs/cgroup") -> str:
     """Why the process cannot run now, or "" when it can (or has exited): stopped (state T),
     traced (t), or its cgroup frozen. Two small reads of /proc, one or two of the cgroup tree."""
+    stat = stat_of(pid)
+    if stat is None:
+        return ""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0].decode()
         with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
             cgroup = fh.read(65536)
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return ""
-    if state == "T":
+    if stat.state == "T":
         return STOPPED
-    if state == "t":
+    if stat.state == "t":
         return "stopped by a debugger (state t)"
     return cgroup_frozen(cgroup, root)
 
 
 SLURMSTEPD = "slurmstepd"     # the comm of Slurm's step daemon, the parent of every task
 MAX_ANCESTORS = 32            # how far up slurm_task looks for slurmstepd
-
-
-def _stat(pid: int) -> tuple[str, str, int, int] | None:
-    """comm, run state, parent pid and start tick of the process, or None when it has exited."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read()
-        head, tail = text.rsplit(b")", 1)
-        fields = tail.split()
-        return (head.split(b"(", 1)[1].decode(errors="replace"), fields[0].decode(),
-                int(fields[1]), int(fields[19]))
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def slurm_task(pid: int) -> tuple[int, int] | None:
@@ -143,24 +153,23 @@ def slurm_task(pid: int) -> tuple[int, int] | None:
     chain: list[tuple[int, int]] = []
     cur = pid
     for _ in range(MAX_ANCESTORS):
-        seen = _stat(cur)
+        seen = stat_of(cur)
         if seen is None:
             return None
-        comm, _, parent, start = seen
-        if comm == SLURMSTEPD:
+        if seen.comm == SLURMSTEPD:
             return chain[-1] if len(chain) >= 2 else None
-        chain.append((cur, start))
-        if parent <= 1:
+        chain.append((cur, seen.start))
+        if seen.parent <= 1:
             return None
-        cur = parent
+        cur = seen.parent
     return None
 
 
 def task_stopped(task: tuple[int, int]) -> bool:
     """Whether the task slurm_task named is still that process and stopped by a signal (state
     T): one read of /proc/<pid>/stat."""
-    seen = _stat(task[0])
-    return seen is not None and seen[3] == task[1] and seen[1] == "T"
+    seen = stat_of(task[0])
+    return seen is not None and seen.start == task[1] and seen.state == "T"
 
 
 def _read_small(path: str) -> str | None:
@@ -249,24 +258,21 @@ def stopped_relatives(pid: int) -> list[ProcIdentity]:
     linuxproc, a shell pipeline stopped by Ctrl-Z). Whoever resumes them (Slurm's resume, a
     shell's fg, kill -CONT -PGID) resumes this one too, so one of them running again later says
     this one was resumed as well (moveout.py). Reads every /proc/<pid>/stat once."""
+    mine = stat_of(pid)
+    if mine is None:
+        return []
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        parent, group = int(fields[1]), int(fields[2])
         names = os.listdir("/proc")
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return []
     found: list[ProcIdentity] = []
     for name in names:
         if not name.isdigit() or int(name) == pid:
             continue
         other = int(name)
-        try:
-            with open(f"/proc/{other}/stat", "rb") as fh:
-                other_fields = fh.read().rsplit(b")", 1)[1].split()
-            if other_fields[0] != b"T" or (other != parent and int(other_fields[2]) != group):
-                continue
-        except (OSError, ValueError, IndexError):
+        theirs = stat_of(other)
+        if theirs is None or theirs.state != "T" or \
+                (other != mine.parent and theirs.group != mine.group):
             continue
         seen = read_identity(other)
         if seen is not None and seen.state == "T" and not seen.frozen:
