@@ -354,10 +354,11 @@ void nvshare_read_settings(void)
      * between two, the training ran a kernel (a 1.0-1.4 ms GEMM on the H200) that the next token waited
      * for (burst.c's linger). off: let go at every burst's end, as before. */
     nvshare_cfg.prompt_linger = on_off("NVSHARE_PROMPT_LINGER");
-    /* on (unset): a prompt burst that begins while another's runs, and is shorter than what is left of
-     * that one (the page's span from its begin, against this job's own mean span), runs beside it
-     * rather than waiting for its end (burst.c's cuts_in): on the H200 mix8's 1 ms probes waited 3.2 ms
-     * so for the server's requests. off: every prompt burst waits for the one under way, as before. */
+    /* on (unset): a prompt burst that begins while another's runs, whose job's mean span is at most
+     * 2/3 of that one's (CUT_IN_PCT) and shorter than what is left of it (the page's span from its
+     * begin), runs beside it rather than waiting for its end (burst.c's cuts_in): on the H200 mix8's
+     * 1 ms probes waited 3.2 ms so for the server's requests. off: every prompt burst waits for the one
+     * under way, as before. */
     nvshare_cfg.prompt_cut_in = on_off("NVSHARE_PROMPT_CUT_IN");
     /* 0.5 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst)
      * no longer holds the training beside it for its whole burst: the training's work leaks (for

@@ -51,8 +51,9 @@ struct nvshare_settings {
                                   * before it and does not wait on the host for a prompt burst (hook.c,
                                   * pace.c): HOLD_COPIES_TRAINS (the default) while the prompt job's bursts
                                   * come in trains, HOLD_COPIES_ALWAYS for any, HOLD_COPIES_OFF never */
-    int prompt_cut_in;           /* NVSHARE_PROMPT_CUT_IN: a prompt burst shorter than what is left of another's
-                                  * runs beside it rather than after it (burst.c): 1 (on, the default), 0 (off) */
+    int prompt_cut_in;           /* NVSHARE_PROMPT_CUT_IN: a prompt burst much shorter than another's, and shorter
+                                  * than what is left of that one, runs beside it rather than after it
+                                  * (burst.c's cuts_in): 1 (on, the default), 0 (off) */
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
