@@ -543,7 +543,8 @@ static int cuts_in(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t
 {
     uint64_t mine = atomic_load_explicit(&g->burst.prompt_span_ns, memory_order_relaxed);
     uint64_t span = atomic_load_explicit(&p->prompt_span_ns, memory_order_relaxed);
-    return nvshare_cfg.prompt_cut_in && mine && span / CUT_IN_PCT >= mine / 100 && ends_sooner(p, now, mine);
+    return nvshare_cfg.prompt_cut_in && mine && span / CUT_IN_PCT >= mine / 100 &&
+           (nvshare_cfg.prompt_cut_in == CUT_IN_ALWAYS || ends_sooner(p, now, mine));
 }
 
 /* Do this job's bursts come in trains (see LINGER_*)? */
@@ -637,6 +638,109 @@ static void sync_unmark(struct nvshare_gpu *g, struct nvshare_burst_page *p)
         atomic_fetch_sub(&p->prompt_syncing, 1);
 }
 
+/* ---- prompt bursts that come on time (expectations) ----------------------------------------------
+ * Without preemption, a command that finds another job's kernel under way waits for its end: beside
+ * an fp32 training's 1.0-1.4 ms GEMMs an interactive step's command every second read 0.4-0.8 ms over
+ * its issue-42 target (alone + 1 ms) on the H200, and mix3's 1 ms probe found a co-runner's 1 ms kernel
+ * under way at 99 % of its requests. No hold at a burst's begin can help: the GPU runs that kernel to
+ * its end. But a job whose gaps between prompt bursts hardly vary (a command every second, a probe
+ * every 100 ms: EXPECT_DEV_* against its mean gap) knows when its next burst should begin. At each
+ * prompt burst's end it writes that time and the gaps' deviation into a slot of the page (its own, or
+ * a free or past one), and wakes the others; each co-runner that yields holds its queue on the GPU
+ * (hold.c) from its own drain time before it, the longest thing it may have under way (its longest
+ * kernel with waits of its own, at least a segment, and the switch), and twice the deviation more,
+ * until three deviations and EXPECT_LATE_NS after it. The burst then finds the GPU drained. A burst
+ * that comes late finds the hold let go; one that comes inside the window keeps it, as a prompt burst's
+ * hold. Held time counts against the yield budget as any hold for prompt bursts, so a page that claims
+ * windows without end costs what one that claims prompt bursts without end does. A server's random
+ * arrivals, and model.generate's trains of tokens, have gaps that vary: they say nothing. The cost is
+ * the co-runners' GPU time in the window before the burst, each period. */
+_Static_assert(sizeof(struct nvshare_burst_page) <= 4096, "the page fits the daemon's 4 KiB memfd (burstpage.py)");
+#define EXPECT_MIN_GAPS 4
+#define EXPECT_GAP_MIN_NS 20000000ull      /* gaps shorter than this: not worth a hold each time */
+#define EXPECT_GAP_MAX_NS 10000000000ull
+#define EXPECT_DEV_MAX_NS 1000000ull       /* gaps that vary more than this (mean deviation) are not on time */
+#define EXPECT_DEV_MAX_PCT 5               /* ... nor more than this share of their mean */
+#define EXPECT_EARLY_DEVS 2
+#define EXPECT_LATE_DEVS 3
+#define EXPECT_LATE_NS 1000000ull
+#define EXPECT_SEGMENT_NS 500000ull        /* the longest segment pace.c leaves between two waits */
+#define EXPECT_SWITCH_NS 200000ull         /* the GPU's switch to the prompt job's context, about */
+#define EXPECT_DRAIN_MAX_NS 20000000ull    /* a kernel longer than this is not waited out ahead */
+
+/* A gap from this job's burst's end to its next one's begin. */
+static void note_period(struct nvshare_burst_state *b, uint64_t gap)
+{
+    double mean = (double)atomic_load_explicit(&b->period_gap_ns, memory_order_relaxed);
+    double dev = (double)atomic_load_explicit(&b->period_dev_ns, memory_order_relaxed);
+    nvshare_gaps_add(&mean, &dev, (double)gap);
+    atomic_store_explicit(&b->period_gap_ns, (uint64_t)mean, memory_order_relaxed);
+    atomic_store_explicit(&b->period_dev_ns, (uint64_t)dev, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->period_gaps, 1, memory_order_relaxed);
+}
+
+/* This job's prompt burst ended at `ended`: when its gaps hardly vary, say when the next is due. */
+static void expect_next(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t ended)
+{
+    struct nvshare_burst_state *b = &g->burst;
+    uint64_t gap = atomic_load_explicit(&b->period_gap_ns, memory_order_relaxed);
+    uint64_t dev = atomic_load_explicit(&b->period_dev_ns, memory_order_relaxed);
+    if (!nvshare_cfg.prompt_expect || atomic_load_explicit(&b->period_gaps, memory_order_relaxed) < EXPECT_MIN_GAPS ||
+        gap < EXPECT_GAP_MIN_NS || gap > EXPECT_GAP_MAX_NS || dev > EXPECT_DEV_MAX_NS ||
+        dev * 100 > gap * EXPECT_DEV_MAX_PCT)
+        return;
+    uint32_t me = my_token();
+    int slot = -1;
+    for (int i = 0; i < NVSHARE_EXPECT_SLOTS && slot < 0; i++)
+        if (atomic_load_explicit(&p->expect[i].token, memory_order_relaxed) == me)
+            slot = i;
+    for (int i = 0; i < NVSHARE_EXPECT_SLOTS && slot < 0; i++) {
+        uint64_t at = atomic_load_explicit(&p->expect[i].at, memory_order_relaxed);
+        uint64_t d = (uint64_t)atomic_load_explicit(&p->expect[i].dev_us, memory_order_relaxed) * 1000;
+        if (!at || (at < ended && ended - at > EXPECT_LATE_DEVS * d + EXPECT_LATE_NS))   /* free, or past */
+            slot = i;
+    }
+    if (slot < 0)
+        return;
+    if (!b->expect_said++)
+        nvshare_debug("gpu %s: its prompt bursts come on time (a gap of %.1f ms, give or take %.3f): the others "
+                      "hold their queues from a little before each", g->uuid, gap / 1e6, dev / 1e6);
+    atomic_store_explicit(&p->expect[slot].token, me, memory_order_relaxed);
+    atomic_store_explicit(&p->expect[slot].dev_us, (uint32_t)(dev / 1000), memory_order_relaxed);
+    atomic_store(&p->expect[slot].at, ended + gap);
+}
+
+/* The hold this job (a co-runner) makes for the prompt bursts the page expects: 1 when one's window is
+ * open now (a->until: its end), else a->look_by: when the next one opens (0: none). */
+static int expect_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, struct nvshare_hold_ask *a)
+{
+    if (!nvshare_cfg.prompt_expect)
+        return 0;
+    uint64_t drain = atomic_load_explicit(&g->hold.long_ns, memory_order_relaxed);
+    drain = drain > EXPECT_SEGMENT_NS ? drain : EXPECT_SEGMENT_NS;
+    drain = (drain < EXPECT_DRAIN_MAX_NS ? drain : EXPECT_DRAIN_MAX_NS) + EXPECT_SWITCH_NS;
+    uint64_t until = 0, next = 0;
+    for (int i = 0; i < NVSHARE_EXPECT_SLOTS; i++) {
+        uint64_t at = atomic_load(&p->expect[i].at);
+        uint64_t dev = (uint64_t)atomic_load_explicit(&p->expect[i].dev_us, memory_order_relaxed) * 1000;
+        if (!at || dev > EXPECT_DEV_MAX_NS || at > now + EXPECT_GAP_MAX_NS)   /* none, or not to be heeded */
+            continue;
+        uint64_t from = at - EXPECT_EARLY_DEVS * dev - drain, end = at + EXPECT_LATE_DEVS * dev + EXPECT_LATE_NS;
+        if (end <= now)
+            continue;
+        if (from <= now)
+            until = end > until ? end : until;
+        else if (!next || from < next)
+            next = from;
+    }
+    a->look_by = until ? 0 : next;
+    if (!until)
+        return 0;
+    a->until = until;
+    a->expect = 1;
+    return 1;
+}
+
 static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
 {
     sync_unmark(g, p);
@@ -657,6 +761,8 @@ static void prompt_end(struct nvshare_gpu *g, struct nvshare_burst_page *p)
     uint64_t until = linger ? nvshare_now_ns() + linger : 0;
     atomic_store(&g->burst.linger_mine, until);
     atomic_compare_exchange_strong(&p->prompt_until, &mine, until);
+    if (atomic_load(&g->burst.armed) && looks_prompt(g))
+        expect_next(g, p, ended);
     prompt_wake(p);
 }
 
@@ -731,6 +837,7 @@ void nvshare_burst_begin(struct nvshare_gpu *g)
     int queued = 0;
     if (ended && now > ended) {
         note_gap(&g->burst, now - ended);
+        note_period(&g->burst, now - ended);
         queued = now - ended < QUEUED_GAP_NS;
     }
     uint64_t idle_since = atomic_load_explicit(&g->burst.idle_since, memory_order_relaxed);
@@ -919,25 +1026,37 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
     a->train = a->queued = 0;
     a->span = 0;
     a->why = NULL;
+    a->expect = 0;
+    a->look_by = 0;
     if (!p)
         return 0;
-    if (!a->until || now >= a->until) {
+    int announced_now = a->until && now < a->until;
+    if (!announced_now) {
         a->until = 0;
-        return !atomic_load(&g->burst.prompting) && corun_hold(g, p, now, a);
+        if (!atomic_load(&g->burst.prompting) && corun_hold(g, p, now, a))
+            return 1;
     }
-    corun_close(&g->burst, now);
-    a->why = !atomic_load(&g->burst.yields) ? "it did not yield"
-             : atomic_load(&g->burst.prompting) ? "its own burst was the prompt one"
-             : looks_prompt(g) ? "its own bursts are prompt"
-             : now < atomic_load(&g->burst.yield_ignore_until) ? "its yield budget was used up" : NULL;
-    if (a->why)
-        return 0;
+    const char *why = !atomic_load(&g->burst.yields) ? "it did not yield"
+                      : atomic_load(&g->burst.prompting) ? "its own burst was the prompt one"
+                      : looks_prompt(g) ? "its own bursts are prompt"
+                      : now < atomic_load(&g->burst.yield_ignore_until) ? "its yield budget was used up" : NULL;
+    if (!announced_now) {   /* none runs: one expected soon? (a->why stays NULL: none was announced) */
+        if (why || !expect_hold(g, p, now, a))
+            return 0;
+    } else {
+        corun_close(&g->burst, now);
+        a->why = why;
+        if (why)
+            return 0;
+    }
     uint64_t budget = budget_end(g, now, held_ns);
     if (!budget) {
         a->why = "its yield budget was used up";
         return 0;
     }
     a->end = a->until < budget ? a->until : budget;
+    if (a->expect)
+        return 1;   /* no leaks: the window is for the GPU to drain */
     /* Leaks (hold.c): only into a prompt job's bursts of LEAK_BURST_MIN_NS or more (what a leaked
      * segment can cost it is small beside them), not its early ones, from a period into the burst. */
     uint64_t len = atomic_load_explicit(&p->prompt_len_ns, memory_order_relaxed);

@@ -11,6 +11,7 @@
 #include "driver.h"
 #include "gpus.h"
 
+#define NVSHARE_EXPECT_SLOTS 4
 /* One page per GPU, shared by the jobs co-running on it; nothing in it is trusted. */
 struct nvshare_burst_page {
     _Atomic uint32_t owner;       /* the token of the job whose burst runs, 0: none */
@@ -39,6 +40,15 @@ struct nvshare_burst_page {
     _Atomic uint64_t prompt_span_ns;  /* the mean span of the last prompt burst's job's prompt bursts, from
                                          begin to end as burst.c announced them (a token of model.generate:
                                          demand.c's bursts may hold a whole request), 0: none yet */
+    /* Prompt bursts that come on time (burst.c's expectations, NVSHARE_PROMPT_EXPECT): a job whose gaps
+     * between prompt bursts hardly vary (a command every second, a probe every 100 ms) says when its
+     * next one should begin, and the others hold their queues on the GPU from a little before, so
+     * that it meets no kernel under way. One slot per such job, NVSHARE_EXPECT_SLOTS at most. */
+    struct nvshare_burst_expect {
+        _Atomic uint64_t at;       /* the next prompt burst should begin about then (CLOCK_MONOTONIC), 0: free */
+        _Atomic uint32_t dev_us;   /* ... give or take this (the gaps' mean deviation, microseconds) */
+        _Atomic uint32_t token;    /* whose slot it is (burst.c's token of that process) */
+    } expect[NVSHARE_EXPECT_SLOTS];
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -115,6 +125,8 @@ struct nvshare_hold_ask {
     int queued;        /* the prompt burst is a request that queued: no leaks into it (hold.c counts these) */
     uint64_t span;     /* the page's prompt_span_ns, with leak_from (hold.c's leaks that end in time) */
     const char *why;   /* not held while a prompt burst is announced: why (debug counts), else NULL */
+    int expect;        /* the hold is for a prompt burst expected soon (burst.c's expectations), none runs yet */
+    uint64_t look_by;  /* not held now: a prompt burst is expected, look again by then at the latest (0: none) */
 };
 int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns, struct nvshare_hold_ask *a);
 /* A hold of `ns` for prompt bursts ended: it counts against the yield budget (a co-runner's ordinary

@@ -358,8 +358,16 @@ void nvshare_read_settings(void)
      * 2/3 of that one's (CUT_IN_PCT) and shorter than what is left of it (the page's span from its
      * begin), runs beside it rather than waiting for its end (burst.c's cuts_in): on the H200 mix8's
      * 1 ms probes waited 3.2 ms so for the server's requests. off: every prompt burst waits for the one
-     * under way, as before. */
-    nvshare_cfg.prompt_cut_in = on_off("NVSHARE_PROMPT_CUT_IN");
+     * under way, as before. always: the span ratio alone, whatever is left of that one (a request that
+     * overran its span too). */
+    const char *cut = getenv("NVSHARE_PROMPT_CUT_IN");
+    nvshare_cfg.prompt_cut_in = cut && !strcasecmp(cut, "always") ? CUT_IN_ALWAYS
+                                                                   : on_off("NVSHARE_PROMPT_CUT_IN");
+    /* on (unset): a prompt job whose gaps between bursts hardly vary (a command every second) says on
+     * the page when its next burst is due, and the others hold their queues on the GPU from their
+     * longest kernel before it (burst.c's expectations): the command meets no kernel under way. off:
+     * nothing is said or heeded; a command meets the kernel under way, as before. */
+    nvshare_cfg.prompt_expect = on_off("NVSHARE_PROMPT_EXPECT");
     /* 0.5 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst)
      * no longer holds the training beside it for its whole burst: the training's work leaks (for
      * NVSHARE_PROMPT_LEAK_OPEN_MS), then the server has the GPU to itself for this long, and so on

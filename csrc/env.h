@@ -53,7 +53,11 @@ struct nvshare_settings {
                                   * come in trains, HOLD_COPIES_ALWAYS for any, HOLD_COPIES_OFF never */
     int prompt_cut_in;           /* NVSHARE_PROMPT_CUT_IN: a prompt burst much shorter than another's, and shorter
                                   * than what is left of that one, runs beside it rather than after it
-                                  * (burst.c's cuts_in): 1 (on, the default), 0 (off) */
+                                  * (burst.c's cuts_in): CUT_IN_ON (the default), CUT_IN_OFF, or
+                                  * CUT_IN_ALWAYS (whatever is left of that one) */
+    int prompt_expect;           /* NVSHARE_PROMPT_EXPECT: a prompt job whose gaps hardly vary says when its next
+                                  * burst is due, and the others hold their queues on the GPU from a little
+                                  * before (burst.c's expectations): 1 (on, the default), 0 (off) */
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst
@@ -92,6 +96,7 @@ struct nvshare_settings {
 enum { PROMPT_OFF = 0, PROMPT_SHORT = 1, PROMPT_ON = 2 };
 enum { PROMPT_HOLD_HOST = 0, PROMPT_HOLD_GPU = 1 };
 enum { HOLD_COPIES_OFF = 0, HOLD_COPIES_TRAINS = 1, HOLD_COPIES_ALWAYS = 2 };
+enum { CUT_IN_OFF = 0, CUT_IN_ON = 1, CUT_IN_ALWAYS = 2 };
 extern struct nvshare_settings nvshare_cfg;
 void nvshare_read_settings(void);
 int nvshare_parse_size(const char *text, uint64_t *out);

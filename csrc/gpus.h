@@ -121,6 +121,10 @@ struct nvshare_burst_state {
     _Atomic uint64_t linger_mine; /* the prompt_until its last prompt burst's end wrote (lingering), 0: none */
     _Atomic uint64_t prompt_began_mine; /* when its prompt burst under way began */
     _Atomic uint64_t prompt_span_ns;    /* its prompt bursts' mean span, begin to end (the page's prompt_span_ns) */
+    _Atomic uint64_t period_gap_ns;     /* its gaps from a burst's end to the next one's begin: their mean, */
+    _Atomic uint64_t period_dev_ns;     /* ... their mean deviation, and how many (burst.c's expectations) */
+    atomic_uint period_gaps;
+    unsigned expect_said;               /* the log said its bursts come on time */
     /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
      * only hold.c's watcher touches these. */
     uint64_t corun_window_ns;     /* the start of the second whose holds are counted */

@@ -106,6 +106,7 @@ struct hold_counts {
     atomic_uint kept_long;           /* leaks that kept long kernels held (they fit no such burst) */
     atomic_uint queued[2];           /* prompt bursts that queued (burst.c) held for: leaked into, not */
     atomic_uint open_us;             /* leaks open for several segments (NVSHARE_PROMPT_LEAK_OPEN_MS): how long */
+    atomic_uint expect[2];           /* holds for a prompt burst expected (burst.c): it came while held, it did not */
     atomic_uint lag[HOLD_LAG_BUCKETS];
     atomic_uint not_held[HOLD_WHY_MAX];
     const char *_Atomic why[HOLD_WHY_MAX];
@@ -152,6 +153,10 @@ static void say_counts(struct nvshare_gpu *g)
         nvshare_debug("gpu %s: held its queue %u times for prompt bursts, the word set after the burst began: within "
                       "0.05 ms %u, 0.1 ms %u, 0.2 ms %u, 0.5 ms %u, 1 ms %u, later %u%s", g->uuid, held, l[0], l[1],
                       l[2], l[3], l[4], l[5], why);
+    if (atomic_load(&c->expect[0]) || atomic_load(&c->expect[1]))
+        nvshare_debug("gpu %s: held its queue ahead of prompt bursts expected %u times: the burst began while "
+                      "held %u times", g->uuid, atomic_load(&c->expect[0]) + atomic_load(&c->expect[1]),
+                      atomic_load(&c->expect[0]));
     if (atomic_load(&c->leaks[LEAK_PASSED]) || atomic_load(&c->leaks[LEAK_NOTHING]) ||
         atomic_load(&c->leaks[LEAK_SYNCING]) || atomic_load(&c->leaks[LEAK_LATE]))
         nvshare_debug("gpu %s: leaks into prompt bursts: %u let a segment pass (open %.1f ms in all after the "
@@ -296,7 +301,7 @@ static void *watch(void *arg)
     uint64_t held_since = 0, gave_up = 0, window = 0, leak_began = 0, leak_next = 0, leaked = 0;
     uint64_t queued_began = 0;   /* the last queued prompt burst counted (debug) */
     unsigned looks = 0;
-    int said[2] = {0, 0}, said_flood = 0, held_corun = 0;
+    int said[3] = {0, 0, 0}, said_flood = 0, held_corun = 0, held_expect = 0;
     for (;;) {
         uint64_t now = nvshare_now_ns();
         if (now - window >= HOLD_LOOKS_WINDOW_NS) {
@@ -331,14 +336,24 @@ static void *watch(void *arg)
                 else if (!held_corun)
                     nvshare_burst_held(g, counted(now - held_since, leaked));
                 leaked = 0;
-                if (!a.corun)   /* held already as the prompt burst began: a lag of 0 */
+                if (!a.corun && !a.expect)   /* held already as the prompt burst began: a lag of 0 */
                     count_lag(g, held_since ? a.began : nvshare_now_ns(), a.began);
                 held_since = now;
                 held_corun = a.corun;
-                if (!said[a.corun]++)
+                held_expect = 0;
+                int kind = a.expect ? 2 : a.corun;
+                if (!said[kind]++)
                     nvshare_debug("gpu %s: %s: this job's queued work is held on the GPU until it ends", g->uuid,
-                                  a.corun ? "a co-runner's burst runs while prompt bursts are about"
-                                          : "a co-runner's prompt burst runs");
+                                  a.expect ? "a co-runner's prompt burst is due soon"
+                                  : a.corun ? "a co-runner's burst runs while prompt bursts are about"
+                                            : "a co-runner's prompt burst runs");
+            }
+            if (a.expect && !held_expect) {   /* a hold ahead of an expected prompt burst: did it come? */
+                held_expect = 1;
+            } else if (held_expect && !a.expect && !a.corun) {
+                held_expect = 0;
+                if (nvshare_cfg.debug)
+                    atomic_fetch_add_explicit(&counts[g - nvshare_gpus].expect[0], 1, memory_order_relaxed);
             }
             uint64_t cap = held_since + NVSHARE_SERVE_HOLD_MAX_NS;
             uint64_t end = a.end < cap ? a.end : cap;
@@ -386,6 +401,9 @@ static void *watch(void *arg)
         }
         leak_began = leak_next = 0;
         count_not_held(g, a.why);
+        if (held_expect && nvshare_cfg.debug)   /* the window closed and the burst did not come */
+            atomic_fetch_add_explicit(&counts[g - nvshare_gpus].expect[1], 1, memory_order_relaxed);
+        held_expect = 0;
         if (held_since) {
             set_word(g, 0);
             if (!held_corun)
@@ -393,8 +411,11 @@ static void *watch(void *arg)
             held_since = 0;
             leaked = 0;
         }
-        if (a.page) {
-            nvshare_burst_wait_prompts(g, a.seq, HOLD_LOOK_NS);
+        if (a.page) {   /* until a prompt burst is expected, at the latest */
+            uint64_t left = HOLD_LOOK_NS;
+            if (a.look_by)
+                left = a.look_by <= now ? 1000 : a.look_by - now < left ? a.look_by - now : left;
+            nvshare_burst_wait_prompts(g, a.seq, left);
         } else {
             struct timespec ts = {0, (long)HOLD_NO_PAGE_NS};
             nanosleep(&ts, NULL);
