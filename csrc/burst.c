@@ -656,7 +656,7 @@ static void sync_unmark(struct nvshare_gpu *g, struct nvshare_burst_page *p)
  * arrivals, and model.generate's trains of tokens, have gaps that vary: they say nothing. The cost is
  * the co-runners' GPU time in the window before the burst, each period. */
 _Static_assert(sizeof(struct nvshare_burst_page) <= 4096, "the page fits the daemon's 4 KiB memfd (burstpage.py)");
-#define EXPECT_MIN_GAPS 4
+#define EXPECT_MIN_GAPS NVSHARE_PERIOD_GAPS
 #define EXPECT_GAP_MIN_NS 20000000ull      /* gaps shorter than this: not worth a hold each time */
 #define EXPECT_GAP_MAX_NS 10000000000ull
 #define EXPECT_DEV_MAX_NS 1000000ull       /* gaps that vary more than this (mean deviation) are not on time */
@@ -668,25 +668,29 @@ _Static_assert(sizeof(struct nvshare_burst_page) <= 4096, "the page fits the dae
 #define EXPECT_SWITCH_NS 200000ull         /* the GPU's switch to the prompt job's context, about */
 #define EXPECT_DRAIN_MAX_NS 20000000ull    /* a kernel longer than this is not waited out ahead */
 
-/* A gap from this job's burst's end to its next one's begin. */
+/* A gap from this job's burst's end to its next one's begin. The pace is judged by the last
+ * NVSHARE_PERIOD_GAPS gaps alone: a running deviation kept a command-a-second step's warm-up gaps
+ * (tens of ms, then a second) for 20 gaps and more, past a 30 s window (the H200's interactive step). */
 static void note_period(struct nvshare_burst_state *b, uint64_t gap)
 {
-    double mean = (double)atomic_load_explicit(&b->period_gap_ns, memory_order_relaxed);
-    double dev = (double)atomic_load_explicit(&b->period_dev_ns, memory_order_relaxed);
-    nvshare_gaps_add(&mean, &dev, (double)gap);
-    atomic_store_explicit(&b->period_gap_ns, (uint64_t)mean, memory_order_relaxed);
-    atomic_store_explicit(&b->period_dev_ns, (uint64_t)dev, memory_order_relaxed);
-    atomic_fetch_add_explicit(&b->period_gaps, 1, memory_order_relaxed);
+    unsigned n = atomic_fetch_add_explicit(&b->period_gaps, 1, memory_order_relaxed);
+    atomic_store_explicit(&b->period_ring[n % NVSHARE_PERIOD_GAPS], gap, memory_order_relaxed);
 }
 
 /* This job's prompt burst ended at `ended`: when its gaps hardly vary, say when the next is due. */
 static void expect_next(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t ended)
 {
     struct nvshare_burst_state *b = &g->burst;
-    uint64_t gap = atomic_load_explicit(&b->period_gap_ns, memory_order_relaxed);
-    uint64_t dev = atomic_load_explicit(&b->period_dev_ns, memory_order_relaxed);
-    if (!nvshare_cfg.prompt_expect || atomic_load_explicit(&b->period_gaps, memory_order_relaxed) < EXPECT_MIN_GAPS ||
-        gap < EXPECT_GAP_MIN_NS || gap > EXPECT_GAP_MAX_NS || dev > EXPECT_DEV_MAX_NS ||
+    if (!nvshare_cfg.prompt_expect || atomic_load_explicit(&b->period_gaps, memory_order_relaxed) < EXPECT_MIN_GAPS)
+        return;
+    uint64_t last[NVSHARE_PERIOD_GAPS], gap = 0, dev = 0;
+    for (int i = 0; i < NVSHARE_PERIOD_GAPS; i++)
+        gap += last[i] = atomic_load_explicit(&b->period_ring[i], memory_order_relaxed);
+    gap /= NVSHARE_PERIOD_GAPS;
+    for (int i = 0; i < NVSHARE_PERIOD_GAPS; i++)
+        dev += last[i] > gap ? last[i] - gap : gap - last[i];
+    dev /= NVSHARE_PERIOD_GAPS;
+    if (gap < EXPECT_GAP_MIN_NS || gap > EXPECT_GAP_MAX_NS || dev > EXPECT_DEV_MAX_NS ||
         dev * 100 > gap * EXPECT_DEV_MAX_PCT)
         return;
     uint32_t me = my_token();

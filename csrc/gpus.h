@@ -83,6 +83,7 @@ struct nvshare_gate_state {
 };
 
 /* burst.c's: co-runners take turns burst by burst through a page they share. */
+#define NVSHARE_PERIOD_GAPS 4   /* burst.c's expectations judge a job's pace by its last this many gaps */
 struct nvshare_burst_state {
     _Atomic(struct nvshare_burst_page *) page;  /* the shared page (BURST_PAGE), NULL: none */
     atomic_int armed;             /* co-running with bursts taking turns (a shared grant) */
@@ -121,9 +122,9 @@ struct nvshare_burst_state {
     _Atomic uint64_t linger_mine; /* the prompt_until its last prompt burst's end wrote (lingering), 0: none */
     _Atomic uint64_t prompt_began_mine; /* when its prompt burst under way began */
     _Atomic uint64_t prompt_span_ns;    /* its prompt bursts' mean span, begin to end (the page's prompt_span_ns) */
-    _Atomic uint64_t period_gap_ns;     /* its gaps from a burst's end to the next one's begin: their mean, */
-    _Atomic uint64_t period_dev_ns;     /* ... their mean deviation, and how many (burst.c's expectations) */
-    atomic_uint period_gaps;
+    _Atomic uint64_t period_ring[NVSHARE_PERIOD_GAPS]; /* its last gaps from a burst's end to the next one's
+                                         begin (burst.c's expectations), */
+    atomic_uint period_gaps;            /* ... and how many there were */
     unsigned expect_said;               /* the log said its bursts come on time */
     /* A turn holder held on the GPU while a co-runner's ordinary burst runs (burst.c's corun_hold):
      * only hold.c's watcher touches these. */
