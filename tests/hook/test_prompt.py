@@ -794,8 +794,8 @@ def test_a_much_shorter_prompt_burst_runs_beside_a_long_one_rather_than_after_it
         if any(b - 900_000 < began < b - 500_000 for a, b in server_rows):
             near_end.append(round(w, 2))   # less than the command's own span left of the request
     long_waits = [w for w in inside if w > 1.0]
-    print(f"{cut_in}: {len(inside)} commands began early in a request; waits over 1 ms: {sorted(long_waits)}; "
-          f"{len(near_end)} began near its end, waits {sorted(near_end)}")
+    print(f"{cut_in}: {len(inside)} commands began early in a request; waits over 1 ms: "
+          f"{sorted(long_waits)}; {len(near_end)} began near its end, waits {sorted(near_end)}")
     assert len(inside) >= 20, inside
     if near_end and cut_in != "off":   # the request's last 0.9-0.5 ms: `on` waits it out, `always` not
         waited = [w for w in near_end if w >= 0.4]

@@ -283,7 +283,8 @@ def test_a_command_that_comes_on_time_finds_the_holders_kernel_under_way_ended(h
     trace = tmp_path / "trace"
     holder = start(scheduler, hook_lib, procs, trace, 1, "train:2000:10:400:0:0", env)
     # a warm-up of 5 commands 20 ms apart first, as a Python step's first calls come
-    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:1000:5:20 burst:1000:24:300", env, delay_ms=150)
+    probe = start(scheduler, hook_lib, procs, trace, 2, "burst:1000:5:20 burst:1000:24:300", env,
+                  delay_ms=150)
     finish(probe, timeout=90)
     finish(holder, timeout=120)
     launches = read_launches(trace)
