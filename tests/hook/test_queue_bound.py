@@ -275,9 +275,10 @@ def test_a_command_that_comes_on_time_finds_the_holders_kernel_under_way_ended(h
     holds its queue from its longest kernel before that: from the third command of the steady pace on
     (its last two gaps steady, judged by tighter bounds than four; a running deviation kept the
     warm-up's gaps for most of a 30 s window on the H200, and waiting for four steady gaps left the
-    step's first four commands its slowest) none finds a holder kernel under way. With NVSHARE_PROMPT_EXPECT=off most find
-    one (on the fake driver, where kernels run side by side, a command that ends before that kernel
-    lets the held queue run on behind it: the long figures of that arm)."""
+    step's first four commands its slowest) none finds a holder kernel under way. With
+    NVSHARE_PROMPT_EXPECT=off most find one (on the fake driver, where kernels run side by side, a
+    command that ends before that kernel lets the held queue run on behind it: the long figures of
+    that arm)."""
     from test_prompt import holder_backlog_ms
 
     env = {"NVSHARE_PROMPT_EXPECT": expect}   # both jobs': the step says, the holder heeds
