@@ -163,6 +163,15 @@
 #define LINGER_GAP_MAX_NS 3000000ull
 #define LINGER_TRAIN_MIN_PPM 500000u
 #define LINGER_MARGIN_NS 300000ull
+/* ... and whose bursts after a long gap are followed by a short one: LONE_MAX_PPM at most of them
+ * alone (their next gap long too), a running mean of weight LONE_WEIGHT. A train's first token always
+ * has another after it; a server of single requests under Poisson arrivals has runs of requests that
+ * queued (gaps of a few us) after one in 2-4 of its lone ones. By the share of short gaps alone (at
+ * NVSHARE_RUN_WEIGHT) two queued in a row took its bursts for trains, so its queued requests got leaks
+ * (on a loaded 2-core host, 6-9 of 20 in a run; in a model of utilisation 0.2-0.4, 36-70 % of them);
+ * with this 2-11 %, and a train still reads as one at once. */
+#define LONE_MAX_PPM 250000u
+#define LONE_WEIGHT 0.125
 /* A prompt burst that begins less than this after its job's burst before ended is a request that
  * queued behind that one (a batch-1 CNN's next request on the H200: about 9 us after), unless its job's
  * bursts come in trains (a token's gap is that short too): hold.c's leaks may skip it. */
@@ -551,7 +560,8 @@ static int cuts_in(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t
 static int in_trains(struct nvshare_burst_state *b)
 {
     return atomic_load_explicit(&b->train_gap_ns, memory_order_relaxed) &&
-           atomic_load_explicit(&b->train_ppm, memory_order_relaxed) >= LINGER_TRAIN_MIN_PPM;
+           atomic_load_explicit(&b->train_ppm, memory_order_relaxed) >= LINGER_TRAIN_MIN_PPM &&
+           atomic_load_explicit(&b->lone_ppm, memory_order_relaxed) < LONE_MAX_PPM;
 }
 
 /* A prompt burst begins: announce it (the later of ours and one under way) and run at once; `queued`:
@@ -607,13 +617,19 @@ static void prompt_run(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint
 }
 
 /* A burst of this job begins `gap` after its last one ended: the share of its gaps that are short
- * (a train of bursts: model.generate's tokens, each ended by a synchronise) and their mean. */
+ * (a train of bursts: model.generate's tokens, each ended by a synchronise) and their mean, and the
+ * share of its bursts after a long gap that were alone (LONE_*). Only this process's begin calls it. */
 static void note_gap(struct nvshare_burst_state *b, uint64_t gap)
 {
     int train = gap < LINGER_GAP_MAX_NS;
     double ppm = atomic_load_explicit(&b->train_ppm, memory_order_relaxed);
     atomic_store_explicit(&b->train_ppm, (unsigned)(ppm + NVSHARE_RUN_WEIGHT * (train * 1e6 - ppm)),
                           memory_order_relaxed);
+    if (atomic_exchange_explicit(&b->after_long, !train, memory_order_relaxed)) {
+        double lone = atomic_load_explicit(&b->lone_ppm, memory_order_relaxed);
+        atomic_store_explicit(&b->lone_ppm, (unsigned)(lone + LONE_WEIGHT * (!train * 1e6 - lone)),
+                              memory_order_relaxed);
+    }
     if (train)
         atomic_store_explicit(&b->train_gap_ns,
                               (uint64_t)nvshare_run_mean((double)atomic_load(&b->train_gap_ns), (double)gap),

@@ -119,6 +119,8 @@ struct nvshare_burst_state {
     atomic_uint train_ppm;        /* the share of its gaps between bursts that are short (a train: burst.c's
                                      linger), a running mean */
     _Atomic uint64_t train_gap_ns; /* ... and their mean length */
+    atomic_uint lone_ppm;         /* the share of its bursts after a long gap whose next gap was long too */
+    atomic_int after_long;        /* its last burst began after a long gap */
     _Atomic uint64_t linger_mine; /* the prompt_until its last prompt burst's end wrote (lingering), 0: none */
     _Atomic uint64_t prompt_began_mine; /* when its prompt burst under way began */
     _Atomic uint64_t prompt_span_ns;    /* its prompt bursts' mean span, begin to end (the page's prompt_span_ns) */
