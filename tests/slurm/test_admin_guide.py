@@ -271,3 +271,36 @@ def test_demo_shows_status_to_a_user_and_leaves_no_munge_key(tmp_path):
         shutil.rmtree(demo, ignore_errors=True)
 
 
+
+
+@pytest.mark.timeout(420)
+def test_the_readme_demo_command_installs_with_a_python_every_user_can_run(tmp_path):
+    """The README's first command, as is (no NVSHARE_PYTHON), where root's `python3` is one other users
+    cannot run (pyenv's under /root, as on this project's machines): install.sh refuses such a Python
+    (every job's TaskProlog would fail), so the demo installs with the system's /usr/bin/python3, as
+    test.sh does, and runs. It failed so before: "other users cannot run ... python3"."""
+    need_real_slurm()
+    if subprocess.run(["/usr/bin/python3", "-c", "import sys, venv; sys.exit(sys.version_info < (3, 10))"],
+                      capture_output=True).returncode:
+        pytest.skip("no system /usr/bin/python3 3.10+ with venv")
+    private = Path(tempfile.mkdtemp(prefix="nvshare-rootonly-", dir="/root"))   # mode 0700
+    prefix = Path(tempfile.mkdtemp(prefix="nvshare-demo-venv-", dir="/tmp"))
+    demo = Path(tempfile.mkdtemp(prefix="nvshare-demo-", dir="/tmp"))
+    try:
+        (private / "python3").symlink_to(sys.executable)
+        assert subprocess.run(["runuser", "-u", "nobody", "--", str(private / "python3"), "-c", "0"],
+                              capture_output=True).returncode != 0
+        prefix.rmdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NVSHARE_", "SLURM_", "VIRTUAL_ENV"))}
+        env.update(PATH=f"{private}:{env.get('PATH', '/usr/bin:/bin')}", NVSHARE_PREFIX=str(prefix),
+                   NVSHARE_DEMO_DIR=str(demo))
+        run = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh")], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=400)
+        out = run.stdout + run.stderr
+        assert run.returncode == 0, out[-3000:]
+        assert "other users cannot run" not in out, out[-3000:]
+        assert os.path.realpath(prefix / "bin" / "python") == os.path.realpath("/usr/bin/python3")
+        assert "the two jobs' GPU work never overlapped" in out, out[-3000:]
+    finally:
+        for d in (private, prefix, demo):
+            shutil.rmtree(d, ignore_errors=True)
