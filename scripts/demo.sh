@@ -46,12 +46,8 @@ else
   bash scripts/install-demo-slurm.sh
   if [ -z "${NVSHARE_PYTHON:-}" ]; then
     echo "== installing nvshare-slurm (scripts/install.sh)"
-    # The jobs' TaskProlog runs the venv's Python as their user: prefer the system's, as test.sh does
-    # (python3 on root's PATH may be pyenv's under /root, which install.sh refuses).
-    if [ -z "${NVSHARE_VENV_PYTHON:-}" ] \
-        && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-      export NVSHARE_VENV_PYTHON=/usr/bin/python3
-    fi
+    # shellcheck source=system-python.sh
+    . scripts/system-python.sh
     bash scripts/install.sh      # refuses a Python other users cannot run
   fi
   SBIN=/usr/sbin

@@ -11,12 +11,9 @@ PREFIX=${NVSHARE_TEST_PREFIX:-/opt/nvshare-test}
 [ "$(realpath -m "$PREFIX")" != "$(realpath -m "${NVSHARE_PREFIX:-/opt/nvshare}")" ] \
   || { echo "test.sh: NVSHARE_TEST_PREFIX must not be the production prefix $PREFIX"; exit 1; }
 bash scripts/install-demo-slurm.sh
-# Real-Slurm tests run the venv's Python as other users too: prefer the system's Python (a pyenv
-# one under /root is not theirs to run). NVSHARE_VENV_PYTHON still picks another.
-if [ -z "${NVSHARE_VENV_PYTHON:-}" ] \
-    && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-  export NVSHARE_VENV_PYTHON=/usr/bin/python3
-fi
+# Real-Slurm tests run the venv's Python as other users too.
+# shellcheck source=system-python.sh
+. scripts/system-python.sh
 NVSHARE_PREFIX=$PREFIX NVSHARE_EDITABLE=1 NVSHARE_EXTRAS=test bash scripts/install.sh
 export PATH="$PREFIX/bin:$PATH"
 echo "test.sh: every tier here, real Slurm on $(/usr/sbin/slurmd -V 2>/dev/null || echo 'no Slurm')"

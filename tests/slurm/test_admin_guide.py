@@ -271,8 +271,6 @@ def test_demo_shows_status_to_a_user_and_leaves_no_munge_key(tmp_path):
         shutil.rmtree(demo, ignore_errors=True)
 
 
-
-
 @pytest.mark.timeout(420)
 def test_the_readme_demo_command_installs_with_a_python_every_user_can_run(tmp_path):
     """The README's first command, as is (no NVSHARE_PYTHON), where root's `python3` is one other users
