@@ -57,13 +57,15 @@ steps after the first 3 over their time). The server's cell has p50 / p90 / p99 
 (p99.9 is the slowest one for n < 1000) and p99 over its p99 alone; the training's, its steps/s and
 over alone. Targets (nvshare arm): server p99 <= 1.2 x alone; training steps/s >= 0.95 x co-location's.
 Below the table, each PyTorch server's service (start to result, without its wait behind the request
-before: requests come one at a time, and a server's p99 is mostly requests that queued), how many of
-its requests queued, and the median service of those and of the others. Each PyTorch mix (and every mix
-with a latency member) also gets DIR/latency_<mix>.svg: per arm the latency distribution (the share of
-requests slower than x, log-log: p50, p90, p99, p99.9 are where it crosses 0.5, 0.1, 0.01, 0.001), and
-the batch member's steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs torch" in the
-table) unless --torch-cpu runs them on the CPU with tiny models (numbers meaningless: a check of the
-plumbing where torch and transformers are installed; --torch-python names that Python).
+before: requests come one at a time, and a server's p99 is mostly requests that queued), how many of its
+requests queued, the median service of those and of the others, and the host's pace in that arm (the
+server's service in its warm-up, alone before the training began, and the machine's stolen CPU time in
+the window: model.generate is bound by its host, so an arm on a slow host reads slow). Each PyTorch mix
+(and every mix with a latency member) also gets DIR/latency_<mix>.svg: per arm the latency distribution
+(the share of requests slower than x, log-log: p50, p90, p99, p99.9 are where it crosses 0.5, 0.1, 0.01,
+0.001), and the batch member's steps/s per arm. --smoke-cpu skips the PyTorch mixes ("not run: needs
+torch" in the table) unless --torch-cpu runs them on the CPU with tiny models (numbers meaningless: a
+check of the plumbing where torch and transformers are installed; --torch-python names that Python).
 
 --duty RUN:IDLE (PyTorch mixes): in the shared arms the training steps RUN seconds, then idles IDLE
 seconds, in turn through the window (train.py --duty). A server's requests are then told apart: those
@@ -132,6 +134,7 @@ P99_TARGET = {"serve": 1.5, "gen": 1.2, "gengraph": 1.2, "cnn": 1.2}   # nvshare
 P99_TARGET_BESIDE_ONE = 1.2   # issue 42: a server beside one training (serve2's too), at most
 TRAIN_KEEP = 0.95                   # nvshare training steps/s over co-location's, at least
 DUTY_MARGIN_S = 0.25   # --duty: each phase's first quarter second is left out (the GPU changes hands)
+STEAL_SHOWN_S = 0.1   # the service table names the machine's CPU time stolen in a window from this much
 NEEDS_TORCH = "not run: needs torch"
 DIR_TAG_MAX = 48   # /tmp/nvmixes-XXXXXXXX/<tag>/s.sock within AF_UNIX's 108 bytes
 MIXES = {"serve2": ["compute", "serve"],
@@ -472,7 +475,8 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
                                             "graphs", "tokens_match_generate", "settings", "mean_ms")
                           if k in j})
                 split = service_split(j.get("arrivals") or [], j["step_starts"], j["times"])
-                if split:
+                if split:   # with the host's pace: the warm-up's service, the training not yet begun
+                    split.update({k: j[k] for k in ("service_ms_warm", "steal_s") if j.get(k) is not None})
                     e["service"] = split
             elif kind == "train":
                 ends = j["times"]
@@ -686,7 +690,10 @@ def service_table(res: dict, names: list[str]) -> str:
     head = "| mix | job | kind | " + " | ".join(names) + " |\n|---|---|---|" + "---|" * len(names)
     return ("\nServers' service, start to result without the wait behind the request before (ms); how many "
             "requests arrived while the one before was served (queued); the median service of those and of "
-            "the others:\n\n" + head + "\n" + "\n".join(lines) + "\n")
+            "the others; the host's pace in that arm: the server's service in its warm-up, before the "
+            "training began (alone in every arm; model.generate is bound by its host: a slow host is "
+            "slow there too), and the CPU time a hypervisor stole from the machine in the window where "
+            f"{STEAL_SHOWN_S:g} s or more:\n\n" + head + "\n" + "\n".join(lines) + "\n")
 
 
 def overlap_table(res: dict, names: list[str]) -> str:
@@ -740,7 +747,12 @@ def service_cell(s: dict | None) -> str:
     if s is None:
         return "–"
     medians = " / ".join("–" if k not in s else f"{s[k]:.2f}" for k in ("queued_p50_ms", "unqueued_p50_ms"))
-    return f"p50 {s['p50_ms']:.2f} / p99 {s['p99_ms']:.2f} ms; {s['queued']} of {s['n']} queued ({medians})"
+    out = f"p50 {s['p50_ms']:.2f} / p99 {s['p99_ms']:.2f} ms; {s['queued']} of {s['n']} queued ({medians})"
+    if "service_ms_warm" in s:
+        out += f"; before the training {s['service_ms_warm']:.2f}"
+    if s.get("steal_s", 0.0) >= STEAL_SHOWN_S:
+        out += f"; {s['steal_s']:.2f} s stolen"
+    return out
 
 
 def table(res: dict) -> str:
