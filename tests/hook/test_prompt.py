@@ -8,6 +8,8 @@ checked is the order: the holder's kernels start inside a prompt kernel in about
 bursts without it (the holder runs 2 ms kernels back to back), and almost never with it."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from helpers_hook import GPU0, Job, finish, overlaps, read_trace, run_together, start_nvtest
@@ -394,8 +396,12 @@ def test_a_page_that_claims_a_long_prompt_burst_makes_a_prompt_job_run_beside_it
     waits, late = request_waits(trace, server.pid)
     assert "runs beside a prompt burst of a 10000.0 ms span" in server.stderr_text, server.stderr_text[-2000:]
     assert "waited in vain" not in server.stderr_text, server.stderr_text[-2000:]
-    # A loaded 2-core machine oversleeps a sleep now and then: a few over 2.5 ms.
-    assert len(waits) >= 100 and len(late) <= 3, sorted(late)
+    # The hook says each wait for another's prompt burst (6-7 ms each here, with the cut-in off): none.
+    assert "for another prompt burst" not in server.stderr_text, server.stderr_text[-2000:]
+    # Its requests' waits as alone, but for the host: a loaded 2-core machine oversleeps a sleep now
+    # and then, up to a tenth of them over 2.5 ms (7 of 119 in one run on a fresh CI-like machine,
+    # three of them before the page's claims began).
+    assert len(waits) >= 100 and statistics.median(waits) < 1.0 and len(late) <= 12, sorted(late)
 
 
 def test_a_job_whose_first_bursts_look_prompt_does_not_wait_for_the_owner_word(hook_lib, scheduler, tmp_path,
@@ -617,19 +623,22 @@ def bursts_of(launches, pid: int, gap_ns: int = 5_000_000) -> list[tuple[int, in
 @pytest.mark.parametrize("case", ["on", "off", "no prompt job"])
 def test_the_turn_holder_gives_way_to_a_co_runners_burst_while_prompt_bursts_are_about(
         hook_lib, scheduler, tmp_path, procs, case):
-    """A training (1 ms kernels back to back) holds the turn; a bursty job co-runs beside it (20 ms
-    bursts, 60 ms pauses); a prompt job runs 1 ms bursts every 30 ms. The hardware time-slices the
-    training's and the bursty job's kernels, and a prompt kernel that arrives meanwhile waits for a
-    kernel of each (on the H200 a 1 ms probe read 2.9-3.4 ms at p99 so, 1.1 alone). While prompt
-    bursts are about, the training holds its queue on the GPU through each of the bursty job's bursts
-    (NVSHARE_CORUN_HOLD=on, the default): its kernels start inside almost none of them. With `off`,
-    and with no prompt job (the holder pays nothing then), they start all through them, as before."""
+    """A training (1 ms kernels back to back) holds the turn; a bursty job co-runs beside it (14 ms
+    bursts, 18 ms pauses: longer than a prompt job's 12 ms, and pauses under the policy's 25 ms line for
+    turns: beside the holder's kernels the fake GPU stretched 20 ms bursts to 30-58 ms, and with 60 ms
+    pauses the job took exclusive turns, none of the holder's kernels inside them); a prompt job runs 1 ms
+    bursts every 30 ms. The hardware time-slices the training's and the bursty job's kernels, and a prompt
+    kernel that arrives meanwhile waits for a kernel of each (on the H200 a 1 ms probe read 2.9-3.4 ms at
+    p99 so, 1.1 alone). While prompt bursts are about, the training holds its queue on the GPU through
+    each of the bursty job's bursts (NVSHARE_CORUN_HOLD=on, the default): its kernels start inside almost
+    none of them. With `off`, and with no prompt job (the holder pays nothing then), they start all
+    through them, as before."""
     from helpers_hook import read_launches
 
     trace = tmp_path / "trace"
     env = {"NVSHARE_CORUN_HOLD": "off"} if case == "off" else {}
     jobs, prompt = beside_prompt(scheduler, hook_lib, procs, trace,
-                                 [("train:1000:20:150:0:0", env), ("train:1000:20:36:0:60", env)],
+                                 [("train:1000:20:150:0:0", env), ("train:1000:14:70:0:18", env)],
                                  0 if case == "no prompt job" else 70, prompt_env=env)
     holder, bursty = jobs
     launches = read_launches(trace)
