@@ -47,8 +47,7 @@ the table.
 A PyTorch mix runs its jobs differently. Shared arms: the server starts first and serves its
 warm-up (not counted: autotuning, the CUDA graph's capture); then the training starts, and the
 server's window of --seconds starts once the training has made 10 steps (its --progress file; at
-most 20 s waited, 5 s in the MPS arm with --uids: MPS serves one uid at a time, so the training
-cannot start beside the server there); the training runs --seconds plus 4 s from its first step, so
+most 20 s waited); the training runs --seconds plus 4 s from its first step, so
 it steps through the whole window. Serial: the training runs --seconds alone while the server starts
 beside it (imports, CUDA context, weights: no kernels but their initialisation) and then holds
 (serve_torch --hold-file); once the training has ended, the server's warm-up and window run alone.
@@ -79,8 +78,10 @@ section below the table has each one's p50 / p99 and the one p99 over the other 
 same table beside the default (an A/B measured side by side in one run); several settings in one arm
 are joined by commas (--variant A=1,B=2).
 
---uids runs job i as uid BASE+i (setpriv; the daemon registers each job with its uid): MPS then
-serves one uid at a time, as at a site. Needs root; the scratch directory is made world-readable.
+--uids runs job i as uid BASE+i (setpriv; the daemon registers each job with its uid). Not in the MPS
+arm: MPS serves one uid at a time (a job of another uid waits until the first one's jobs have ended,
+as at a site), so there every job runs as uid BASE, and the arm shows what MPS does for the jobs of one
+user. Needs root; the scratch directory is made world-readable.
 
   python3 bench/bench_mixes.py --out DIR [--mixes mix3,mix4,...] [--arms serial,colocate,mps,nvshare]
                                [--seconds 4] [--mem-gib 40] [--uids [--uid-base 61000]] [--gpu-times]
@@ -173,6 +174,12 @@ def variant_settings(variant: str) -> list[tuple[str, str]]:
     return [(name, value) for name, value in (part.split("=", 1) for part in parts)]
 
 
+def mps_uid(arm: str) -> int | None:
+    """Whose uid every job of an arm runs as with --uids (an index from --uid-base; None: its own):
+    MPS serves one uid at a time, so its arm's jobs are one user's."""
+    return 0 if arm == "mps" else None
+
+
 def torch_mix(mix: str) -> bool:
     return any(k in TORCH_KINDS for k in MIXES[mix])
 
@@ -219,7 +226,8 @@ class Mixes:
             out += ["env", f"USER=u{uid}", f"LOGNAME=u{uid}", f"HOME={path}"]
         return [*out, *cmd]
 
-    def cmd(self, kind: str, i: int) -> list[str]:
+    def cmd(self, kind: str, i: int, who: int | None = None) -> list[str]:
+        """Job i's command (burst.c), as uid --uid-base + `who` (default i) with --uids."""
         gpu_ms, host_ms, timed = KINDS[kind]
         s = self.args.seconds
         out = [str(BURST), "--ipm", f"{self.results['calibration']['ipm']:.3f}", "--gpu-ms", str(gpu_ms),
@@ -234,7 +242,7 @@ class Mixes:
             out += ["--mem-mib", str(int(self.args.mem_gib * 1024))]
         if self.args.gpu_times:
             out.append("--gpu-times")
-        return self.as_uid(out, i)
+        return self.as_uid(out, i if who is None else who)
 
     def trace_path(self, tag: str, i: int) -> Path:
         """Where job i of an arm writes its kernel trace (--gpu-times): a folder every uid may reach and
@@ -246,11 +254,10 @@ class Mixes:
         return where / f"{tag}-{i}.ktrace.json"
 
     def torch_cmd(self, kind: str, i: int, sync: Path | None, hold: Path | None = None,
-                  wait: float = WAIT_TIMEOUT_S, tag: str = "") -> list[str]:
+                  tag: str = "", who: int | None = None) -> list[str]:
         """A PyTorch member's command; sync: the arm's folder of the server's ready file and the
         training's progress file (None: alone, the serial arm, where the server holds until the file
-        hold exists); wait: how long the server waits for the training's 10 steps; tag: the arm's, for
-        --gpu-times' kernel trace."""
+        hold exists); tag: the arm's, for --gpu-times' kernel trace; who: as cmd's."""
         s, py, cpu = self.args.seconds, self.args.torch_python, self.args.torch_cpu
         if kind == "train":
             out = [py, str(TRAIN), *TRAIN_ARGS, "--precision", self.args.train_precision,
@@ -271,13 +278,13 @@ class Mixes:
                 out += ["--hold-file", str(hold)]
             else:
                 out += ["--ready-file", str(sync / "ready"), "--wait-file", str(sync / "progress"),
-                        "--wait-timeout", str(wait)]
+                        "--wait-timeout", str(WAIT_TIMEOUT_S)]
             if self.args.gpu_times and not cpu:
                 out += ["--kernel-trace", str(self.trace_path(tag, i))]
             if cpu:
                 out += ["--device", "cpu", "--warmup", "3", "--hidden", "64", "--layers", "2", "--heads", "4",
                         "--vocab", "1000", "--tokens", "4", "--prompt", "8", "--image", "64", "--width", "16"]
-        return self.as_uid(out, i, home=True)
+        return self.as_uid(out, i if who is None else who, home=True)
 
     def torch_env(self, base: dict) -> dict:
         cache = self.work / "cache"   # caches of every uid's torch and transformers, none in $HOME
@@ -338,7 +345,7 @@ class Mixes:
         if torch_mix(mix):
             return self.run_torch_arm(mix, arm)
         kinds = MIXES[mix]
-        cmds = [self.cmd(k, i) for i, k in enumerate(kinds)]
+        cmds = [self.cmd(k, i, mps_uid(arm)) for i, k in enumerate(kinds)]
         base, tag = self.base_env(), file_tag(mix, arm)
         timeout = 30 + 6 * self.args.seconds * (len(kinds) if arm == "serial" else 2)
         if arm == "serial":
@@ -390,9 +397,7 @@ class Mixes:
             envs = self.arm_envs(mix, arm, tag, base, len(kinds), stops)
             if envs is None:
                 return {"status": "skipped", "error": "no MPS without a GPU (smoke run)"}
-            # MPS serves one uid at a time: the training of another uid cannot start beside the server
-            wait = 5.0 if arm == "mps" and self.args.uids else WAIT_TIMEOUT_S
-            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, sync, wait=wait, tag=tag), e, self.logs)
+            jobs = [Job(f"{tag}-{i}", self.torch_cmd(k, i, sync, tag=tag, who=mps_uid(arm)), e, self.logs)
                     for i, (k, e) in enumerate(zip(kinds, envs, strict=True))]
             servers = [j for j, k in zip(jobs, kinds, strict=True) if k != "train"]
             deadline = time.time() + timeout

@@ -401,3 +401,35 @@ def test_interactive_steps_report_tells_a_servers_service_from_its_wait():
     assert "beside the training:" not in md
     del report["parts"]["a"]["service"]
     assert "The server's service" not in interactive_step.markdown(report)
+
+
+def test_with_uids_the_mps_arm_runs_every_job_as_one_user(monkeypatch, tmp_path):
+    """MPS serves one uid at a time: with each job its own uid its arm ran them one after another (the
+    H200's mixes finished in 1.28-1.49x the serial arm's time, each server alone). So with --uids the
+    MPS arm's jobs run as one uid (--uid-base), the other shared arms' each as its own."""
+    import argparse
+
+    args = argparse.Namespace(smoke_cpu=True, uids=True, uid_base=61000, seconds=1.0, mem_gib=8.0,
+                              gpu_times=False, hook_env=[], memory_reserve_percent=None)
+    mixes = bench_mixes.Mixes(args, tmp_path)
+    mixes.results["calibration"] = {"ipm": 1.0}
+    started: dict[str, list[list[str]]] = {}
+
+    def run_jobs(jobs, together, timeout):
+        started[jobs[0].name.rsplit("-", 1)[0]] = [job.cmd for job in jobs]
+        return []
+
+    monkeypatch.setattr(mixes, "arm_envs", lambda mix, arm, tag, base, n, stops: [base] * n)
+    monkeypatch.setattr(bench_mixes, "run_jobs", run_jobs)
+    monkeypatch.setattr(bench_mixes, "summarize", lambda kinds, results, alone=False: {})
+    try:
+        for arm in ("mps", "colocate", "nvshare"):
+            mixes.run_arm("mix3", arm)
+    finally:
+        mixes.close()
+
+    def uids(arm):
+        return [cmd[1] for cmd in started[f"mix3-{arm}"]]
+    assert uids("mps") == ["--reuid=61000"] * 3
+    assert uids("colocate") == uids("nvshare") == ["--reuid=61000", "--reuid=61001", "--reuid=61002"]
+    assert bench_mixes.mps_uid("mps") == 0 and bench_mixes.mps_uid("nvshare NVSHARE_X=1") is None
