@@ -366,7 +366,13 @@ def test_a_page_that_claims_a_prompt_burst_forever_costs_a_prompt_job_a_few_wait
         finish(server, timeout=60)
     waits, late = request_waits(trace, server.pid)
     assert "waited in vain for 3 prompt bursts in a row" in server.stderr_text, server.stderr_text[-2000:]
-    assert len(waits) >= 100 and 3 <= len(late) <= 12, sorted(late)
+    # The hook says each wait of a millisecond or more: three in a row, then none for a second (about
+    # 2 s of requests here), where waiting every time would be some 90.
+    said = server.stderr_text.count("for another prompt burst (")
+    assert 3 <= said <= 12, server.stderr_text[-3000:]
+    # The requests' waits: those, and a loaded 2-core machine's oversleeps, up to a tenth of them (15
+    # over 2.5 ms in a CI run on a fresh machine, against 12 allowed by the count alone before).
+    assert len(waits) >= 100 and 3 <= len(late) <= said + 12, sorted(late)
 
 
 def test_a_page_that_claims_a_long_prompt_burst_makes_a_prompt_job_run_beside_it_not_wait(
