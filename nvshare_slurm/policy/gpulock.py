@@ -49,6 +49,8 @@ class GpuLock:
     benched: dict[int, tuple[ClientInfo, float]] = field(default_factory=dict)
     misses: dict[object, list[float]] = field(default_factory=dict)   # owner -> missed drops
     penalty_until: dict[object, float] = field(default_factory=dict)
+    # Gave their last lock back idle, undropped: a prompt one is granted again unasked (promptidle.py)
+    gave_back_idle: set[int] = field(default_factory=set)
 
     # --- clients -------------------------------------------------------------------------------
 
@@ -60,6 +62,7 @@ class GpuLock:
         """The client waits: a gang's client in gang_queue, anyone else in the FIFO; a client
         whose owner is benched waits benched."""
         cid = client.client_id
+        self.gave_back_idle.discard(cid)       # it asks: granted as any waiter
         if self.penalty_until.get(owner(client), 0.0) > now:
             if cid not in self.benched and cid not in self.queue and cid not in self.gang_queue:
                 self.benched[cid] = (client, now)
@@ -96,6 +99,7 @@ class GpuLock:
         """The client is gone: its lock, queue place and attachment. Returns whether it held the
         lock, and the client when it was attached."""
         held = self.holders.pop(client_id, None) is not None
+        self.gave_back_idle.discard(client_id)
         self.queue.pop(client_id, None)
         self.gang_queue.pop(client_id, None)
         self.benched.pop(client_id, None)
@@ -111,9 +115,21 @@ class GpuLock:
         """The client waits no more (its job is suspended): out of every queue, still attached.
         Whether it waited."""
         waited = False
+        self.gave_back_idle.discard(client_id)    # granted nothing unasked while suspended
         for waiting in (self.queue, self.gang_queue, self.benched):
             waited = waiting.pop(client_id, None) is not None or waited
         return waited
+
+    def released(self, client_id: int, idle: bool) -> Holder | None:
+        """LOCK_RELEASED: it holds no more (its Holder, None when it did not hold). Given back
+        `idle` (its IDLE flag), undropped and asked for, it may hold a standing grant next; a
+        standing grant given back idle is not renewed (no grant and release in a loop)."""
+        holder = self.holders.pop(client_id, None)
+        if holder is not None and idle and holder.drop_at is None and not holder.standing:
+            self.gave_back_idle.add(client_id)
+        else:
+            self.gave_back_idle.discard(client_id)
+        return holder
 
     def put_first(self, order: list[int]) -> None:
         """Those of `order` that wait go first in the queue, in that order, behind only the

@@ -55,6 +55,7 @@ from .gpulock import GpuLock
 from .gpumemory import GpuMemory, MemUsage
 from .policytypes import (GANG_STEP_AFTER, GRANT, HANDOFF, Action, ClientInfo, GpuSettings,
                           Holder, MemDecision)
+from .promptidle import grant_standing, prompt_idle
 from .stoppedroom import StoppedRoom
 from .turnloan import TurnLoans, keep_for
 
@@ -153,7 +154,7 @@ class GpuState:
         """LOCK_RELEASED, whatever its flags (a NO_ROOM release too: the client asks again).
         `idle`: the hook gave it back idle (its IDLE flag): the rest of an exclusive turn is lent."""
         self.loans.released(client_id, now)
-        holder = self.holders.pop(client_id, None)
+        holder = self.lock.released(client_id, idle)
         if holder is None:      # late (taken back); a stopped holder let run may now be asked
             return self._schedule(now) if self.stopped.released(client_id, self.memory) else []
         if idle:
@@ -444,6 +445,7 @@ class GpuState:
             if holder is not None and holder.drop_at is None:
                 self.lock.drop(holder, now, C.NVSHARE_DROP_TIMESLICE, out)
         takers -= outranked
+        wanting |= grant_standing(self, takers, best, now, out)   # prompt ones that gave it back idle
         wait_note = f", {len(outranked)} of a lower class wait" if outranked else ""
         co_runners = wanting - takers - outranked
         if len(takers) <= 1:
@@ -587,12 +589,6 @@ def turn_holders(gpu: GpuState, now: float, out: list[Action]) -> list[Holder]:
             gpu._grant(gpu.queue[cid][0], now, True, out, bursts=True)
         gpu.contention_since = turn_began
     return [h for cid, h in gpu.holders.items() if cid not in beside]
-
-
-def prompt_idle(gpu: GpuState, now: float) -> bool:
-    """Is a prompt client registered on this GPU that holds nothing now, and is not stopped?"""
-    return gpu.demand.prompt_ready((cid for cid in gpu.clients if cid not in gpu.holders
-                                    and cid not in gpu.stopped.why), now)
 
 
 def sharing_now(gpu: GpuState) -> tuple[str, str]:

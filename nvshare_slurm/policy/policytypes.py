@@ -121,6 +121,7 @@ class Action:
     #                           prompt bursts (GRANT_YIELD, with the burst page)
     ahead: int = 0            # GRANT with SWAP_AHEAD: its memory the GPU lacks room for (pinned ahead)
     source: ClientInfo | None = None   # HANDOFF: the holder whose turn ends (told before its DROP)
+    unasked: bool = False     # GRANT: a standing grant, to a client that asked for nothing
 
 
 @dataclass
@@ -132,6 +133,7 @@ class Holder:
     bursts: bool = False              # shared, and its bursts take turns with the other co-runners'
     yields: bool = False              # a turn holder told to wait out the co-runners' prompt bursts
     contended: bool = False
+    standing: bool = False            # granted unasked (promptidle.standing_grants)
     drop_at: float | None = None      # when DROP_LOCK was sent
     drop_reason: int = 0
     drop_bytes: int = 0               # what that DROP_LOCK asked it to move out

@@ -58,7 +58,8 @@ class ActionSender:
                                                          "bytes": action.ahead})
                 kind = ("exclusive" if not action.flags & C.NVSHARE_GRANT_SHARED else
                         "shared, bursts take turns" if flags & C.NVSHARE_GRANT_BURSTS else "shared") \
-                    + (", waits out prompt bursts" if flags & C.NVSHARE_GRANT_YIELD else "")
+                    + (", waits out prompt bursts" if flags & C.NVSHARE_GRANT_YIELD else "") \
+                    + (", unasked: a prompt client that gave it back idle" if action.unasked else "")
                 self.logger.debug(f"{where}: lock granted ({kind})")
                 if action.bytes:
                     self.core.warnings.warn(

@@ -821,3 +821,30 @@ def test_a_much_shorter_prompt_burst_runs_beside_a_long_one_rather_than_after_it
         assert len(long_waits) <= 0.15 * len(inside), sorted(inside)
     else:
         assert len(long_waits) >= 0.5 * len(inside), sorted(inside)
+
+
+def test_a_prompt_job_that_gave_its_lock_back_in_its_warm_up_runs_its_next_bursts_without_asking(
+        hook_lib, scheduler, tmp_path, procs):
+    """Issue 42, mix3 on the H200: a probe that asks while a training holds has not reported yet,
+    so it takes a turn as a turn-taker, is told LOCK_CONTENDED (the training waits) and gives the
+    GPU back in its warm-up's pause. Once it reads prompt the daemon grants it again unasked
+    (policy/promptidle.py), so its first probe does not wait a round trip for the lock: its hook
+    asks for the lock no more after its warm-up. Before, it asked again at its first probe."""
+    from helpers_daemon import wait_for_log
+
+    trace = tmp_path / "trace"
+    holder = start_nvtest(hook_lib, ["init", "ctx:0", "burst:2000:900:0"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
+    procs.append(holder)
+    wait_for_log(scheduler, f"pid {holder.pid}: lock granted", timeout=30)
+    probe = start_nvtest(hook_lib, ["init", "ctx:0", "burst:1000:3:5", "sleep:1200", "burst:1000:8:100"],
+                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, NVSHARE_LOG_LEVEL="debug"))
+    procs.append(probe)
+    finish(probe, timeout=60)
+    finish(holder, timeout=60)
+    log, daemon = probe.stderr_text, scheduler.log()
+    assert "lock released (idle" in log, log[-3000:]              # its warm-up's: it was contended
+    assert f"pid {probe.pid}: lock granted (shared, bursts take turns, unasked" in daemon, daemon[-4000:]
+    after = log[log.rindex("lock released (idle"):]                # from its warm-up's last release
+    assert "lock requested" not in after and "lock granted (shared, bursts take turns" in after, log[-3000:]
+    assert "its bursts are prompt" in after, log[-3000:]          # its 8 probes came after it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvshare_slurm.policy.demand import Demand
+from nvshare_slurm.policy.gpupause import suspend_client
 from nvshare_slurm.policy.gpustate import GpuState
 from nvshare_slurm.policy.policytypes import CONTENDED, DROP, GRANT, HANDOFF, ClientInfo, GpuSettings
 from nvshare_slurm.wire.proto import C
@@ -529,7 +530,9 @@ def test_a_holder_carries_waits_while_a_prompt_client_that_holds_nothing_is_regi
     assert told_to_yield(g.request(training, 0.0)) == []            # alone
     assert told_to_yield(g.report_demand(server, SERVER, 0.1)) == [1]   # registered, holds nothing
     assert grants(g.request(server, 0.1)) == [(2, SHARED)] and g.holders[1].yields
-    g.release(2, 0.2, idle=True)                                     # the warm-up's idle release
+    actions = g.release(2, 0.2, idle=True)                           # the warm-up's idle release:
+    assert grants(actions) == [(2, SHARED)] and g.holders[2].standing    # granted again unasked
+    assert grants(g.release(2, 0.3, idle=True)) == []                # that one given back: not renewed
     assert 2 not in g.holders and g.holders[1].yields                # it still waits out the next
     actions = g.request(server, 1.2)                                 # the first request: no new grant
     assert grants(actions) == [(2, SHARED)] and told_to_yield(actions) == []
@@ -546,3 +549,60 @@ def test_a_holder_carries_waits_while_a_prompt_client_that_holds_nothing_is_regi
     actions = g.remove_client(3, 1.8)                                # it left
     assert [(a.client.client_id, a.yields) for a in actions if a.kind == GRANT] == [(1, False)]
     assert g.demand.prompt_ready([2], 1.8) is False                  # the busy one
+
+
+def test_a_prompt_client_that_gave_its_lock_back_idle_is_granted_again_unasked():
+    """Issue 42, mix3 on the H200: a probe asked first, was told LOCK_CONTENDED while it had not
+    reported (a turn-taker until then) and gave the GPU back in its warm-up's pause; its first
+    probe then waited a round trip for the lock (0.6-0.8 ms of a 1.1 ms request). Known to be
+    prompt, it now holds a standing grant (SHARED, bursts take turns) and the training yields
+    beside it. Not a busy client, a dropped one, a stopped or suspended one, one outranked, nor
+    one that gives the standing grant back idle again (no grant and release in a loop)."""
+    g = gpu()
+    probe, training = client(2), client(1)
+    assert grants(g.request(probe, 0.0)) == [(2, SHARED)]            # alone
+    actions = g.request(training, 0.01)                              # neither has reported: turns
+    assert kinds(actions) == [(CONTENDED, 2)]
+    actions = g.release(2, 0.02, idle=True)                          # its warm-up's pause
+    assert grants(actions) == [(1, EXCLUSIVE)] and 2 in g.lock.gave_back_idle
+    actions = g.report_demand(probe, LIGHT, 0.05)                    # known: a prompt client
+    granted = [a for a in actions if a.kind == GRANT]
+    assert [(a.client.client_id, a.flags, a.bursts, a.unasked) for a in granted if a.client.client_id == 2] \
+        == [(2, SHARED, True, True)]
+    assert g.holders[2].standing and g.holders[1].yields             # the training waits out its bursts
+    assert grants(g.request(probe, 1.0)) == [(2, SHARED)]            # its next burst: already holds
+    assert not g.queue
+    # Given back idle again (it should not be: a co-runner is never contended): not renewed.
+    assert [a for a in g.release(2, 1.1, idle=True) if a.kind == GRANT and a.client.client_id == 2] == []
+    assert 2 not in g.holders and 2 not in g.lock.gave_back_idle
+
+    # A client whose report says busy, or dropped, or stopped, or suspended: no standing grant.
+    g = gpu()
+    g.report_demand(training, BUSY, 0.0)
+    g.request(training, 0.0)
+    busy, dropped, stopped, suspended = client(2), client(3), client(4), client(5)
+    g.report_demand(busy, BUSY, 0.1)
+    g.lock.gave_back_idle.add(2)                                          # as if it had given one back
+    g.report_demand(dropped, LIGHT, 0.1)
+    assert grants(g.request(dropped, 0.1)) == [(3, SHARED)]
+    g.lock.drop(g.holders[3], 0.2, C.NVSHARE_DROP_TIMESLICE, [])
+    assert 3 not in g.lock.gave_back_idle
+    g.report_demand(stopped, LIGHT, 0.1)
+    g.stopped.stop(4, "stopped (SIGSTOP)", may_run=True, held=False)
+    g.lock.gave_back_idle.add(4)
+    g.report_demand(suspended, LIGHT, 0.1)
+    g.lock.gave_back_idle.add(5)
+    suspend_client(g, 5, 0.25, stopped=False, move=0)
+    actions = g.release(3, 0.3, idle=True) + g.tick(0.4)
+    assert [a.client.client_id for a in actions if a.kind == GRANT and a.client.client_id != 1] == []
+    assert set(g.holders) == {1} and g.lock.gave_back_idle == {2, 4}      # kept: granted once light, running
+
+    # One of a worse class beside a better class's turn-taker: it waits, so it is granted nothing.
+    g = gpu()
+    low = ClientInfo(7, 7, 0, 1007, "user", 0, share_class="low")
+    g.report_demand(training, BUSY, 0.0)
+    g.request(training, 0.0)
+    g.report_demand(low, SHORT_BURSTS, 0.1)
+    g.lock.attach(low)
+    g.lock.gave_back_idle.add(7)
+    assert [a for a in g.tick(0.2) if a.kind == GRANT and a.client.client_id == 7] == []
