@@ -212,12 +212,13 @@ class Mixes:
             raise RuntimeError(f"calibration failed: {res.get('error', '')[-800:]}")
         self.results["calibration"] = {k: res[k] for k in ("ipm", "startup_s")}
 
-    def as_uid(self, cmd: list[str], i: int, home: bool = False) -> list[str]:
-        """cmd as uid --uid-base + i with --uids; home: with USER, LOGNAME and HOME of its own (the uid
-        has no passwd entry, which getpass.getuser() of torch 2.11's import does not survive)."""
+    def as_uid(self, cmd: list[str], i: int, home: bool = False, who: int | None = None) -> list[str]:
+        """Job i's cmd as uid --uid-base + `who` (default i: each job its own; mps_uid) with --uids;
+        home: with USER, LOGNAME and HOME of its own (the uid has no passwd entry, which
+        getpass.getuser() of torch 2.11's import does not survive)."""
         if not self.args.uids:
             return cmd
-        uid = self.args.uid_base + i
+        uid = self.args.uid_base + (i if who is None else who)
         out = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         if home:
             path = self.work / f"home-{uid}"
@@ -242,7 +243,7 @@ class Mixes:
             out += ["--mem-mib", str(int(self.args.mem_gib * 1024))]
         if self.args.gpu_times:
             out.append("--gpu-times")
-        return self.as_uid(out, i if who is None else who)
+        return self.as_uid(out, i, who=who)
 
     def trace_path(self, tag: str, i: int) -> Path:
         """Where job i of an arm writes its kernel trace (--gpu-times): a folder every uid may reach and
@@ -284,7 +285,7 @@ class Mixes:
             if cpu:
                 out += ["--device", "cpu", "--warmup", "3", "--hidden", "64", "--layers", "2", "--heads", "4",
                         "--vocab", "1000", "--tokens", "4", "--prompt", "8", "--image", "64", "--width", "16"]
-        return self.as_uid(out, i if who is None else who, home=True)
+        return self.as_uid(out, i, home=True, who=who)
 
     def torch_env(self, base: dict) -> dict:
         cache = self.work / "cache"   # caches of every uid's torch and transformers, none in $HOME
@@ -476,7 +477,7 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
                 e.update(p50_ms=percentile(lat, 50), p90_ms=percentile(lat, 90), p99_ms=percentile(lat, 99),
                          p999_ms=percentile(lat, 99.9), mean_ms=statistics.fmean(lat), n=len(lat),
                          lat_ms=sorted(lat))
-                e.update({k: j[k] for k in ("startup_s", "service_ms_warm", "waited_s", "wait_timed_out",
+                e.update({k: j[k] for k in ("startup_s", "waited_s", "wait_timed_out",
                                             "graphs", "tokens_match_generate", "settings", "mean_ms")
                           if k in j})
                 split = service_split(j.get("arrivals") or [], j["step_starts"], j["times"])
