@@ -477,6 +477,8 @@ def summarize(kinds: list[str], jobs: list[dict], alone: bool = False) -> dict:
                 e.update(p50_ms=percentile(lat, 50), p90_ms=percentile(lat, 90), p99_ms=percentile(lat, 99),
                          p999_ms=percentile(lat, 99.9), mean_ms=statistics.fmean(lat), n=len(lat),
                          lat_ms=sorted(lat))
+                if kind == "probe":   # in arrival order, beside spans: probe_table
+                    e["lat_seq_ms"] = [round(x, 3) for x in lat]
                 e.update({k: j[k] for k in ("startup_s", "waited_s", "wait_timed_out",
                                             "graphs", "tokens_match_generate", "settings", "mean_ms")
                           if k in j})
@@ -720,6 +722,57 @@ def overlap_table(res: dict, names: list[str]) -> str:
             + "\n".join(parts) + "\n")
 
 
+SPAN_ROUND_S = 1e-4   # spans are kept to 0.1 ms: an overlap shorter than that may be the rounding's
+
+
+def probe_misses(jobs: list[dict], i: int, limit_ms: float) -> dict | None:
+    """Probe i's requests over limit_ms in one arm (its jobs): how many, how many found a server's
+    request under way (a latency member's span other than a probe's), how many another probe's, and
+    its first 3 requests (before its pace is known: nobody's queue is held ahead of them)."""
+    e = jobs[i]
+    lat, spans = e.get("lat_seq_ms"), e.get("spans")
+    if e["status"] != "ok" or not lat or not spans or len(lat) != len(spans):
+        return None
+    others = {kind: [sp for k, o in enumerate(jobs) if k != i and o["status"] == "ok"
+                     and (o["kind"] == "probe") == (kind == "probe") and latency_kind(o["kind"])
+                     for sp in o.get("spans", [])] for kind in ("probe", "server")}
+    beside, over = {"server": 0, "probe": 0}, 0
+    for ms, (_, end) in zip(lat, spans, strict=True):
+        if ms <= limit_ms:
+            continue
+        over += 1
+        start = end - ms / 1000
+        for kind, sps in others.items():
+            beside[kind] += any(a < end - SPAN_ROUND_S and b > start + SPAN_ROUND_S for a, b in sps)
+    return {"n": len(lat), "over": over, "beside_server": beside["server"], "beside_probe": beside["probe"],
+            "first": lat[:3]}
+
+
+def probe_table(res: dict, names: list[str]) -> str:
+    """Per probe and shared arm: its requests over alone + PROBE_SLACK_MS (the serial arm's p99), and
+    what was under way beside them."""
+    lines = []
+    for mix, arms in res["mixes"].items():
+        solo = arms.get("serial", {}).get("jobs", [])
+        for i, kind in enumerate(MIXES[mix]):
+            if kind != "probe" or i >= len(solo) or solo[i]["status"] != "ok":
+                continue
+            for a in names:
+                jobs = arms.get(a, {}).get("jobs", [])
+                m = probe_misses(jobs, i, solo[i]["p99_ms"] + PROBE_SLACK_MS) if a != "serial" \
+                    and i < len(jobs) else None
+                if m is not None:
+                    lines.append(f"| {mix} | {i} | {a} | {m['over']} of {m['n']} | {m['beside_server']} | "
+                                 f"{m['beside_probe']} | " + ", ".join(f"{x:.2f}" for x in m["first"]) + " |")
+    if not lines:
+        return ""
+    head = ("| mix | job | arm | over | beside a server request | beside a probe | first 3 |\n"
+            "|---|---|---|---|---|---|---|\n")
+    return (f"\nProbes' requests over alone + {PROBE_SLACK_MS:g} ms (the serial arm's p99), how many of "
+            "those found a server's request under way, how many another probe's, and the first 3 requests "
+            "(ms), before the probe's pace is known:\n\n" + head + "\n".join(lines) + "\n")
+
+
 def duty_table(res: dict, names: list[str]) -> str:
     """--duty: per server and shared arm, its requests beside the training stepping and beside it idle,
     and the one p99 over the other (the nvshare arms' target: P99_TARGET_BESIDE_ONE)."""
@@ -785,7 +838,8 @@ def table(res: dict) -> str:
                                f"its steps/s alone ({res['args'].get('train_precision', 'fp32')}). All "
                                "done / serial: the arm's start to the last step of any job, over the same in "
                                "the serial arm (the jobs one after the other).\n") \
-        + service_table(res, names) + duty_table(res, names) + overlap_table(res, names)
+        + service_table(res, names) + probe_table(res, names) + duty_table(res, names) \
+        + overlap_table(res, names)
 
 
 def write_timelines(res: dict, out: Path, window: float) -> list[Path]:

@@ -433,3 +433,23 @@ def test_with_uids_the_mps_arm_runs_every_job_as_one_user(monkeypatch, tmp_path)
     assert uids("mps") == ["--reuid=61000"] * 3
     assert uids("colocate") == uids("nvshare") == ["--reuid=61000", "--reuid=61001", "--reuid=61002"]
     assert bench_mixes.mps_uid("mps") == 0 and bench_mixes.mps_uid("nvshare NVSHARE_X=1") is None
+
+
+def test_a_probes_slow_requests_are_told_by_what_ran_beside_them_from_their_arrival():
+    """mix8 on the H200: a probe's slow request first read as beside nothing, its launch taken as its
+    start; it had waited 1.8 ms on the host for a server's request begun before it arrived. So what
+    ran beside is looked for from the arrival (its span's end less its latency), and a touch shorter
+    than the spans' 0.1 ms rounding is not an overlap."""
+    probe = {"kind": "probe", "status": "ok", "lat_seq_ms": [1.1, 2.9, 1.2, 3.0, 2.5],
+             "spans": [[0.5, 0.5011], [1.0, 1.0029], [1.5, 1.5012], [2.0, 2.0030], [2.5, 2.5025]]}
+    server = {"kind": "serve", "status": "ok", "spans": [[0.9985, 1.0005], [2.4950, 2.5001]]}
+    other = {"kind": "probe", "status": "ok", "lat_seq_ms": [1.0], "spans": [[2.0015, 2.0025]]}
+    compute = {"kind": "compute", "status": "ok", "spans": [[0.0, 3.0]]}
+    m = bench_mixes.probe_misses([compute, server, probe, other], 2, 2.1)
+    assert m == {"n": 5, "over": 3, "beside_server": 1, "beside_probe": 1, "first": [1.1, 2.9, 1.2]}
+    res = {"mixes": {"mix3": {"serial": {"jobs": [dict(compute), dict(server, kind="bursty"),
+                                                  dict(probe, p99_ms=1.1)]},
+                              "nvshare": {"jobs": [compute, dict(server, kind="bursty"), probe]}}}}
+    text = bench_mixes.probe_table(res, ["serial", "nvshare"])
+    assert "| mix3 | 2 | nvshare | 3 of 5 | 0 | 0 | 1.10, 2.90, 1.20 |" in text, text
+    assert "| mix3 | 2 | serial |" not in text
