@@ -745,14 +745,30 @@ static void expect_next(struct nvshare_gpu *g, struct nvshare_burst_page *p, uin
     if (!b->expect_said++)
         nvshare_debug("gpu %s: its prompt bursts come on time (a gap of %.1f ms, give or take %.3f): the others "
                       "hold their queues from a little before each", g->uuid, gap / 1e6, dev / 1e6);
+    uint64_t span_us = atomic_load_explicit(&b->prompt_span_ns, memory_order_relaxed) / 1000;
     atomic_store_explicit(&p->expect[slot].token, me, memory_order_relaxed);
     atomic_store_explicit(&p->expect[slot].dev_us, (uint32_t)(dev / 1000), memory_order_relaxed);
+    atomic_store_explicit(&p->expect_span_us[slot], span_us < UINT32_MAX ? (uint32_t)span_us : UINT32_MAX,
+                          memory_order_relaxed);
     atomic_store(&p->expect[slot].at, ended + gap);
 }
 
+/* Is slot i another job's whose prompt bursts are much shorter than this job's own (the page's span
+ * at most 100/CUT_IN_PCT of ours, as cuts_in has it the other way round)? A prompt job holds its queue
+ * only for those (NVSHARE_PROMPT_SHORTER): two of about one length take turns as before. */
+static int shorter_slot(struct nvshare_gpu *g, struct nvshare_burst_page *p, int i)
+{
+    uint64_t mine = atomic_load_explicit(&g->burst.prompt_span_ns, memory_order_relaxed);
+    uint64_t theirs = (uint64_t)atomic_load_explicit(&p->expect_span_us[i], memory_order_relaxed) * 1000;
+    return theirs && mine / CUT_IN_PCT >= theirs / 100 &&
+           atomic_load_explicit(&p->expect[i].token, memory_order_relaxed) != my_token();
+}
+
 /* The hold this job (a co-runner) makes for the prompt bursts the page expects: 1 when one's window is
- * open now (a->until: its end), else a->look_by: when the next one opens (0: none). */
-static int expect_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, struct nvshare_hold_ask *a)
+ * open now (a->until: its end), else a->look_by: when the next one opens (0: none). `shorter`: only
+ * for those of jobs whose bursts are much shorter than this one's (shorter_slot). */
+static int expect_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint64_t now, struct nvshare_hold_ask *a,
+                       int shorter)
 {
     if (!nvshare_cfg.prompt_expect)
         return 0;
@@ -763,7 +779,8 @@ static int expect_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint
     for (int i = 0; i < NVSHARE_EXPECT_SLOTS; i++) {
         uint64_t at = atomic_load(&p->expect[i].at);
         uint64_t dev = (uint64_t)atomic_load_explicit(&p->expect[i].dev_us, memory_order_relaxed) * 1000;
-        if (!at || dev > EXPECT_DEV_MAX_NS || at > now + EXPECT_GAP_MAX_NS)   /* none, or not to be heeded */
+        if (!at || dev > EXPECT_DEV_MAX_NS || at > now + EXPECT_GAP_MAX_NS ||   /* none, or not to be heeded */
+            (shorter && !shorter_slot(g, p, i)))
             continue;
         uint64_t from = at - EXPECT_EARLY_DEVS * dev - drain, end = at + EXPECT_LATE_DEVS * dev + EXPECT_LATE_NS;
         if (end <= now)
@@ -863,6 +880,23 @@ int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64
         return 0;   /* a squatter used this second's budget: its page is not heeded */
     return window_ns == UINT64_MAX || atomic_load_explicit(&p->prompt_until, memory_order_relaxed) ||
            prompts_recent(p, now, window_ns);
+}
+
+int nvshare_burst_shorter_due(struct nvshare_gpu *g, uint64_t *now_out)
+{
+    struct nvshare_burst_page *p = atomic_load_explicit(&g->burst.page, memory_order_relaxed);
+    if (!nvshare_cfg.prompt_shorter || !nvshare_cfg.prompt_expect || !p ||
+        !atomic_load_explicit(&g->burst.yields, memory_order_relaxed) || !looks_prompt(g))
+        return 0;
+    uint64_t now = *now_out = nvshare_now_ns();
+    if (now < atomic_load_explicit(&g->burst.yield_ignore_until, memory_order_relaxed))
+        return 0;
+    for (int i = 0; i < NVSHARE_EXPECT_SLOTS; i++) {
+        uint64_t at = atomic_load_explicit(&p->expect[i].at, memory_order_relaxed);
+        if (at && at + EXPECT_LATE_NS > now && at <= now + EXPECT_GAP_MAX_NS && shorter_slot(g, p, i))
+            return 1;
+    }
+    return 0;
 }
 
 void nvshare_burst_begin(struct nvshare_gpu *g)
@@ -1080,8 +1114,14 @@ int nvshare_burst_hold_now(struct nvshare_gpu *g, uint64_t now, uint64_t held_ns
                       : atomic_load(&g->burst.prompting) ? "its own burst was the prompt one"
                       : looks_prompt(g) ? "its own bursts are prompt"
                       : now < atomic_load(&g->burst.yield_ignore_until) ? "its yield budget was used up" : NULL;
-    if (!announced_now) {   /* none runs: one expected soon? (a->why stays NULL: none was announced) */
-        if (why || !expect_hold(g, p, now, a))
+    if (nvshare_cfg.prompt_shorter && why && atomic_load(&g->burst.yields) &&
+        now >= atomic_load(&g->burst.yield_ignore_until) && (atomic_load(&g->burst.prompting) || looks_prompt(g))) {
+        /* A prompt job: only ahead of a much shorter one's expected burst, its own under way or not. */
+        a->why = NULL;
+        if (!expect_hold(g, p, now, a, 1))
+            return 0;
+    } else if (!announced_now) {   /* none runs: one expected soon? (a->why stays NULL: none was announced) */
+        if (why || !expect_hold(g, p, now, a, 0))
             return 0;
     } else {
         corun_close(&g->burst, now);

@@ -49,6 +49,9 @@ struct nvshare_burst_page {
         _Atomic uint32_t dev_us;   /* ... give or take this (the gaps' mean deviation, microseconds) */
         _Atomic uint32_t token;    /* whose slot it is (burst.c's token of that process) */
     } expect[NVSHARE_EXPECT_SLOTS];
+    /* The mean span of each slot's job's prompt bursts (microseconds, 0: not said): a prompt job holds
+     * its own queue ahead of a much shorter one's expected burst (NVSHARE_PROMPT_SHORTER, burst.c). */
+    _Atomic uint32_t expect_span_us[NVSHARE_EXPECT_SLOTS];
 };
 /* The page the daemon passed (BURST_PAGE); takes fd. 0 when mapped, -1 when refused. */
 int nvshare_burst_attach(struct nvshare_gpu *g, int fd);
@@ -104,6 +107,9 @@ void nvshare_burst_after_fork(void);
  * its own bursts are not prompt? pace.c then keeps its queued work short (or held). *now_out: the
  * clock it read, once past the cheap looks (then 1 or 0 by the page's word). */
 int nvshare_burst_prompts_about(struct nvshare_gpu *g, uint64_t *now_out, uint64_t window_ns);
+/* NVSHARE_PROMPT_SHORTER: is this job's bursts prompt, and a much shorter prompt job's next burst
+ * expected (burst.c's expectations)? pace.c then puts waits in its queue, held on the GPU only. */
+int nvshare_burst_shorter_due(struct nvshare_gpu *g, uint64_t *now_out);
 
 /* A wait for one prompt burst lasts at most this long (a server's longest hold). */
 #define NVSHARE_SERVE_HOLD_MAX_NS 200000000ull

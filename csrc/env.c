@@ -368,6 +368,11 @@ void nvshare_read_settings(void)
      * longest kernel before it (burst.c's expectations): the command meets no kernel under way. off:
      * nothing is said or heeded; a command meets the kernel under way, as before. */
     nvshare_cfg.prompt_expect = on_off("NVSHARE_PROMPT_EXPECT");
+    /* off (unset): a prompt job (a server) never holds its own queue. on: it holds it on the GPU ahead
+     * of the expected bursts of a prompt job whose span is at most 2/3 of its own (CUT_IN_PCT), as the
+     * others do: on the H200 17 of mix8's 18 slow probes arrived inside a server's request of three
+     * 1 ms kernels, which no rule held for them. Not run on a GPU yet: an A/B arm for it. */
+    nvshare_cfg.prompt_shorter = on_off_or("NVSHARE_PROMPT_SHORTER", 0);
     /* 0.5 ms (unset): a host-bound server (model.generate's tokens: the GPU idle most of each burst)
      * no longer holds the training beside it for its whole burst: the training's work leaks (for
      * NVSHARE_PROMPT_LEAK_OPEN_MS), then the server has the GPU to itself for this long, and so on

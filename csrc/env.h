@@ -58,6 +58,9 @@ struct nvshare_settings {
     int prompt_expect;           /* NVSHARE_PROMPT_EXPECT: a prompt job whose gaps hardly vary says when its next
                                   * burst is due, and the others hold their queues on the GPU from a little
                                   * before (burst.c's expectations): 1 (on, the default), 0 (off) */
+    int prompt_shorter;          /* NVSHARE_PROMPT_SHORTER: a prompt job holds its own queue on the GPU ahead of
+                                  * a much shorter prompt job's expected burst (burst.c's expectations): 0
+                                  * (off, the default), 1 (on) */
     int prompt_linger;           /* NVSHARE_PROMPT_LINGER: a prompt job whose bursts come in trains keeps the
                                   * others held between them (burst.c): 1 (on, the default), 0 (off) */
     uint64_t prompt_leak_ns;     /* NVSHARE_PROMPT_LEAK_MS: held on the GPU while a prompt job's long burst

@@ -206,7 +206,12 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
                     (st == NVSHARE_HOLD_UNTRIED && nvshare_cfg.prompt_hold == PROMPT_HOLD_GPU);
     uint64_t about = held_here ? PROMPTS_ABOUT_HELD_NS : PROMPTS_ABOUT_NS;
     if (!nvshare_real.cuEventRecord || !nvshare_real.cuEventQuery || !nvshare_real.cuEventElapsedTime ||
-        !nvshare_real.cuEventCreate || !nvshare_burst_prompts_about(g, &now, about))
+        !nvshare_real.cuEventCreate)
+        return 0;
+    /* A prompt job ahead of a much shorter one's expected burst: held on the GPU or not at all. */
+    int shorter = 0;
+    if (!nvshare_burst_prompts_about(g, &now, about) &&
+        (!held_here || !(shorter = nvshare_burst_shorter_due(g, &now))))
         return 0;
     struct nvshare_pace_state *p = &g->pace;
     uint64_t cap = queue_cap(g);
@@ -219,6 +224,10 @@ int nvshare_pace_wait(struct nvshare_gpu *g)
         return 0;
     }
     int held = nvshare_hold_ready(g);
+    if (shorter && !held) {
+        pthread_mutex_unlock(&p->mu);
+        return 0;
+    }
     if (now - p->paced_ns > PACE_OFF_NS || cap > p->cap_said + p->cap_said / 4 ||
         cap < p->cap_said - p->cap_said / 4) {
         if (held)

@@ -848,3 +848,40 @@ def test_a_prompt_job_that_gave_its_lock_back_in_its_warm_up_runs_its_next_burst
     after = log[log.rindex("lock released (idle"):]                # from its warm-up's last release
     assert "lock requested" not in after and "lock granted (shared, bursts take turns" in after, log[-3000:]
     assert "its bursts are prompt" in after, log[-3000:]          # its 8 probes came after it
+
+
+@pytest.mark.parametrize("shorter", ["off", "on"])
+def test_a_server_holds_its_queue_ahead_of_a_much_shorter_probes_expected_bursts(hook_lib, scheduler, tmp_path,
+                                                                                 procs, shorter):
+    """NVSHARE_PROMPT_SHORTER (issue 42, mix8 on the H200: 17 of the probes' 18 slow requests arrived
+    inside a server's request of three 1 ms kernels). With it on, the server, a prompt job itself,
+    holds its queue on the GPU ahead of the expected bursts of a probe whose span is much shorter than
+    its own, as a training does, and the probe's kernel meets none of the server's under way; off (the
+    default), the server's kernels (busy 20 %) run beside 8-10 of the 60 probes' here: those that cut into
+    a request under way."""
+    trace = tmp_path / f"trace-{shorter}"
+    env = {"NVSHARE_LOG_LEVEL": "debug", "NVSHARE_PROMPT_SHORTER": shorter}
+    server = start_nvtest(hook_lib, ["init", "ctx:0", "serve:1000:3:300:15:7"],
+                          dict(Job(scheduler, 1, trace, gpu_index=[0]).env, **env))
+    procs.append(server)
+    probe = start_nvtest(hook_lib, ["init", "ctx:0", "burst:1000:80:49"],
+                         dict(Job(scheduler, 2, trace, gpu_index=[0]).env, **env))
+    procs.append(probe)
+    finish(probe, timeout=60)
+    finish(server, timeout=60)
+    rows = read_trace(trace)
+    first = min(r[2] for r in rows if r[0] == probe.pid)
+    probes = sorted((r[2], r[3]) for r in rows if r[0] == probe.pid and r[2] > first + 1_000_000_000)
+    served = [(r[2], r[3]) for r in rows if r[0] == server.pid]
+    slack = 50_000   # 0.05 ms
+    beside = sum(1 for s, e in probes if any(a < e - slack and b > s + slack for a, b in served))
+    log = server.stderr_text
+    print(f"shorter {shorter}: {beside} of {len(probes)} probe kernels met a server kernel")
+    assert len(probes) >= 50 and "its prompt bursts come on time" in probe.stderr_text, probe.stderr_text[-2000:]
+    assert "its bursts are prompt" in log, log[-2000:]
+    if shorter == "on":
+        assert "a co-runner's prompt burst is due soon" in log, log[-3000:]
+        assert beside <= 2, beside
+    else:
+        assert "a co-runner's prompt burst is due soon" not in log
+        assert beside >= 5, beside
