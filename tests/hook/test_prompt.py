@@ -851,8 +851,8 @@ def test_a_prompt_job_that_gave_its_lock_back_in_its_warm_up_runs_its_next_burst
 
 
 @pytest.mark.parametrize("shorter", ["off", "on"])
-def test_a_server_holds_its_queue_ahead_of_a_much_shorter_probes_expected_bursts(hook_lib, scheduler, tmp_path,
-                                                                                 procs, shorter):
+def test_a_server_holds_its_queue_ahead_of_a_much_shorter_probes_expected_bursts(hook_lib, scheduler,
+                                                                                 tmp_path, procs, shorter):
     """NVSHARE_PROMPT_SHORTER (issue 42, mix8 on the H200: 17 of the probes' 18 slow requests arrived
     inside a server's request of three 1 ms kernels). With it on, the server, a prompt job itself,
     holds its queue on the GPU ahead of the expected bursts of a probe whose span is much shorter than
@@ -877,7 +877,8 @@ def test_a_server_holds_its_queue_ahead_of_a_much_shorter_probes_expected_bursts
     beside = sum(1 for s, e in probes if any(a < e - slack and b > s + slack for a, b in served))
     log = server.stderr_text
     print(f"shorter {shorter}: {beside} of {len(probes)} probe kernels met a server kernel")
-    assert len(probes) >= 50 and "its prompt bursts come on time" in probe.stderr_text, probe.stderr_text[-2000:]
+    said = probe.stderr_text
+    assert len(probes) >= 50 and "its prompt bursts come on time" in said, said[-2000:]
     assert "its bursts are prompt" in log, log[-2000:]
     if shorter == "on":
         assert "a co-runner's prompt burst is due soon" in log, log[-3000:]
