@@ -783,6 +783,10 @@ static int expect_hold(struct nvshare_gpu *g, struct nvshare_burst_page *p, uint
             (shorter && !shorter_slot(g, p, i)))
             continue;
         uint64_t from = at - EXPECT_EARLY_DEVS * dev - drain, end = at + EXPECT_LATE_DEVS * dev + EXPECT_LATE_NS;
+        /* A prompt job (shorter): through that burst's span too. A yielder's hold goes on as the one for
+         * the burst's announcement once it begins; a prompt job cannot tell another's from its own. */
+        if (shorter)
+            end += (uint64_t)atomic_load_explicit(&p->expect_span_us[i], memory_order_relaxed) * 1000;
         if (end <= now)
             continue;
         if (from <= now)
