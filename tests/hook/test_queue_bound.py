@@ -895,8 +895,10 @@ def test_a_leak_into_a_train_of_prompt_bursts_ends_before_its_synchronise(
         assert some >= 0.3, sorted(at_sync)
         return
     assert int(late.group(1)) >= 20, late.group(0)
-    assert 0.5 <= float(late.group(2)) <= 2.0, late.group(0)   # most of a 1 ms kernel, and the looks
-    assert some <= 0.15, sorted(at_sync)
+    # Most of a 1 ms kernel, and the looks; the longest of them, so a loaded host's late looks add to it
+    # (2.1-7.7 ms in 3 of 6 runs here beside a Slurm test run, on this build and the one before).
+    assert 0.5 <= float(late.group(2)) <= 10.0, late.group(0)
+    assert some <= 0.2, sorted(at_sync)   # off: 0.3 or more (a clean-clone CI run here read 0.159)
     # Leaks still go in: from each token's begin until a kernel would run past 3/4 of it.
     assert statistics.median(measured) >= 0.2 * statistics.median(lengths), sorted(measured)
 
