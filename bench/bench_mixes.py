@@ -733,9 +733,9 @@ def probe_misses(jobs: list[dict], i: int, limit_ms: float) -> dict | None:
     lat, spans = e.get("lat_seq_ms"), e.get("spans")
     if e["status"] != "ok" or not lat or not spans or len(lat) != len(spans):
         return None
-    others = {kind: [sp for k, o in enumerate(jobs) if k != i and o["status"] == "ok"
-                     and (o["kind"] == "probe") == (kind == "probe") and latency_kind(o["kind"])
-                     for sp in o.get("spans", [])] for kind in ("probe", "server")}
+    live = [o for k, o in enumerate(jobs) if k != i and o["status"] == "ok" and latency_kind(o["kind"])]
+    others = {"probe": [sp for o in live if o["kind"] == "probe" for sp in o.get("spans", [])],
+              "server": [sp for o in live if o["kind"] != "probe" for sp in o.get("spans", [])]}
     beside, over = {"server": 0, "probe": 0}, 0
     for ms, (_, end) in zip(lat, spans, strict=True):
         if ms <= limit_ms:

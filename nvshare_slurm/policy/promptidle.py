@@ -33,8 +33,8 @@ def standing_grants(gpu: GpuState, takers: set[int], best: int | None, now: floa
     out = []
     for cid in sorted(lock.gave_back_idle):
         client = lock.clients.get(cid)
-        if client is None or cid in takers or cid in lock.holders or cid in lock.queue \
-                or cid in lock.gang_queue or cid in lock.benched or client.job_id in lock.gang_jobs \
+        if client is None or cid in takers or lock.client_state(cid) != "idle" \
+                or client.job_id in lock.gang_jobs \
                 or lock.penalty_until.get(owner(client), 0.0) > now \
                 or cid in gpu.stopped.why or cid in gpu.stopped.unreleased \
                 or (best is not None and client.rank > best and not gpu.demand.light_beside_better(cid)) \
@@ -64,4 +64,3 @@ def grant_standing(gpu: GpuState, takers: set[int], best: int | None, now: float
         granted.add(client.client_id)
     gpu.contention_since = turn_began
     return granted
-
